@@ -1,0 +1,35 @@
+"""decal_jax: learned context compression for JAX / Flax in the T5X world."""
+import setuptools
+
+setuptools.setup(
+    name="decal_jax",
+    version="0.1.0",
+    description="Learned context compression (DeCAL, Dodo, GPTHF, Squid) in JAX/Flax, T5X-compatible.",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    # `tasks/` (seqio registrations) lives at the repo root and installs as decal_jax.tasks.
+    packages=setuptools.find_packages(include=["decal_jax", "decal_jax.*"]) + ["decal_jax.tasks"],
+    package_dir={"decal_jax.tasks": "tasks"},
+    install_requires=[
+        "jax>=0.6,<0.11",
+        "flax>=0.10.6,<0.13",
+        "optax>=0.2.4,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "seqio>=0.0.19,<0.1",
+        "gin-config>=0.5,<0.6",
+        "tensorflow-cpu>=2.16,<2.22; platform_machine=='x86_64'",
+        "tensorflow>=2.16,<2.22; platform_machine!='x86_64'",
+        "tensorflow-text>=2.16,<2.22",
+        "tensorflow-datasets>=4.9.4,<4.10",
+        "sentencepiece>=0.2,<0.3",
+        "numpy>=1.26,<3",
+        "tqdm>=4.66,<5",
+        "tensorboard>=2.16,<2.22",
+    ],
+    extras_require={
+        "test": ["pytest>=8,<10"],
+        "plot": ["matplotlib>=3.8,<4"],
+        # T5X is not on the package index; users with network access can add it from git.
+        "t5x": ["t5x @ git+https://github.com/google-research/t5x"],
+    },
+)
