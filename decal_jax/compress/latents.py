@@ -1,0 +1,156 @@
+"""DeCAL latents: the compressed sequence that is prepended to the T5 encoder input.
+
+For input embeddings x `[batch, n, embed]` and compression ratio C, DeCAL builds
+m = ceil(n / C) latents
+
+    l = Norm(v + Pool_C(x))
+
+where v is one learned vector broadcast to every latent and Pool_C is a masked mean over
+the tokens assigned to each latent (fixed windows of C tokens, or variable windows that
+end at boundary tokens such as sentence punctuation). The encoder then runs unchanged over
+[l; x] and only the m latent states leave it. Latent j sits at the integer mean of its
+tokens' positions, which is what the T5 relative position bias sees.
+"""
+import dataclasses
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from decal_jax.layers.core import Array, DType, RMSNorm, param_with_axes
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentConfig:
+  """How DeCAL forms its latent sequence.
+
+  Attributes:
+    ratio: compression ratio C (an integer >= 1); m = ceil(n / C) latents for n tokens.
+    use_pooling: add the pooled token embeddings to v (False = v only, the paper's ablation).
+    boundary_token_ids: if non-empty, variable-length windows: a window closes after any of
+      these token ids (e.g. '.', '?', '!') or once it holds `max_window` tokens. Up to
+      ceil(n / C) latents are kept; a text with fewer windows leaves the rest masked out.
+    max_window: the longest variable window (defaults to 2 * ratio).
+  """
+  ratio: int = 1
+  use_pooling: bool = True
+  boundary_token_ids: Sequence[int] = ()
+  max_window: Optional[int] = None
+
+  def __post_init__(self):
+    if isinstance(self.ratio, bool) or not isinstance(self.ratio, int) or self.ratio < 1:
+      raise ValueError(
+          f"The compression ratio C must be an integer >= 1, got {self.ratio!r}. Set e.g. "
+          "`T5Config.compression_ratio = 4` (C = 1 is the uncompressed T5 encoder).")
+    if self.max_window is not None and self.max_window < 1:
+      raise ValueError(f"max_window must be >= 1, got {self.max_window}.")
+
+  def num_latents(self, num_tokens: int) -> int:
+    return math.ceil(num_tokens / self.ratio)
+
+
+class Latents(NamedTuple):
+  embeddings: Array   # [batch, m, embed]
+  valid: Array        # [batch, m] bool: the latent has at least one token
+  positions: Array    # [batch, m] int32: integer mean of its tokens' positions
+  segment_ids: Array  # [batch, m] int32: the packed segment it belongs to (0 = padding)
+  assignment: Array   # [batch, n] int32: latent index of every token (-1 = none)
+
+
+def fixed_assignment(token_valid: Array, segment_ids: Array, ratio: int) -> Array:
+  """Token i -> latent i // C; a token whose segment differs from its window's first is
+  left out (-1), so packed examples never share a latent. `[batch, n]` -> `[batch, n]`."""
+  n = token_valid.shape[1]
+  window = jnp.arange(n) // ratio  # [n]
+  first_of_window = (window * ratio)  # [n] index of each token's window start
+  same_segment = segment_ids == segment_ids[:, first_of_window]  # [batch, n]
+  keep = token_valid & same_segment
+  return jnp.where(keep, window[None, :], -1).astype(jnp.int32)
+
+
+def boundary_assignment(tokens: Array, token_valid: Array, segment_ids: Array,
+                        boundary_ids: Sequence[int], max_window: int,
+                        num_latents: int) -> Array:
+  """Variable windows: close a window after a boundary token, after `max_window` tokens,
+  or at a segment change. Windows past `num_latents` are dropped (-1). `[batch, n]`."""
+  is_boundary = jnp.isin(tokens, jnp.asarray(list(boundary_ids), tokens.dtype))  # [batch, n]
+  prev_segment = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]  # [batch, n]
+  prev_boundary = jnp.pad(is_boundary, ((0, 0), (1, 0)))[:, :-1]
+  starts_new = (segment_ids != prev_segment) | prev_boundary  # [batch, n]
+
+  def step(carry, inputs):
+    window, filled = carry  # [batch] current window index and its size so far
+    new, valid = inputs
+    open_new = (new | (filled >= max_window)) & (filled > 0)
+    window = window + open_new.astype(jnp.int32)
+    filled = jnp.where(open_new, 0, filled) + valid.astype(jnp.int32)
+    return (window, filled), window
+
+  batch = tokens.shape[0]
+  init = (jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32))
+  _, windows = jax.lax.scan(step, init, (starts_new.T, token_valid.T))  # [n, batch]
+  windows = windows.T  # [batch, n]
+  keep = token_valid & (windows < num_latents)
+  return jnp.where(keep, windows, -1).astype(jnp.int32)
+
+
+class LatentLayout(NamedTuple):
+  """Where the latents sit, computed from token ids alone (no embeddings needed)."""
+  assignment: Array   # [batch, n] int32: latent index of every token (-1 = none)
+  onehot: Array       # [batch, n, m] float32: the same, one-hot
+  count: Array        # [batch, m] float32: tokens per latent
+  valid: Array        # [batch, m] bool: the latent has at least one token
+  positions: Array    # [batch, m] int32: integer mean of its tokens' positions
+  segment_ids: Array  # [batch, m] int32: the packed segment it belongs to (0 = padding)
+
+
+def latent_layout(config: LatentConfig, tokens: Array, positions: Array,
+                  segment_ids: Optional[Array] = None) -> LatentLayout:
+  """Assigns tokens `[batch, n]` to m = ceil(n / C) latents; see `LatentLayout`."""
+  token_valid = tokens > 0  # [batch, n]
+  if segment_ids is None:
+    segment_ids = token_valid.astype(jnp.int32)
+  m = config.num_latents(tokens.shape[1])
+  if config.boundary_token_ids:
+    assignment = boundary_assignment(tokens, token_valid, segment_ids, config.boundary_token_ids,
+                                     config.max_window or 2 * config.ratio, m)
+  else:
+    assignment = fixed_assignment(token_valid, segment_ids, config.ratio)
+  onehot = jax.nn.one_hot(assignment, m, dtype=jnp.float32)  # [batch, n, m] (-1 -> all 0)
+  count = jnp.sum(onehot, axis=1)  # [batch, m]
+  valid = count > 0
+  pos_sum = jnp.einsum("bnm,bn->bm", onehot, positions.astype(jnp.float32))
+  # Integer mean = floor(sum / count); the sums of int positions are exact in float32.
+  mean_pos = jnp.floor(pos_sum / jnp.maximum(count, 1.0) + 1e-6).astype(jnp.int32)
+  seg = jnp.max(onehot * segment_ids[:, :, None].astype(jnp.float32), axis=1)  # [batch, m]
+  return LatentLayout(assignment, onehot, count, valid, jnp.where(valid, mean_pos, 0),
+                      jnp.where(valid, seg, 0).astype(jnp.int32))
+
+
+def masked_mean_pool(x: Array, layout: LatentLayout) -> Array:
+  """Mean of the token embeddings `[batch, n, embed]` of each latent -> `[batch, m, embed]`."""
+  summed = jnp.einsum("bnm,bne->bme", layout.onehot, x.astype(jnp.float32))
+  return (summed / jnp.maximum(layout.count, 1.0)[..., None]).astype(x.dtype)
+
+
+class DecalLatents(nn.Module):
+  """Builds the DeCAL latent sequence from the encoder's input embeddings."""
+  config: LatentConfig
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, tokens: Array, positions: Array,
+               segment_ids: Optional[Array] = None) -> Latents:
+    """x `[batch, n, embed]`; tokens/positions/segment_ids `[batch, n]` -> `Latents`."""
+    layout = latent_layout(self.config, tokens, positions, segment_ids)
+    pooled = masked_mean_pool(x, layout)  # [batch, m, embed]
+    v = param_with_axes("latent_vector", nn.initializers.normal(stddev=1.0), (x.shape[-1],),
+                        jnp.float32, axes=("embed",))
+    seed = jnp.broadcast_to(jnp.asarray(v, self.dtype), pooled.shape)  # [batch, m, embed]
+    if self.config.use_pooling:
+      seed = seed + pooled
+    latents = RMSNorm(dtype=self.dtype, name="latent_norm")(seed)  # [batch, m, embed]
+    return Latents(latents, layout.valid, layout.positions, layout.segment_ids,
+                   layout.assignment)

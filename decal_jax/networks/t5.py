@@ -1,0 +1,321 @@
+"""T5.1.1 encoder-decoder with an optional DeCAL compressive encoder.
+
+With `compression_ratio = 1` the encoder is the plain T5.1.1 encoder. With C > 1 the
+encoder prepends m = ceil(n / C) DeCAL latents (`decal_jax.compress.latents`) to its input,
+runs unchanged over [latents; tokens], and outputs only the m latent states; the decoder
+cross-attends to them with the latent padding mask.
+
+The module follows the call signatures that `t5x.models.EncoderDecoderModel` uses
+(`__call__`, `encode`, `decode`), so it can be dropped into a T5X gin config.
+"""
+import dataclasses
+from typing import Any, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from decal_jax.compress.latents import DecalLatents, LatentConfig, latent_layout
+from decal_jax.layers import attention as attn
+from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
+                                   with_sharding_constraint)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Architecture of a T5.1.1-style encoder-decoder (defaults: T5.1.1 small)."""
+  vocab_size: int = 32128
+  emb_dim: int = 512
+  num_heads: int = 6
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  mlp_activations: Sequence[str] = ("gelu", "linear")
+  dropout_rate: float = 0.0
+  logits_via_embedding: bool = False
+  dtype: Any = jnp.float32
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  # DeCAL (see LatentConfig for what each knob does).
+  compression_ratio: int = 1
+  use_pooling: bool = True
+  separate_latent_params: bool = False
+  latent_boundary_token_ids: Sequence[int] = ()
+  latent_max_window: Optional[int] = None
+
+  def __post_init__(self):
+    self.latent_config()  # validates the compression settings early, with a clear message
+    for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}.")
+
+  def latent_config(self) -> LatentConfig:
+    return LatentConfig(ratio=self.compression_ratio, use_pooling=self.use_pooling,
+                        boundary_token_ids=tuple(self.latent_boundary_token_ids),
+                        max_window=self.latent_max_window)
+
+  @property
+  def compressed(self) -> bool:
+    return self.compression_ratio > 1 or bool(self.latent_boundary_token_ids)
+
+
+def _positions_or_default(tokens: Array, positions: Optional[Array]) -> Array:
+  if positions is not None:
+    return positions.astype(jnp.int32)
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def _segment_mask(query_segments: Optional[Array], key_segments: Optional[Array]):
+  if query_segments is None:
+    return None
+  return attn.make_attention_mask(query_segments, key_segments, jnp.equal)
+
+
+# ------------------------------------------------------------------------------ encoder
+class EncoderLayer(nn.Module):
+  """Pre-norm self-attention + gated MLP. With `separate_latent_params`, the first
+  `num_latents` positions (the DeCAL latents) use their own norms, projections and MLP,
+  while attention still runs jointly over latents and tokens."""
+  config: T5Config
+  num_latents: int = 0
+
+  def _params(self, prefix: str):
+    cfg = self.config
+    return dict(
+        pre_attention_norm=RMSNorm(dtype=cfg.dtype, name=f"{prefix}pre_attention_layer_norm"),
+        qkv=attn.QKVProjection(cfg.num_heads, cfg.head_dim, cfg.dtype,
+                               name=f"{prefix}attention_qkv"),
+        out=attn.OutputProjection(cfg.emb_dim, cfg.dtype, name=f"{prefix}attention_out"),
+        pre_mlp_norm=RMSNorm(dtype=cfg.dtype, name=f"{prefix}pre_mlp_layer_norm"),
+        mlp=MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.dtype,
+                     name=f"{prefix}mlp"))
+
+  @nn.compact
+  def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
+    """x `[batch, length, embed]`, bias `[batch, heads, length, length]`."""
+    cfg = self.config
+    split = self.num_latents if cfg.separate_latent_params else 0
+    groups = [self._params("")] if split == 0 else [self._params("latent_"), self._params("")]
+    parts = [x] if split == 0 else [x[:, :split], x[:, split:]]
+    dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+    normed = [g["pre_attention_norm"](p) for g, p in zip(groups, parts)]
+    qkvs = [g["qkv"](h, h) for g, h in zip(groups, normed)]
+    q, k, v = (jnp.concatenate([t[i] for t in qkvs], axis=1) for i in range(3))
+    dropout_rng = None if deterministic or cfg.dropout_rate == 0 else self.make_rng("dropout")
+    y = attn.dot_product_attention(q, k, v, bias, dropout_rng, cfg.dropout_rate,
+                                   deterministic, cfg.dtype)  # [batch, length, heads, kv]
+    y_parts = [y] if split == 0 else [y[:, :split], y[:, split:]]
+    parts = [p + dropout(g["out"](yp), deterministic)
+             for g, p, yp in zip(groups, parts, y_parts)]
+    parts = [p + dropout(g["mlp"](g["pre_mlp_norm"](p), deterministic), deterministic)
+             for g, p in zip(groups, parts)]
+    x = parts[0] if split == 0 else jnp.concatenate(parts, axis=1)
+    return with_sharding_constraint(x, ("batch", "length", "embed"))
+
+
+class Encoder(nn.Module):
+  """T5.1.1 encoder; with compression, DeCAL latents are prepended and only they are output."""
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, tokens: Array, segment_ids: Optional[Array] = None,
+               positions: Optional[Array] = None, deterministic: bool = True):
+    """tokens `[batch, n]` -> (encoded `[batch, m, embed]`, encoded_valid `[batch, m]`)."""
+    cfg = self.config
+    positions = _positions_or_default(tokens, positions)
+    valid = tokens > 0  # [batch, n]
+    x = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, n, embed]
+    x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
+    seg = segment_ids
+    num_latents = 0
+    if cfg.compressed:
+      lat = DecalLatents(cfg.latent_config(), cfg.dtype, name="latents")(
+          x, tokens, positions, segment_ids)
+      num_latents = lat.embeddings.shape[1]
+      x = jnp.concatenate([lat.embeddings, x], axis=1)  # [batch, m + n, embed]
+      valid = jnp.concatenate([lat.valid, valid], axis=1)
+      positions = jnp.concatenate([lat.positions, positions], axis=1)
+      if segment_ids is not None:
+        seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)
+    x = with_sharding_constraint(x, ("batch", "length", "embed"))
+
+    mask = attn.combine_masks(attn.make_attention_mask(valid, valid), _segment_mask(seg, seg))
+    relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
+                                         cfg.relative_attention_max_distance, cfg.num_heads,
+                                         cfg.dtype, name="relpos_bias")
+    bias = attn.combine_biases(relpos(positions, positions, bidirectional=True),
+                               attn.mask_to_bias(mask, cfg.dtype))  # [batch, heads, L, L]
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, num_latents, name=f"layers_{i}")(x, bias, deterministic)
+    x = RMSNorm(dtype=cfg.dtype, name="encoder_norm")(x)
+    x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
+    if cfg.compressed:
+      x, valid = x[:, :num_latents], valid[:, :num_latents]  # only latents leave the encoder
+    return x, valid
+
+
+def encoded_validity(config: T5Config, encoder_input_tokens: Array,
+                     encoder_segment_ids: Optional[Array] = None):
+  """Which encoded positions are real, from the raw encoder tokens alone.
+
+  Returns (valid `[batch, m]`, segment ids `[batch, m]` or None). The decoder needs this
+  because T5X hands `decode` the raw encoder tokens, not the encoder's own mask.
+  """
+  valid = encoder_input_tokens > 0
+  if not config.compressed:
+    return valid, encoder_segment_ids
+  layout = latent_layout(config.latent_config(), encoder_input_tokens,
+                         _positions_or_default(encoder_input_tokens, None), encoder_segment_ids)
+  return layout.valid, (layout.segment_ids if encoder_segment_ids is not None else None)
+
+
+# ------------------------------------------------------------------------------ decoder
+class DecoderLayer(nn.Module):
+  """Pre-norm causal self-attention, cross-attention to the encoding, gated MLP."""
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, y: Array, encoded: Array, self_bias: Array, cross_bias: Optional[Array],
+               deterministic: bool, decode: bool) -> Array:
+    cfg = self.config
+    dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    h = RMSNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(y)
+    h = attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.dtype,
+                                name="self_attention")(h, h, self_bias, decode=decode,
+                                                       deterministic=deterministic)
+    y = y + dropout(h, deterministic)
+    h = RMSNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(y)
+    h = attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.dtype,
+                                name="encoder_decoder_attention")(
+                                    h, encoded, cross_bias, deterministic=deterministic)
+    y = y + dropout(h, deterministic)
+    h = RMSNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(y)
+    h = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.dtype, name="mlp")(
+        h, deterministic)
+    y = y + dropout(h, deterministic)
+    return with_sharding_constraint(y, ("batch", "length", "embed"))
+
+
+class Decoder(nn.Module):
+  """T5.1.1 decoder with causal self-attention (KV-cached when `decode=True`)."""
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoded: Array, encoded_valid: Array, tokens: Array,
+               encoded_segment_ids: Optional[Array] = None,
+               segment_ids: Optional[Array] = None, positions: Optional[Array] = None,
+               deterministic: bool = True, decode: bool = False) -> Array:
+    """encoded `[batch, m, embed]`, tokens `[batch, t]` -> logits `[batch, t, vocab]`."""
+    cfg = self.config
+    query_pos, key_pos, self_mask = self._self_attention_layout(tokens, segment_ids, positions,
+                                                                decode)
+    relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
+                                         cfg.relative_attention_max_distance, cfg.num_heads,
+                                         cfg.dtype, name="relpos_bias")
+    self_bias = attn.combine_biases(relpos(query_pos, key_pos, bidirectional=False),
+                                    attn.mask_to_bias(self_mask, cfg.dtype))
+    query_valid = jnp.ones(tokens.shape, bool)  # as T5X: every decoder row may attend
+    cross_mask = attn.combine_masks(attn.make_attention_mask(query_valid, encoded_valid),
+                                    _segment_mask(segment_ids, encoded_segment_ids))
+    cross_bias = attn.mask_to_bias(cross_mask, cfg.dtype)
+
+    y = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, t, embed]
+    y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic)
+    for i in range(cfg.num_decoder_layers):
+      y = DecoderLayer(cfg, name=f"layers_{i}")(y, encoded, self_bias, cross_bias,
+                                                deterministic, decode)
+    y = RMSNorm(dtype=cfg.dtype, name="decoder_norm")(y)
+    y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic)
+    if cfg.logits_via_embedding:
+      logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    else:
+      logits = DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"), dtype=jnp.float32,
+                            name="logits_dense")(y)
+    return with_sharding_constraint(logits, ("batch", "length", "vocab"))
+
+  def _self_attention_layout(self, tokens, segment_ids, positions, decode):
+    """Query/key positions and the causal (+segment) mask for decoder self-attention.
+
+    In cached decoding the query is the single token at the decoder's step counter and
+    the keys are every cache slot; the attention layer masks slots not yet written.
+    """
+    batch, length = tokens.shape
+    if decode:
+      is_initialized = self.has_variable("cache", "position_index")
+      index = self.variable("cache", "position_index", lambda: jnp.array(0, jnp.int32))
+      if is_initialized:
+        max_length = self.get_variable("cache", "max_length")
+        query_pos = jnp.full((batch, 1), index.value, jnp.int32)
+        key_pos = jnp.broadcast_to(jnp.arange(max_length, dtype=jnp.int32), (batch, max_length))
+        index.value = index.value + 1
+        return query_pos, key_pos, None
+      self.variable("cache", "max_length", lambda: jnp.array(length, jnp.int32))
+    pos = _positions_or_default(tokens, positions)
+    mask = attn.combine_masks(attn.make_causal_mask(pos), _segment_mask(segment_ids, segment_ids))
+    return pos, pos, mask
+
+
+# ---------------------------------------------------------------------------- the model
+class Transformer(nn.Module):
+  """T5.1.1 encoder-decoder with optional DeCAL compression (T5X-compatible signatures)."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.shared_embedding = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype, name="token_embedder")
+    self.encoder = Encoder(cfg, self.shared_embedding)
+    self.decoder = Decoder(cfg, self.shared_embedding)
+
+  def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *,
+             enable_dropout: bool = True) -> Array:
+    """`[batch, n]` tokens -> `[batch, m, embed]` encoding (m = ceil(n / C))."""
+    _check_tokens(encoder_input_tokens, "encoder_input_tokens")
+    encoded, _ = self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                              deterministic=not enable_dropout)
+    return encoded
+
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+             encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
+             enable_dropout: bool = True, decode: bool = False,
+             max_decode_length: Optional[int] = None, prefill: bool = False,
+             prefill_lengths: Optional[Array] = None) -> Array:
+    """Decoder logits `[batch, t, vocab]` given the encoding from `encode`."""
+    del decoder_target_tokens, max_decode_length  # T5X passes them; the causal mask suffices
+    if prefill or prefill_lengths is not None:
+      raise ValueError("prefill / prefill_lengths belong to decoder-only models "
+                       "(t5x DecoderOnlyModel); an encoder-decoder decodes from an empty "
+                       "prefix. Drop these arguments.")
+    encoded_valid, encoded_segments = encoded_validity(self.config, encoder_input_tokens,
+                                                       encoder_segment_ids)
+    if encoded_valid.shape[1] != encoded.shape[1]:
+      raise ValueError(f"`encoded` has {encoded.shape[1]} positions but encoder_input_tokens "
+                       f"of length {encoder_input_tokens.shape[1]} give "
+                       f"{encoded_valid.shape[1]} at compression ratio "
+                       f"{self.config.compression_ratio}; pass the same tokens to encode.")
+    return self.decoder(encoded, encoded_valid, decoder_input_tokens, encoded_segments,
+                        decoder_segment_ids if not decode else None,
+                        decoder_positions if not decode else None,
+                        deterministic=not enable_dropout, decode=decode)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+               decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None, prefill: bool = False,
+               prefill_lengths: Optional[Array] = None) -> Array:
+    """Teacher-forced logits `[batch, t, vocab]`."""
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                          enable_dropout=enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                       decoder_positions, enable_dropout=enable_dropout, decode=decode,
+                       max_decode_length=max_decode_length, prefill=prefill,
+                       prefill_lengths=prefill_lengths)
+
+
+def _check_tokens(tokens: Array, name: str) -> None:
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
