@@ -17,8 +17,7 @@ setuptools.setup(
         "orbax-checkpoint>=0.11,<0.13",
         "seqio>=0.0.19,<0.1",
         "gin-config>=0.5,<0.6",
-        "tensorflow-cpu>=2.16,<2.22; platform_machine=='x86_64'",
-        "tensorflow>=2.16,<2.22; platform_machine!='x86_64'",
+        "tensorflow>=2.16,<2.22",  # tensorflow-text (a seqio dependency) requires this name
         "tensorflow-text>=2.16,<2.22",
         "tensorflow-datasets>=4.9.4,<4.10",
         "sentencepiece>=0.2,<0.3",

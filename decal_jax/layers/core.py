@@ -5,6 +5,7 @@ Every parameter is declared through `flax.linen.partitioning.param_with_axes`, s
 `params`. Activations are constrained with logical `with_sharding_constraint`, which is a
 no-op unless the caller has set axis rules and a mesh (see `decal_jax.partitioning`).
 """
+import math
 from typing import Any, Callable, Iterable, Sequence, Tuple, Union
 
 import flax.linen as nn
@@ -50,8 +51,8 @@ class DenseGeneral(nn.Module):
     axis = _normalize_axes(_canonicalize_tuple(self.axis), inputs.ndim)
     kernel_in_shape = tuple(inputs.shape[ax] for ax in axis)
     kernel_shape = kernel_in_shape + features
-    fan_in = int(jnp.prod(jnp.array(kernel_in_shape)))
-    fan_out = int(jnp.prod(jnp.array(features)))
+    fan_in = math.prod(kernel_in_shape)
+    fan_out = math.prod(features)
 
     def init_2d_then_reshape(key, shape, dtype):
       # Initialise as a [fan_in, fan_out] matrix so variance scaling sees the true fans.
