@@ -144,15 +144,10 @@ class QKVProjection(nn.Module):
     return q, k, v
 
 
-class OutputProjection(nn.Module):
-  """`[batch, length, heads, head_dim]` -> `[batch, length, embed]`."""
-  features: int
-  dtype: DType = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    return DenseGeneral(self.features, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
-                        dtype=self.dtype, name="out")(x)
+def output_projection(features: int, dtype: DType, name: str) -> DenseGeneral:
+  """The map `[batch, length, heads, head_dim]` -> `[batch, length, embed]`."""
+  return DenseGeneral(features, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
+                      dtype=dtype, name=name)
 
 
 class MultiHeadAttention(nn.Module):
@@ -179,7 +174,7 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None if deterministic or self.dropout_rate == 0 else self.make_rng("dropout")
     out = dot_product_attention(q, k, v, bias, dropout_rng, self.dropout_rate, deterministic,
                                 self.dtype)  # [batch, q, heads, head_dim]
-    return OutputProjection(inputs_q.shape[-1], self.dtype, name="out")(out)
+    return output_projection(inputs_q.shape[-1], self.dtype, "out")(out)
 
   def _update_cache(self, key: Array, value: Array, bias: Optional[Array]):
     is_initialized = self.has_variable("cache", "cached_key")

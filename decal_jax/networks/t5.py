@@ -86,7 +86,7 @@ class EncoderLayer(nn.Module):
         pre_attention_norm=RMSNorm(dtype=cfg.dtype, name=f"{prefix}pre_attention_layer_norm"),
         qkv=attn.QKVProjection(cfg.num_heads, cfg.head_dim, cfg.dtype,
                                name=f"{prefix}attention_qkv"),
-        out=attn.OutputProjection(cfg.emb_dim, cfg.dtype, name=f"{prefix}attention_out"),
+        out=attn.output_projection(cfg.emb_dim, cfg.dtype, f"{prefix}attention_out"),
         pre_mlp_norm=RMSNorm(dtype=cfg.dtype, name=f"{prefix}pre_mlp_layer_norm"),
         mlp=MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.dtype,
                      name=f"{prefix}mlp"))

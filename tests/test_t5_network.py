@@ -1,0 +1,283 @@
+"""The T5.1.1 / DeCAL network against a numpy re-derivation and properties that must hold."""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_t5 as ref
+from decal_jax.compress import latents as latents_lib
+from decal_jax.layers import attention as attn
+from decal_jax.networks.t5 import T5Config, Transformer
+
+TINY = T5Config(vocab_size=61, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48,
+                num_encoder_layers=2, num_decoder_layers=2,
+                relative_attention_num_buckets=8, relative_attention_max_distance=20)
+
+
+def _tokens(seed, batch, length, pad_from=None, vocab=61):
+  rng = np.random.RandomState(seed)
+  toks = rng.randint(2, vocab, (batch, length)).astype(np.int32)
+  if pad_from is not None:
+    for b, start in enumerate(pad_from):
+      toks[b, start:] = 0
+  return jnp.asarray(toks)
+
+
+def _init(cfg, enc_len=12, dec_len=5, seed=0):
+  model = Transformer(cfg)
+  variables = model.init(jax.random.PRNGKey(seed), jnp.ones((1, enc_len), jnp.int32),
+                         jnp.ones((1, dec_len), jnp.int32), jnp.ones((1, dec_len), jnp.int32),
+                         enable_dropout=False)
+  return model, variables["params"]
+
+
+def _shift_right(targets):
+  return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+
+
+# ------------------------------------------------------------------ layers vs numpy
+def test_relative_position_bucket_matches_scalar_reference():
+  rel = np.arange(-300, 301)
+  for bidirectional in (True, False):
+    for num_buckets, max_distance in ((32, 128), (128, 512), (8, 20)):
+      got = np.asarray(attn.relative_position_bucket(jnp.asarray(rel), bidirectional,
+                                                     num_buckets, max_distance))
+      want = [ref.bucket(int(r), bidirectional, num_buckets, max_distance) for r in rel]
+      np.testing.assert_array_equal(got, want)
+
+
+def test_relative_bias_is_computed_from_position_ids():
+  module = attn.RelativePositionBiases(num_buckets=16, max_distance=40, num_heads=3)
+  q_pos = jnp.array([[0, 5, 9, 33]])
+  k_pos = jnp.array([[2, 2, 7, 40, 1]])  # arbitrary, repeated and unordered ids
+  bias, variables = module.init_with_output(jax.random.PRNGKey(1), q_pos, k_pos, False)
+  table = np.asarray(variables["params"]["rel_embedding"])
+  want = ref.relpos_bias(table, q_pos[0], k_pos[0], False, 40)
+  np.testing.assert_allclose(np.asarray(bias[0]), want, rtol=1e-6)
+
+
+def test_multihead_attention_matches_numpy():
+  rng = np.random.RandomState(0)
+  xq = jnp.asarray(rng.randn(2, 5, 16), jnp.float32)
+  xkv = jnp.asarray(rng.randn(2, 7, 16), jnp.float32)
+  bias = jnp.asarray(rng.randn(2, 4, 5, 7), jnp.float32)
+  module = attn.MultiHeadAttention(num_heads=4, head_dim=6)
+  out, variables = module.init_with_output(jax.random.PRNGKey(0), xq, xkv, bias)
+  p = ref.to_numpy(variables["params"])
+  for b in range(2):
+    want = ref.attention(np.asarray(xq[b], np.float64), np.asarray(xkv[b], np.float64),
+                         {**p["qkv"], "out": p["out"]}, np.asarray(bias[b], np.float64))
+    np.testing.assert_allclose(np.asarray(out[b]), want, rtol=2e-4, atol=2e-5)
+
+
+# --------------------------------------------------------------- DeCAL latents
+@pytest.mark.parametrize("n,ratio", [(12, 1), (12, 4), (13, 4), (7, 2), (9, 8), (5, 8)])
+def test_latent_count_is_ceil_n_over_c(n, ratio):
+  cfg = dataclasses.replace(TINY, compression_ratio=ratio)
+  model, params = _init(cfg, enc_len=n)
+  encoded = model.apply({"params": params}, _tokens(0, 2, n), enable_dropout=False,
+                        method=model.encode)
+  assert encoded.shape == (2, math.ceil(n / ratio), cfg.emb_dim)
+
+
+def test_pooled_latents_and_positions_match_numpy():
+  rng = np.random.RandomState(3)
+  tokens = _tokens(1, 2, 10, pad_from=[10, 6])
+  x = jnp.asarray(rng.randn(2, 10, 16), jnp.float32)
+  positions = jnp.broadcast_to(jnp.arange(10), (2, 10))
+  for use_pooling in (True, False):
+    module = latents_lib.DecalLatents(latents_lib.LatentConfig(ratio=4, use_pooling=use_pooling))
+    out, variables = module.init_with_output(jax.random.PRNGKey(0), x, tokens, positions)
+    p = ref.to_numpy(variables["params"])
+    for b in range(2):
+      lat, valid, pos = ref.decal_latents(np.asarray(x[b], np.float64), np.asarray(tokens[b]) > 0,
+                                          np.arange(10), p["latent_vector"],
+                                          p["latent_norm"]["scale"], 4, use_pooling)
+      np.testing.assert_allclose(np.asarray(out.embeddings[b]), lat, rtol=1e-4, atol=1e-5)
+      np.testing.assert_array_equal(np.asarray(out.valid[b]), valid)
+      np.testing.assert_array_equal(np.asarray(out.positions[b]), pos)
+  # Hand-worked: windows {0..3}, {4..7}, {8, 9} -> integer means 1, 5, 8; with tokens 6..9
+  # padded, the second window holds {4, 5} -> 4 and the third is empty (invalid).
+  layout = latents_lib.latent_layout(latents_lib.LatentConfig(ratio=4), tokens, positions)
+  np.testing.assert_array_equal(np.asarray(layout.positions), [[1, 5, 8], [1, 4, 0]])
+  np.testing.assert_array_equal(np.asarray(layout.valid), [[True] * 3, [True, True, False]])
+
+
+def test_boundary_windows_hand_worked():
+  # Boundary token 7 closes a window; max_window 3 closes long runs; 0 is padding.
+  tokens = jnp.array([[5, 7, 5, 5, 5, 5, 7, 5, 0, 0]])
+  cfg = latents_lib.LatentConfig(ratio=2, boundary_token_ids=(7,), max_window=3)
+  layout = latents_lib.latent_layout(cfg, tokens, jnp.arange(10)[None])
+  np.testing.assert_array_equal(np.asarray(layout.assignment),
+                                [[0, 0, 1, 1, 1, 2, 2, 3, -1, -1]])
+  np.testing.assert_array_equal(np.asarray(layout.positions), [[0, 3, 5, 7, 0]])
+  np.testing.assert_array_equal(np.asarray(layout.valid), [[True] * 4 + [False]])
+
+
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_encoder_matches_numpy_and_outputs_only_latents(ratio):
+  cfg = dataclasses.replace(TINY, compression_ratio=ratio)
+  model, params = _init(cfg, enc_len=11)
+  tokens = _tokens(4, 2, 11, pad_from=[11, 6])
+  encoded = model.apply({"params": params}, tokens, enable_dropout=False, method=model.encode)
+  p = ref.to_numpy(params)
+  for b in range(2):
+    want, valid = ref.encoder(p, np.asarray(tokens[b]), cfg)
+    assert encoded.shape[1] == len(want) == math.ceil(11 / ratio)
+    np.testing.assert_allclose(np.asarray(encoded[b])[valid], want[valid], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("ratio", [1, 3])
+def test_full_model_logits_match_numpy(ratio):
+  cfg = dataclasses.replace(TINY, compression_ratio=ratio)
+  model, params = _init(cfg, enc_len=9, dec_len=6)
+  enc = _tokens(5, 2, 9, pad_from=[9, 4])
+  targets = _tokens(6, 2, 6)
+  logits = model.apply({"params": params}, enc, _shift_right(targets), targets,
+                       enable_dropout=False)
+  p = ref.to_numpy(params)
+  for b in range(2):
+    encoded, valid = ref.encoder(p, np.asarray(enc[b]), cfg)
+    want = ref.decoder_logits(p, encoded, valid, np.asarray(_shift_right(targets)[b]), cfg)
+    np.testing.assert_allclose(np.asarray(logits[b]), want, rtol=1e-3, atol=1e-4)
+
+
+def test_compression_ratio_one_is_the_plain_t5_encoder():
+  """C = 1 builds no latent parameters and the encoder output is one state per token."""
+  model, params = _init(dataclasses.replace(TINY, compression_ratio=1))
+  assert "latents" not in params["encoder"]
+  tokens = _tokens(0, 1, 12)
+  encoded = model.apply({"params": params}, tokens, enable_dropout=False, method=model.encode)
+  want, _ = ref.encoder(ref.to_numpy(params), np.asarray(tokens[0]), TINY)  # plain T5 path
+  np.testing.assert_allclose(np.asarray(encoded[0]), want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_extra_padding_leaves_outputs_unchanged(ratio):
+  cfg = dataclasses.replace(TINY, compression_ratio=ratio)
+  model, params = _init(cfg, enc_len=8)
+  short = _tokens(7, 2, 8, pad_from=[8, 5])
+  padded = jnp.pad(short, ((0, 0), (0, 12)))  # 20 tokens, the last 12 padding
+  targets = _tokens(8, 2, 4)
+  m = math.ceil(8 / ratio)
+  enc_short = model.apply({"params": params}, short, enable_dropout=False, method=model.encode)
+  enc_padded = model.apply({"params": params}, padded, enable_dropout=False, method=model.encode)
+  valid = (np.asarray(short[1]) > 0 if ratio == 1 else np.asarray(latents_lib.latent_layout(
+      cfg.latent_config(), short, jnp.broadcast_to(jnp.arange(8), (2, 8))).valid[1]))
+  np.testing.assert_allclose(np.asarray(enc_padded[0, :m]), np.asarray(enc_short[0]), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(enc_padded[1, :m])[valid], np.asarray(enc_short[1])[valid],
+                             atol=1e-5)
+  logits_short = model.apply({"params": params}, short, _shift_right(targets), targets,
+                             enable_dropout=False)
+  logits_padded = model.apply({"params": params}, padded, _shift_right(targets), targets,
+                              enable_dropout=False)
+  np.testing.assert_allclose(np.asarray(logits_padded), np.asarray(logits_short), atol=1e-4)
+
+
+def test_longer_inputs_scale_the_number_of_latents():
+  cfg = dataclasses.replace(TINY, compression_ratio=4)
+  model, params = _init(cfg, enc_len=16)  # "pretrained" at 16 tokens
+  encoded = model.apply({"params": params}, _tokens(0, 1, 64), enable_dropout=False,
+                        method=model.encode)
+  assert encoded.shape[1] == 16
+
+
+def test_separate_latent_params_with_copied_weights_equal_shared_params():
+  shared_cfg = dataclasses.replace(TINY, compression_ratio=2)
+  split_cfg = dataclasses.replace(shared_cfg, separate_latent_params=True)
+  model, params = _init(shared_cfg)
+  split_model, split_params = _init(split_cfg)
+  params = jax.tree_util.tree_map(np.asarray, params)
+  split_params = jax.tree_util.tree_map(np.asarray, split_params)
+  # Copy the shared weights into both parameter sets of the split model.
+  for i in range(split_cfg.num_encoder_layers):
+    layer = dict(split_params["encoder"][f"layers_{i}"])
+    for name, value in params["encoder"][f"layers_{i}"].items():
+      layer[name] = value
+      layer[f"latent_{name}"] = value
+    split_params["encoder"][f"layers_{i}"] = layer
+  for key in ("token_embedder", "decoder"):
+    split_params[key] = params[key]
+  for key in ("latents", "relpos_bias", "encoder_norm"):
+    split_params["encoder"][key] = params["encoder"][key]
+  tokens = _tokens(9, 2, 12, pad_from=[12, 7])
+  a = model.apply({"params": params}, tokens, enable_dropout=False, method=model.encode)
+  b = split_model.apply({"params": split_params}, tokens, enable_dropout=False,
+                        method=split_model.encode)
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  # And with their own (different) weights the latents do change.
+  c = split_model.apply({"params": _init(split_cfg, seed=1)[1]}, tokens, enable_dropout=False,
+                        method=split_model.encode)
+  assert not np.allclose(np.asarray(a), np.asarray(c), atol=1e-3)
+
+
+@pytest.mark.parametrize("cfg_kwargs", [dict(compression_ratio=1), dict(compression_ratio=4),
+                                        dict(compression_ratio=2, separate_latent_params=True)])
+def test_cached_decoding_equals_full_forward(cfg_kwargs):
+  cfg = dataclasses.replace(TINY, **cfg_kwargs)
+  model, params = _init(cfg, enc_len=10, dec_len=7)
+  enc = _tokens(10, 2, 10, pad_from=[10, 3])
+  targets = _tokens(11, 2, 7)
+  dec_in = _shift_right(targets)
+  full = model.apply({"params": params}, enc, dec_in, targets, enable_dropout=False)
+  _, variables = model.apply({"params": params}, jnp.ones_like(enc), jnp.ones_like(targets),
+                             jnp.ones_like(targets), decode=True, enable_dropout=False,
+                             mutable=["cache"])
+  cache = variables["cache"]
+  encoded = model.apply({"params": params}, enc, enable_dropout=False, method=model.encode)
+  steps = []
+  for t in range(targets.shape[1]):
+    logits, variables = model.apply({"params": params, "cache": cache}, encoded, enc,
+                                    dec_in[:, t:t + 1], dec_in[:, t:t + 1], decode=True,
+                                    enable_dropout=False, max_decode_length=7,
+                                    mutable=["cache"], method=model.decode)
+    cache = variables["cache"]
+    steps.append(logits)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full),
+                             atol=1e-4)
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_packed_segments_equal_separate_examples(ratio):
+  cfg = dataclasses.replace(TINY, compression_ratio=ratio)
+  model, params = _init(cfg, enc_len=10, dec_len=4)
+  a, b = _tokens(12, 1, 6), _tokens(13, 1, 4)  # lengths divisible by C: windows align
+  ta, tb = _tokens(14, 1, 3), _tokens(15, 1, 4)
+  packed_enc = jnp.concatenate([a, b], axis=1)
+  packed_tgt = jnp.concatenate([ta, tb], axis=1)
+  packed_in = jnp.concatenate([_shift_right(ta), _shift_right(tb)], axis=1)
+  enc_seg = jnp.array([[1] * 6 + [2] * 4])
+  dec_seg = jnp.array([[1] * 3 + [2] * 4])
+  enc_pos = jnp.array([list(range(6)) + list(range(4))])
+  dec_pos = jnp.array([list(range(3)) + list(range(4))])
+  packed = model.apply({"params": params}, packed_enc, packed_in, packed_tgt, enc_seg, dec_seg,
+                       enc_pos, dec_pos, enable_dropout=False)
+  alone_a = model.apply({"params": params}, a, _shift_right(ta), ta, enable_dropout=False)
+  alone_b = model.apply({"params": params}, b, _shift_right(tb), tb, enable_dropout=False)
+  np.testing.assert_allclose(np.asarray(packed[:, :3]), np.asarray(alone_a), atol=1e-4)
+  np.testing.assert_allclose(np.asarray(packed[:, 3:]), np.asarray(alone_b), atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True])
+def test_bad_compression_ratio_is_a_clear_error(bad):
+  with pytest.raises(ValueError, match="compression ratio C must be an integer >= 1"):
+    T5Config(compression_ratio=bad)
+
+
+def test_every_parameter_has_logical_axes():
+  model, _ = _init(dataclasses.replace(TINY, compression_ratio=2, separate_latent_params=True))
+  variables = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 4), jnp.int32),
+      jnp.ones((1, 4), jnp.int32)))
+  flat_params = {k: v for k, v in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
+  axes = variables["params_axes"]
+  for path, value in flat_params.items():
+    keys = [p.key for p in path]
+    node = axes
+    for k in keys[:-1]:
+      node = node[k]
+    names = node[keys[-1] + "_axes"].names
+    assert len(names) == value.ndim, (keys, names, value.shape)
