@@ -1,5 +1,6 @@
 """The T5.1.1 / DeCAL network against a numpy re-derivation and properties that must hold."""
 import dataclasses
+import functools
 import math
 
 import jax
@@ -26,12 +27,24 @@ def _tokens(seed, batch, length, pad_from=None, vocab=61):
   return jnp.asarray(toks)
 
 
-def _init(cfg, enc_len=12, dec_len=5, seed=0):
+@functools.lru_cache(maxsize=None)
+def _init_params(cfg, seed):
+  # Parameter shapes do not depend on sequence lengths, so one jitted init per config.
   model = Transformer(cfg)
-  variables = model.init(jax.random.PRNGKey(seed), jnp.ones((1, enc_len), jnp.int32),
-                         jnp.ones((1, dec_len), jnp.int32), jnp.ones((1, dec_len), jnp.int32),
-                         enable_dropout=False)
-  return model, variables["params"]
+  ones = jnp.ones((1, 8), jnp.int32)
+  init = jax.jit(lambda rng: model.init(rng, ones, ones[:, :4], ones[:, :4],
+                                        enable_dropout=False)["params"])
+  return init(jax.random.PRNGKey(seed))
+
+
+def _init(cfg, enc_len=None, dec_len=None, seed=0):
+  del enc_len, dec_len  # kept so call sites read naturally
+  return Transformer(cfg), _init_params(cfg, seed)
+
+
+def _apply(model, variables, *args, **kwargs):
+  """`model.apply` under jit: one compile per call beats op-by-op dispatch at new shapes."""
+  return jax.jit(functools.partial(model.apply, **kwargs))(variables, *args)
 
 
 def _shift_right(targets):
@@ -78,7 +91,7 @@ def test_multihead_attention_matches_numpy():
 def test_latent_count_is_ceil_n_over_c(n, ratio):
   cfg = dataclasses.replace(TINY, compression_ratio=ratio)
   model, params = _init(cfg, enc_len=n)
-  encoded = model.apply({"params": params}, _tokens(0, 2, n), enable_dropout=False,
+  encoded = _apply(model, {"params": params}, _tokens(0, 2, n), enable_dropout=False,
                         method=model.encode)
   assert encoded.shape == (2, math.ceil(n / ratio), cfg.emb_dim)
 
@@ -122,7 +135,7 @@ def test_encoder_matches_numpy_and_outputs_only_latents(ratio):
   cfg = dataclasses.replace(TINY, compression_ratio=ratio)
   model, params = _init(cfg, enc_len=11)
   tokens = _tokens(4, 2, 11, pad_from=[11, 6])
-  encoded = model.apply({"params": params}, tokens, enable_dropout=False, method=model.encode)
+  encoded = _apply(model, {"params": params}, tokens, enable_dropout=False, method=model.encode)
   p = ref.to_numpy(params)
   for b in range(2):
     want, valid = ref.encoder(p, np.asarray(tokens[b]), cfg)
@@ -136,7 +149,7 @@ def test_full_model_logits_match_numpy(ratio):
   model, params = _init(cfg, enc_len=9, dec_len=6)
   enc = _tokens(5, 2, 9, pad_from=[9, 4])
   targets = _tokens(6, 2, 6)
-  logits = model.apply({"params": params}, enc, _shift_right(targets), targets,
+  logits = _apply(model, {"params": params}, enc, _shift_right(targets), targets,
                        enable_dropout=False)
   p = ref.to_numpy(params)
   for b in range(2):
@@ -150,7 +163,7 @@ def test_compression_ratio_one_is_the_plain_t5_encoder():
   model, params = _init(dataclasses.replace(TINY, compression_ratio=1))
   assert "latents" not in params["encoder"]
   tokens = _tokens(0, 1, 12)
-  encoded = model.apply({"params": params}, tokens, enable_dropout=False, method=model.encode)
+  encoded = _apply(model, {"params": params}, tokens, enable_dropout=False, method=model.encode)
   want, _ = ref.encoder(ref.to_numpy(params), np.asarray(tokens[0]), TINY)  # plain T5 path
   np.testing.assert_allclose(np.asarray(encoded[0]), want, rtol=1e-3, atol=1e-4)
 
@@ -163,16 +176,16 @@ def test_extra_padding_leaves_outputs_unchanged(ratio):
   padded = jnp.pad(short, ((0, 0), (0, 12)))  # 20 tokens, the last 12 padding
   targets = _tokens(8, 2, 4)
   m = math.ceil(8 / ratio)
-  enc_short = model.apply({"params": params}, short, enable_dropout=False, method=model.encode)
-  enc_padded = model.apply({"params": params}, padded, enable_dropout=False, method=model.encode)
+  enc_short = _apply(model, {"params": params}, short, enable_dropout=False, method=model.encode)
+  enc_padded = _apply(model, {"params": params}, padded, enable_dropout=False, method=model.encode)
   valid = (np.asarray(short[1]) > 0 if ratio == 1 else np.asarray(latents_lib.latent_layout(
       cfg.latent_config(), short, jnp.broadcast_to(jnp.arange(8), (2, 8))).valid[1]))
   np.testing.assert_allclose(np.asarray(enc_padded[0, :m]), np.asarray(enc_short[0]), atol=1e-5)
   np.testing.assert_allclose(np.asarray(enc_padded[1, :m])[valid], np.asarray(enc_short[1])[valid],
                              atol=1e-5)
-  logits_short = model.apply({"params": params}, short, _shift_right(targets), targets,
+  logits_short = _apply(model, {"params": params}, short, _shift_right(targets), targets,
                              enable_dropout=False)
-  logits_padded = model.apply({"params": params}, padded, _shift_right(targets), targets,
+  logits_padded = _apply(model, {"params": params}, padded, _shift_right(targets), targets,
                               enable_dropout=False)
   np.testing.assert_allclose(np.asarray(logits_padded), np.asarray(logits_short), atol=1e-4)
 
@@ -180,7 +193,7 @@ def test_extra_padding_leaves_outputs_unchanged(ratio):
 def test_longer_inputs_scale_the_number_of_latents():
   cfg = dataclasses.replace(TINY, compression_ratio=4)
   model, params = _init(cfg, enc_len=16)  # "pretrained" at 16 tokens
-  encoded = model.apply({"params": params}, _tokens(0, 1, 64), enable_dropout=False,
+  encoded = _apply(model, {"params": params}, _tokens(0, 1, 64), enable_dropout=False,
                         method=model.encode)
   assert encoded.shape[1] == 16
 
@@ -204,12 +217,12 @@ def test_separate_latent_params_with_copied_weights_equal_shared_params():
   for key in ("latents", "relpos_bias", "encoder_norm"):
     split_params["encoder"][key] = params["encoder"][key]
   tokens = _tokens(9, 2, 12, pad_from=[12, 7])
-  a = model.apply({"params": params}, tokens, enable_dropout=False, method=model.encode)
-  b = split_model.apply({"params": split_params}, tokens, enable_dropout=False,
+  a = _apply(model, {"params": params}, tokens, enable_dropout=False, method=model.encode)
+  b = _apply(split_model, {"params": split_params}, tokens, enable_dropout=False,
                         method=split_model.encode)
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
   # And with their own (different) weights the latents do change.
-  c = split_model.apply({"params": _init(split_cfg, seed=1)[1]}, tokens, enable_dropout=False,
+  c = _apply(split_model, {"params": _init(split_cfg, seed=1)[1]}, tokens, enable_dropout=False,
                         method=split_model.encode)
   assert not np.allclose(np.asarray(a), np.asarray(c), atol=1e-3)
 
@@ -222,18 +235,18 @@ def test_cached_decoding_equals_full_forward(cfg_kwargs):
   enc = _tokens(10, 2, 10, pad_from=[10, 3])
   targets = _tokens(11, 2, 7)
   dec_in = _shift_right(targets)
-  full = model.apply({"params": params}, enc, dec_in, targets, enable_dropout=False)
-  _, variables = model.apply({"params": params}, jnp.ones_like(enc), jnp.ones_like(targets),
+  full = _apply(model, {"params": params}, enc, dec_in, targets, enable_dropout=False)
+  _, variables = _apply(model, {"params": params}, jnp.ones_like(enc), jnp.ones_like(targets),
                              jnp.ones_like(targets), decode=True, enable_dropout=False,
                              mutable=["cache"])
   cache = variables["cache"]
-  encoded = model.apply({"params": params}, enc, enable_dropout=False, method=model.encode)
+  encoded = _apply(model, {"params": params}, enc, enable_dropout=False, method=model.encode)
+  step = jax.jit(functools.partial(model.apply, decode=True, enable_dropout=False,
+                                   max_decode_length=7, mutable=["cache"], method=model.decode))
   steps = []
   for t in range(targets.shape[1]):
-    logits, variables = model.apply({"params": params, "cache": cache}, encoded, enc,
-                                    dec_in[:, t:t + 1], dec_in[:, t:t + 1], decode=True,
-                                    enable_dropout=False, max_decode_length=7,
-                                    mutable=["cache"], method=model.decode)
+    logits, variables = step({"params": params, "cache": cache}, encoded, enc,
+                             dec_in[:, t:t + 1], dec_in[:, t:t + 1])
     cache = variables["cache"]
     steps.append(logits)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full),
@@ -253,10 +266,10 @@ def test_packed_segments_equal_separate_examples(ratio):
   dec_seg = jnp.array([[1] * 3 + [2] * 4])
   enc_pos = jnp.array([list(range(6)) + list(range(4))])
   dec_pos = jnp.array([list(range(3)) + list(range(4))])
-  packed = model.apply({"params": params}, packed_enc, packed_in, packed_tgt, enc_seg, dec_seg,
+  packed = _apply(model, {"params": params}, packed_enc, packed_in, packed_tgt, enc_seg, dec_seg,
                        enc_pos, dec_pos, enable_dropout=False)
-  alone_a = model.apply({"params": params}, a, _shift_right(ta), ta, enable_dropout=False)
-  alone_b = model.apply({"params": params}, b, _shift_right(tb), tb, enable_dropout=False)
+  alone_a = _apply(model, {"params": params}, a, _shift_right(ta), ta, enable_dropout=False)
+  alone_b = _apply(model, {"params": params}, b, _shift_right(tb), tb, enable_dropout=False)
   np.testing.assert_allclose(np.asarray(packed[:, :3]), np.asarray(alone_a), atol=1e-4)
   np.testing.assert_allclose(np.asarray(packed[:, 3:]), np.asarray(alone_b), atol=1e-4)
 

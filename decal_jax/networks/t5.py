@@ -245,15 +245,16 @@ class Decoder(nn.Module):
     """
     batch, length = tokens.shape
     if decode:
-      is_initialized = self.has_variable("cache", "position_index")
-      index = self.variable("cache", "position_index", lambda: jnp.array(0, jnp.int32))
+      # `cache_index` is the step counter (T5X's beam search leaves leaves of that name
+      # alone); `key_positions` `[batch, max_length]` keeps the cache length static.
+      is_initialized = self.has_variable("cache", "cache_index")
+      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      key_positions = self.variable("cache", "key_positions", lambda: jnp.broadcast_to(
+          jnp.arange(length, dtype=jnp.int32), (batch, length)))
       if is_initialized:
-        max_length = self.get_variable("cache", "max_length")
-        query_pos = jnp.full((batch, 1), index.value, jnp.int32)
-        key_pos = jnp.broadcast_to(jnp.arange(max_length, dtype=jnp.int32), (batch, max_length))
+        query_pos = jnp.full((key_positions.value.shape[0], 1), index.value, jnp.int32)
         index.value = index.value + 1
-        return query_pos, key_pos, None
-      self.variable("cache", "max_length", lambda: jnp.array(length, jnp.int32))
+        return query_pos, key_positions.value, None
     pos = _positions_or_default(tokens, positions)
     mask = attn.combine_masks(attn.make_causal_mask(pos), _segment_mask(segment_ids, segment_ids))
     return pos, pos, mask
