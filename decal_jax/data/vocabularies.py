@@ -69,15 +69,35 @@ def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE,
   return BuiltinVocabulary(vocab_size, extra_ids)
 
 
-def t5_vocabulary(path: Optional[str] = None, extra_ids: int = EXTRA_IDS):
-  """The T5 SentencePiece vocabulary (32,000 pieces + sentinels).
+def _t5_vocab_path(path: Optional[str]) -> str:
+  return path or os.environ.get("DECAL_T5_VOCAB") or T5_PUBLIC_VOCAB
 
-  Path: the argument, else `$DECAL_T5_VOCAB`, else T5's public copy on GCS.
-  """
-  path = path or os.environ.get("DECAL_T5_VOCAB") or T5_PUBLIC_VOCAB
+
+def _check_t5_vocab(path: str) -> None:
   if "://" not in path and not os.path.exists(path):
     raise FileNotFoundError(
         f"T5 SentencePiece vocabulary not found at {path!r}. Set DECAL_T5_VOCAB to a local "
         "copy (this repo's tests use ../shared/data/vocab/t5_spiece.model), or bind "
         "`vocabularies.t5_vocabulary.path` in gin.")
-  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+
+class T5Vocabulary(seqio.SentencePieceVocabulary):
+  """The T5 vocabulary; a missing local file is reported clearly when first used."""
+
+  def _model_context(self):
+    if not self._model:
+      _check_t5_vocab(self._sentencepiece_model_file)
+    return super()._model_context()
+
+
+def t5_vocabulary(path: Optional[str] = None, extra_ids: int = EXTRA_IDS,
+                  check: bool = True) -> seqio.SentencePieceVocabulary:
+  """The T5 SentencePiece vocabulary (32,000 pieces + sentinels).
+
+  Path: the argument, else `$DECAL_T5_VOCAB`, else T5's public copy on GCS. With `check`,
+  a missing local file raises now; otherwise when the vocabulary is first used.
+  """
+  path = _t5_vocab_path(path)
+  if check:
+    _check_t5_vocab(path)
+  return T5Vocabulary(path, extra_ids=extra_ids)
