@@ -1,0 +1,108 @@
+"""Orbax checkpoints of the train state, the data position and the architecture.
+
+Each step directory holds three items: `state` (params, optimizer state, step), `data`
+(how many batches were consumed, and the dataset seed) and `architecture` (every
+parameter's path and shape). Orbax writes a step to a temporary directory and renames it
+when complete, so a crash never leaves a half-written checkpoint that looks like the
+latest. Before restoring, the saved architecture is compared with the model's, and a
+mismatch is reported without touching the directory.
+"""
+import pathlib
+from typing import Any, Dict, Optional, Tuple
+
+import flax
+import jax
+import orbax.checkpoint as ocp
+
+
+class ArchitectureMismatchError(ValueError):
+  pass
+
+
+def architecture_of(params: Any) -> Dict[str, list]:
+  """{'encoder/layers_0/mlp/wi_0/kernel': [shape...], ...} for any params pytree."""
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  return {k: list(v.shape) for k, v in sorted(flat.items())}
+
+
+def describe_mismatch(saved: Dict[str, list], current: Dict[str, list], limit: int = 8) -> str:
+  lines = []
+  for k in sorted(set(saved) - set(current))[:limit]:
+    lines.append(f"  only in the checkpoint: {k} {saved[k]}")
+  for k in sorted(set(current) - set(saved))[:limit]:
+    lines.append(f"  only in the model:      {k} {current[k]}")
+  for k in sorted(set(saved) & set(current)):
+    if saved[k] != current[k] and len(lines) < 3 * limit:
+      lines.append(f"  shape differs:          {k} checkpoint {saved[k]} vs model {current[k]}")
+  return "\n".join(lines)
+
+
+class Checkpointer:
+  """Keep-N Orbax checkpoints in `directory` (T5X's MODEL_DIR/checkpoint_<step> layout)."""
+
+  def __init__(self, directory: str, keep: int = 3, save_period: int = 1000):
+    self.directory = pathlib.Path(directory).absolute()
+    self.save_period = save_period
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           step_prefix="checkpoint",
+                                           enable_async_checkpointing=False)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "data", "architecture"))
+
+  def latest_step(self) -> Optional[int]:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state: Any, data_position: Dict[str, int], force: bool = False):
+    """Saves when `step` is a multiple of save_period (or `force`)."""
+    if not force and step % self.save_period:
+      return False
+    if self.manager.latest_step() == step:
+      return False  # already saved (e.g. periodic save on the final step)
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              data=ocp.args.JsonSave(dict(data_position)),
+                              architecture=ocp.args.JsonSave(architecture_of(state["params"])))
+    self.manager.save(step, args=args, force=True)
+    self.manager.wait_until_finished()
+    return True
+
+  def saved_architecture(self, step: int) -> Dict[str, list]:
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        architecture=ocp.args.JsonRestore()))
+    return dict(restored["architecture"])
+
+  def check_architecture(self, step: int, params_like: Any) -> None:
+    saved, current = self.saved_architecture(step), architecture_of(params_like)
+    if saved != current:
+      raise ArchitectureMismatchError(
+          f"{self.directory} holds a checkpoint (step {step}) of a different architecture:\n"
+          f"{describe_mismatch(saved, current)}\nUse a new MODEL_DIR, or the gin config "
+          f"that wrote it (saved as {self.directory / 'config.gin'}). Nothing was "
+          "changed on disk.")
+
+  def restore(self, step: int, abstract_state: Any) -> Tuple[Any, Dict[str, int]]:
+    """Restores onto `abstract_state` (ShapeDtypeStructs carrying the target shardings, so
+    a checkpoint written on one mesh loads onto another)."""
+    self.check_architecture(step, abstract_state["params"])
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    return restored["state"], dict(restored["data"])
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_like(tree: Any) -> Any:
+  """ShapeDtypeStructs (with shardings) of a pytree of arrays."""
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+      tree)
+
+
+def write_config(model_dir: str, config_text: str) -> None:
+  """Stores the operative gin config in MODEL_DIR/config.gin (as T5X does)."""
+  path = pathlib.Path(model_dir)
+  path.mkdir(parents=True, exist_ok=True)
+  tmp = path / "config.gin.tmp"
+  tmp.write_text(config_text)
+  tmp.replace(path / "config.gin")

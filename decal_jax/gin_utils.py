@@ -1,0 +1,84 @@
+"""Command-line gin handling shared by the entry points (T5X's flag vocabulary).
+
+`--gin_file=F` (repeatable; resolved against the paths given, `--gin_search_paths`, the
+current directory and the repository's gin/ folder), `--gin.NAME=VALUE` (one binding, e.g.
+`--gin.MODEL_DIR="'/tmp/m'"`) and `--gin_bindings='NAME = VALUE'`.
+"""
+import argparse
+import logging
+import pathlib
+import sys
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import gin
+
+REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+
+
+class _QuietSearchMisses(logging.Filter):
+  """gin logs an error for every search path a file is not in; only the outcome matters."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Path not found")
+
+
+logging.getLogger().addFilter(_QuietSearchMisses())
+
+
+class GinConfigError(SystemExit):
+  """A gin file or binding problem, reported without a traceback."""
+
+
+def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
+  """(gin files, search paths, bindings) from the command line."""
+  parser = argparse.ArgumentParser(add_help=True)
+  parser.add_argument("--gin_file", action="append", default=[])
+  parser.add_argument("--gin_search_paths", action="append", default=[])
+  parser.add_argument("--gin_bindings", action="append", default=[])
+  known, rest = parser.parse_known_args(list(argv))
+  bindings = list(known.gin_bindings)
+  for arg in rest:
+    if arg.startswith("--gin.") and "=" in arg:
+      name, value = arg[len("--gin."):].split("=", 1)
+      bindings.append(f"{name} = {value}")
+    else:
+      raise GinConfigError(f"error: unrecognised argument {arg!r}; use --gin_file=F, "
+                           "--gin.NAME=VALUE or --gin_bindings='NAME = VALUE'.")
+  paths = [p for group in known.gin_search_paths for p in group.split(",") if p]
+  return known.gin_file, paths, bindings
+
+
+def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str]) -> None:
+  """Parses gin files and bindings; a missing file or unknown binding exits with a message
+  naming it and where files were looked for."""
+  import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
+  gin.clear_config()
+  all_paths = list(search_paths) + [str(pathlib.Path.cwd()), str(REPO_GIN_DIR)]
+  for path in all_paths:
+    gin.add_config_file_search_path(path)
+  if not files:
+    raise GinConfigError("error: give at least one --gin_file (e.g. "
+                         "--gin_file=runs/pretrain_builtin.gin).")
+  try:
+    gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=True)
+  except (IOError, OSError) as e:
+    raise GinConfigError(f"error: gin file not found: {e}\nSearched: {all_paths}") from e
+  except (ValueError, KeyError, SyntaxError, TypeError) as e:
+    raise GinConfigError(f"error: bad gin configuration: {e}\nCheck the binding's name and "
+                         "value (e.g. --gin.TRAIN_STEPS=100, strings as "
+                         "--gin.MODEL_DIR=\"'/tmp/m'\").") from e
+
+
+def run(fn: Callable, argv: Optional[Sequence[str]] = None, pass_config: bool = False):
+  """Parses the command line and calls the gin-configured `fn`."""
+  files, paths, bindings = split_args(sys.argv[1:] if argv is None else argv)
+  parse(files, paths, bindings)
+  configured = gin.get_configurable(fn)
+  try:
+    if pass_config:
+      return configured(gin_config_text=gin.config_str())
+    return configured()
+  except TypeError as e:
+    if "missing" in str(e) and "argument" in str(e):
+      raise GinConfigError(f"error: {e}. Bind it in a gin file or with --gin.NAME=VALUE.") from e
+    raise

@@ -1,0 +1,39 @@
+"""Optimizers and learning-rate schedules (T5 defaults), built on optax."""
+from typing import Callable, Optional
+
+import jax.numpy as jnp
+import optax
+
+
+def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000,
+                   offset: int = 0) -> Callable:
+  """T5's inverse-square-root decay with a linear warm-up.
+
+  lr(step) = base * min(step / warmup, 1) / sqrt(max(step, warmup)): a linear ramp to
+  base / sqrt(warmup) at `warmup_steps`, then base / sqrt(step).
+  """
+  def schedule(step):
+    step = jnp.maximum(jnp.asarray(step, jnp.float32) - offset, 0.0)
+    warm = jnp.minimum(step / max(warmup_steps, 1), 1.0)
+    return base_learning_rate * warm / jnp.sqrt(jnp.maximum(step, float(warmup_steps)))
+  return schedule
+
+
+def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
+              clipping_threshold: float = 1.0, multiply_by_parameter_scale: bool = True,
+              min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
+  """T5's Adafactor: factored second moments, no momentum, update clipping, relative step."""
+  return optax.adafactor(learning_rate=learning_rate or rsqrt_schedule(),
+                         decay_rate=decay_rate, clipping_threshold=clipping_threshold,
+                         multiply_by_parameter_scale=multiply_by_parameter_scale,
+                         min_dim_size_to_factor=min_dim_size_to_factor, momentum=None)
+
+
+def adamw(learning_rate: Optional[Callable] = None, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8, weight_decay: float = 0.01,
+          grad_clip_norm: Optional[float] = 1.0) -> optax.GradientTransformation:
+  """AdamW (with optional global-norm clipping); default schedule: rsqrt with warm-up."""
+  lr = learning_rate or rsqrt_schedule(base_learning_rate=0.01, warmup_steps=1000)
+  chain = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm else []
+  chain.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+  return optax.chain(*chain)
