@@ -25,15 +25,17 @@ def architecture_of(params: Any) -> Dict[str, list]:
   return {k: list(v.shape) for k, v in sorted(flat.items())}
 
 
-def describe_mismatch(saved: Dict[str, list], current: Dict[str, list], limit: int = 8) -> str:
-  lines = []
-  for k in sorted(set(saved) - set(current))[:limit]:
-    lines.append(f"  only in the checkpoint: {k} {saved[k]}")
-  for k in sorted(set(current) - set(saved))[:limit]:
-    lines.append(f"  only in the model:      {k} {current[k]}")
-  for k in sorted(set(saved) & set(current)):
-    if saved[k] != current[k] and len(lines) < 3 * limit:
-      lines.append(f"  shape differs:          {k} checkpoint {saved[k]} vs model {current[k]}")
+def describe_mismatch(saved: Dict[str, list], current: Dict[str, list], limit: int = 6) -> str:
+  """A few lines naming the parameters that differ, and how many in all."""
+  only_saved = sorted(set(saved) - set(current))
+  only_model = sorted(set(current) - set(saved))
+  reshaped = sorted(k for k in set(saved) & set(current) if saved[k] != current[k])
+  lines = [f"  {len(only_saved)} only in the checkpoint, {len(only_model)} only in the model, "
+           f"{len(reshaped)} with another shape; for example:"]
+  lines += [f"  only in the checkpoint: {k} {saved[k]}" for k in only_saved[:limit]]
+  lines += [f"  only in the model:      {k} {current[k]}" for k in only_model[:limit]]
+  lines += [f"  shape differs:          {k} checkpoint {saved[k]} vs model {current[k]}"
+            for k in reshaped[:limit]]
   return "\n".join(lines)
 
 

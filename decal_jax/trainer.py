@@ -192,8 +192,9 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
           total_steps: int, optimizer=None, partitioner=None, seed: int = 0,
           eval_period: int = 200, eval_batches: int = 20, log_period: int = 10,
           checkpoint_period: int = 200, keep_checkpoints: int = 3,
-          gin_config_text: str = "") -> Dict[str, float]:
-  """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics."""
+          show_example: bool = True, gin_config_text: str = "") -> Dict[str, float]:
+  """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics
+  (and, with `show_example`, prints one validation example decoded by the model)."""
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
   check_feature_lengths(train_dataset_cfg, model)
@@ -235,7 +236,8 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   writer.write("eval", total_steps, result)
   writer.close()
   ckpt.close()
-  _report(result, decode_example(state["params"], model, eval_cfg, partitioner), total_steps)
+  example = decode_example(state["params"], model, eval_cfg, partitioner) if show_example else None
+  _report(result, example, total_steps)
   return result
 
 
@@ -252,12 +254,14 @@ def _maybe_restore(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig):
   return restored, int(data.get("batches_consumed", 0))
 
 
-def _report(result: Mapping[str, float], example: Mapping[str, str], step: int) -> None:
+def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], step: int) -> None:
   if jax.process_index() != 0:
     return
   print(f"\nHeld-out (validation) at step {step}: loss {result['loss']:.4f}, "
         f"token accuracy {result['accuracy']:.4f} over {int(result['target_tokens'])} "
         "target tokens.")
+  if example is None:
+    return
   print("Denoising example, decoded from the compressed encoding:")
   for key in ("inputs", "targets", "prediction"):
     print(f"  {key:>10}: {example[key]}")

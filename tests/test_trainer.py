@@ -1,0 +1,143 @@
+"""Trainer: the loss falls, a resumed run equals an uninterrupted one, bad input is refused."""
+import os
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import decal_jax.tasks  # noqa: F401
+from decal_jax import checkpoints, models, optimizers, partitioning, trainer
+from decal_jax.data import vocabularies
+from decal_jax.networks.t5 import T5Config, Transformer
+
+LENGTHS = {"inputs": 32, "targets": 12}
+
+
+def _model(emb_dim=32, ratio=4):
+  vocab = vocabularies.builtin_vocabulary()
+  cfg = T5Config(vocab_size=4224, emb_dim=emb_dim, num_heads=2, head_dim=16, mlp_dim=64,
+                 num_encoder_layers=2, num_decoder_layers=2, compression_ratio=ratio)
+  return models.EncoderDecoderModel(Transformer(cfg), vocab, vocab)
+
+
+def _cfg(**kw):
+  return trainer.DatasetConfig("decal_builtin_span_corruption", LENGTHS, batch_size=8, **kw)
+
+
+def _optimizer():
+  return optimizers.adafactor(optimizers.rsqrt_schedule(0.5, warmup_steps=5))
+
+
+def test_rsqrt_schedule_hand_worked():
+  lr = optimizers.rsqrt_schedule(base_learning_rate=2.0, warmup_steps=100)
+  # ramp: 2 * (step / 100) / sqrt(100); after: 2 / sqrt(step)
+  for step, want in ((0, 0.0), (50, 0.1), (100, 0.2), (400, 0.1), (10_000, 0.02)):
+    assert abs(float(lr(step)) - want) < 1e-6
+
+
+def test_adamw_step_matches_numpy():
+  import jax.numpy as jnp
+  opt = optimizers.adamw(lambda step: 0.1, weight_decay=0.01, grad_clip_norm=None)
+  params = {"w": jnp.array([1.0, -2.0, 3.0])}
+  grads = {"w": jnp.array([0.5, 0.25, -1.0])}
+  updates, _ = opt.update(grads, opt.init(params), params)
+  g, w = np.array([0.5, 0.25, -1.0]), np.array([1.0, -2.0, 3.0])
+  m, v = 0.1 * g, 0.001 * g ** 2
+  m_hat, v_hat = m / 0.1, v / 0.001
+  want = -0.1 * (m_hat / (np.sqrt(v_hat) + 1e-8) + 0.01 * w)
+  np.testing.assert_allclose(np.asarray(updates["w"]), want, rtol=1e-5)
+
+
+def test_short_training_run_lowers_the_loss():
+  model, opt, part = _model(), _optimizer(), partitioning.Partitioner()
+  state, shardings = trainer.init_state(model, opt, part, _cfg(), seed=0)
+  step = trainer.make_train_step(model, opt, part, shardings)
+  batches = trainer.train_batches(_cfg(), model, skip=0)
+  losses = []
+  for _ in range(40):
+    state, aux = step(state, trainer.to_global(next(batches), part), jax.random.PRNGKey(0))
+    losses.append(float(aux["loss"]))
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+
+
+def _train(model_dir, steps, **kw):
+  return trainer.train(model=_model(), train_dataset_cfg=_cfg(), model_dir=str(model_dir),
+                       total_steps=steps, optimizer=_optimizer(), checkpoint_period=3,
+                       eval_period=1000, eval_batches=1, log_period=3, show_example=False,
+                       **kw)
+
+
+def _restore(model_dir):
+  model, part = _model(), partitioning.Partitioner()
+  state, _ = trainer.init_state(model, _optimizer(), part, _cfg(), seed=0)
+  ckpt = checkpoints.Checkpointer(str(model_dir))
+  restored, data = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
+  ckpt.close()
+  return restored, data
+
+
+def test_resume_continues_where_it_stopped(tmp_path, capsys):
+  _train(tmp_path / "straight", 6)
+  _train(tmp_path / "resumed", 3)
+  _train(tmp_path / "resumed", 6)  # the same command again, with more steps
+  assert "Resuming from step 3" in capsys.readouterr().out
+  straight, straight_data = _restore(tmp_path / "straight")
+  resumed, resumed_data = _restore(tmp_path / "resumed")
+  assert int(resumed["step"]) == int(straight["step"]) == 6
+  assert resumed_data == straight_data == {"batches_consumed": 6, "seed": 0}
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                         resumed["params"], straight["params"])
+  # The batch after a resume at step 3 is the 4th batch of an uninterrupted stream.
+  model = _model()
+  fresh = trainer.train_batches(_cfg(), model, skip=0)
+  fourth = [next(fresh) for _ in range(4)][-1]
+  after_resume = next(trainer.train_batches(_cfg(), model, skip=3))
+  for k in fourth:
+    np.testing.assert_array_equal(fourth[k], after_resume[k])
+
+
+def _snapshot(directory):
+  return sorted((str(p.relative_to(directory)), p.stat().st_mtime_ns, p.stat().st_size)
+                for p in pathlib.Path(directory).rglob("*"))
+
+
+def test_checkpoint_of_another_architecture_is_refused_and_left_intact(tmp_path):
+  _train(tmp_path, 3)
+  before = _snapshot(tmp_path)
+  with pytest.raises(checkpoints.ArchitectureMismatchError) as err:
+    trainer.train(model=_model(emb_dim=48), train_dataset_cfg=_cfg(), model_dir=str(tmp_path),
+                  total_steps=6, optimizer=_optimizer())
+  message = str(err.value)
+  assert "with another shape" in message
+  assert "shape differs:          decoder/decoder_norm/scale checkpoint [32] vs model [48]" in message
+  assert "new MODEL_DIR" in message
+  assert _snapshot(tmp_path) == before
+
+
+def test_feature_lengths_that_do_not_fit_are_refused():
+  with pytest.raises(ValueError, match="targets would be cut"):
+    trainer.check_feature_lengths(
+        trainer.DatasetConfig("decal_builtin_span_corruption", {"inputs": 128, "targets": 8}),
+        _model())
+  with pytest.raises(ValueError, match="positive integer 'inputs'"):
+    trainer.check_feature_lengths(
+        trainer.DatasetConfig("decal_builtin_span_corruption", {"targets": 8}), _model())
+  small = _model()
+  small.module = Transformer(T5Config(vocab_size=512, emb_dim=16, num_heads=2, head_dim=8,
+                                      mlp_dim=16, num_encoder_layers=1, num_decoder_layers=1))
+  with pytest.raises(ValueError, match="vocab_size >= "):
+    trainer.check_feature_lengths(_cfg(), small)
+
+
+def test_infer_refuses_empty_input(tmp_path):
+  with pytest.raises(ValueError, match="Input 1 is empty or whitespace only"):
+    trainer.infer(model=_model(), inputs=["some text", "   "], model_dir=str(tmp_path),
+                  task_feature_lengths=LENGTHS)
+
+
+def test_tensorboard_metrics_and_config_are_written(tmp_path):
+  _train(tmp_path, 3, gin_config_text="# operative config\n")
+  assert (tmp_path / "config.gin").read_text() == "# operative config\n"
+  for split in ("train", "eval"):
+    assert list((tmp_path / split).glob("events.out.tfevents.*")), split
