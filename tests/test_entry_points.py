@@ -1,0 +1,79 @@
+"""The command-line entry points, run as a user runs them (subprocesses, tiny settings)."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMALL = ["--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 12}", "--gin.BATCH_SIZE=4"]
+
+
+def _run(module, *args, check=True):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run([sys.executable, "-m", f"decal_jax.{module}", *args], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+  return proc
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("main_job")
+  proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              "--gin.TRAIN_STEPS=3", "--gin.EVAL_BATCHES=1", "--gin.CHECKPOINT_PERIOD=2", *SMALL)
+  return model_dir, proc
+
+
+def test_train_writes_checkpoint_metrics_config_and_prints_an_example(trained):
+  model_dir, proc = trained
+  assert (model_dir / "checkpoint_3").is_dir() and (model_dir / "config.gin").exists()
+  assert list((model_dir / "train").glob("events.out.tfevents.*"))
+  assert "Held-out (validation) at step 3" in proc.stdout
+  assert "prediction:" in proc.stdout and "<extra_id_0>" in proc.stdout
+
+
+def test_rerunning_the_same_command_continues(trained):
+  model_dir, _ = trained
+  proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              "--gin.TRAIN_STEPS=4", "--gin.EVAL_BATCHES=1", *SMALL)
+  assert "Resuming from step 3" in proc.stdout
+  assert (model_dir / "checkpoint_4").is_dir()
+
+
+def test_eval_and_infer_use_the_checkpoint(trained):
+  model_dir, _ = trained
+  proc = _run("eval", "--gin_file=runs/eval_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              "--gin.EVAL_BATCHES=1", *SMALL)
+  assert "accuracy" in proc.stdout and "loss" in proc.stdout
+  proc = _run("infer", "--gin_file=runs/infer_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              "--gin.INFER_INPUTS=['The <extra_id_0> statement wraps a block.']",
+              "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}")
+  assert "input:  The <extra_id_0> statement wraps a block." in proc.stdout
+  assert "output:" in proc.stdout
+
+
+def test_empty_infer_input_is_a_clear_error(trained):
+  model_dir, _ = trained
+  proc = _run("infer", "--gin_file=runs/infer_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              "--gin.INFER_INPUTS=['fine', '  ']", check=False)
+  assert proc.returncode != 0 and "Input 1 is empty or whitespace only" in proc.stderr
+
+
+def test_unknown_binding_and_missing_file_are_clear_errors(tmp_path):
+  proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='/tmp/x'",
+              "--gin.trainer.train.no_such_arg=3", check=False)
+  assert proc.returncode != 0 and "no_such_arg" in proc.stderr and "Traceback" not in proc.stderr
+  proc = _run("train", "--gin_file=runs/no_such_file.gin", check=False)
+  assert proc.returncode != 0 and "gin file not found" in proc.stderr
+  assert str(REPO / "gin") in proc.stderr  # says where it looked
+  assert not (tmp_path / "x").exists()
+
+
+def test_bad_compression_ratio_from_the_command_line(tmp_path):
+  proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{tmp_path}/m'",
+              "--gin.COMPRESSION_RATIO=0", check=False)
+  assert proc.returncode != 0 and "compression ratio C must be an integer >= 1" in proc.stderr
+  assert not (tmp_path / "m").exists()  # nothing written
