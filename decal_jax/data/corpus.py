@@ -48,11 +48,27 @@ def corpus_fingerprint() -> str:
   return digest.hexdigest()[:12]
 
 
+TRAIN_PASSES = 1000
+
+
 def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> tf.data.Dataset:
-  del shuffle_files, seed  # one small in-memory shard; seqio shuffles examples itself
+  """One pass over a split; or, for shuffled training reads, many passes, each in a new
+  document order. The corpus is small, so this is what makes every pass see new chunk
+  boundaries and new span-corruption noise (seeded per element downstream) instead of
+  repeating the first pass's examples verbatim."""
   if split not in SPLITS:
     raise ValueError(f"The built-in corpus has splits {SPLITS}, not {split!r}.")
-  return tf.data.Dataset.from_tensor_slices({"text": documents()[split]})
+  ds = tf.data.Dataset.from_tensor_slices({"text": documents()[split]})
+  if split != "train" or not shuffle_files:
+    return ds
+  return _reshuffled_passes(ds, len(documents()[split]), seed or 0)
+
+
+def _reshuffled_passes(ds: tf.data.Dataset, n: int, seed: int) -> tf.data.Dataset:
+  """TRAIN_PASSES passes over `ds`, pass i in the document order seeded by (seed, i)."""
+  def one_pass(i):  # i: scalar int64 pass index
+    return ds.shuffle(n, seed=seed * 100_003 + i, reshuffle_each_iteration=False)
+  return tf.data.Dataset.range(TRAIN_PASSES).flat_map(one_pass)
 
 
 def data_source() -> seqio.FunctionDataSource:
