@@ -195,3 +195,20 @@ def test_missing_tfds_data_says_how_to_prepare_it(tmp_path, monkeypatch):
   finally:
     monkeypatch.delenv("DECAL_TFDS_DATA_DIR")
     importlib.reload(span_corruption_tasks)
+
+
+def test_make_vocab_tool_trains_from_jsonl(tmp_path, capsys):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "make_vocab", pathlib.Path(__file__).resolve().parents[1] / "tools" / "make_vocab.py")
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  docs = corpus.documents()["train"][:200]
+  src = tmp_path / "docs.jsonl"
+  src.write_text("\n".join('{"text": %s}' % __import__("json").dumps(d) for d in docs))
+  out = tmp_path / "v.model"
+  tool.main(["--input", str(src), "--vocab_size", "300", "--output", str(out)])
+  vocab = seqio.SentencePieceVocabulary(str(out))
+  assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2)
+  assert vocab.decode(vocab.encode(docs[0])) == docs[0]
+  assert "vocabulary:" in capsys.readouterr().out
