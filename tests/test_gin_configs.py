@@ -37,10 +37,11 @@ def _build_model():
 
 
 def test_all_gin_files_are_covered_here():
-  covered = set(MODEL_FILES) | {"models/t5_1_1.gin", "models/decal.gin"} | set(T5X_FILES)
-  run_files = {str(p.relative_to(GIN_DIR)) for p in GIN_DIR.glob("runs/*.gin")}
+  covered = (set(MODEL_FILES) | {"models/t5_1_1.gin", "models/decal.gin"} | set(T5X_FILES) |
+             {"runs/pretrain_builtin.gin", "runs/eval_builtin.gin", "runs/infer_builtin.gin",
+              "runs/pretrain.gin", "runs/eval.gin", "runs/infer.gin"})
   every = {str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin")}
-  missing = every - covered - run_files
+  missing = every - covered
   assert not missing, f"gin files no test builds: {sorted(missing)}"
 
 
@@ -135,3 +136,30 @@ def test_t5x_gin_files_put_our_module_into_t5x_models(fake_t5x, name, emb, layer
   assert (module.config.emb_dim, module.config.num_encoder_layers) == (emb, layers)
   assert module.config.compression_ratio == 4 and module.config.dropout_rate == 0.1
   assert model.kwargs["optimizer_def"].kwargs["decay_rate"] == 0.8
+
+
+@pytest.mark.parametrize("run_file,fn_name", [
+    ("runs/pretrain_builtin.gin", "train"), ("runs/eval_builtin.gin", "evaluate"),
+    ("runs/infer_builtin.gin", "infer")])
+def test_run_gin_files_bind_every_argument(run_file, fn_name):
+  """The run files (with the generic pretrain/eval/infer files they include) leave no
+  required argument of their trainer function unbound."""
+  import inspect
+  from decal_jax import trainer
+  bindings = ["MODEL_DIR = '/tmp/unused'", "INFER_INPUTS = ['text']"]
+  _parse(run_file, bindings=bindings)
+  fn = getattr(trainer, fn_name)
+  required = [name for name, p in inspect.signature(fn).parameters.items()
+              if p.default is inspect.Parameter.empty and name != "gin_config_text"]
+  for name in required:
+    value = gin.query_parameter(f"decal_jax.trainer.{fn_name}.{name}")
+    assert value is not None, name
+  model = _build_model()
+  assert model.module.config.compression_ratio == 4
+
+
+def test_generic_pretrain_gin_requires_the_run_macros():
+  _parse("models/decal_tiny.gin", "runs/pretrain.gin")
+  with pytest.raises(Exception, match="TRAIN_STEPS|MODEL_DIR|required"):
+    from decal_jax import trainer
+    gin.get_configurable(trainer.train)()
