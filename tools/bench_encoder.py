@@ -1,5 +1,5 @@
 # python tools/bench_encoder.py --size small --lengths 512 2048 --ratios 1 2 4 8 \
-#     --out docs/results/bench_encoder_cpu.md
+#     --out docs/results/bench_encoder_cpu.md --plot docs/results/bench_encoder_cpu.png
 """Encoder / decoder cost of DeCAL at compression ratios C, as ratios to C = 1.
 
 For every input length n and ratio C this measures, in one process and one run:
@@ -78,6 +78,32 @@ def measure(cfg: T5Config, batch: int, n: int, decode_len: int, repeats: int, pa
   return enc_time, _flops(enc_compiled), dec_time, _flops(dec_compiled)
 
 
+def plot(rows, path: str, title: str) -> None:
+  """Encoder and decoder-step cost relative to C = 1, per input length (needs matplotlib)."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError as e:
+    raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from e
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+  for ax, (col, name) in zip(axes, ((7, "encoder"), (9, "decoder step"))):
+    for n in sorted({r[0] for r in rows}):
+      sel = [r for r in rows if r[0] == n]
+      ax.plot([r[1] for r in sel], [r[col] for r in sel], "o-", label=f"time, n={n}")
+      ax.plot([r[1] for r in sel], [r[col + 1] for r in sel], "s--", label=f"FLOPs, n={n}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("compression ratio C")
+    ax.set_title(f"{name} cost / C=1")
+    ax.legend(fontsize=8)
+  axes[0].set_ylabel("ratio to C = 1")
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path}")
+
+
 def run(args) -> str:
   base = T5Config(vocab_size=32128, **SIZES[args.size])
   rows = []
@@ -97,6 +123,8 @@ def run(args) -> str:
             f"{result[1] / 1e9:9.2f} GFLOP ({rel[1]:.2f}x) | decoder step "
             f"{result[2] * 1e3:7.3f} ms ({rel[2]:.2f}x) {result[3] / 1e6:9.2f} MFLOP "
             f"({rel[3]:.2f}x)", flush=True)
+  if args.plot:
+    plot(rows, args.plot, f"DeCAL vs C=1, T5.1.1 {args.size}, {jax.devices()[0].platform}")
   return _markdown(args, rows)
 
 
@@ -131,6 +159,7 @@ def main(argv=None):
   parser.add_argument("--decode_len", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--out", default=None, help="write the Markdown table here")
+  parser.add_argument("--plot", default=None, help="write a PNG of the ratios here")
   args = parser.parse_args(argv)
   if args.ratios[0] != 1:
     parser.error("--ratios must start with 1: every ratio is reported relative to C = 1.")
