@@ -8,7 +8,6 @@ MODEL_DIR/eval, saves Orbax checkpoints, evaluates on the validation split and p
 decoded example.
 """
 import dataclasses
-import functools
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import jax
@@ -19,7 +18,7 @@ import seqio
 import tensorflow as tf
 import tqdm
 
-from decal_jax import checkpoints, decoding, metrics, optimizers, partitioning
+from decal_jax import checkpoints, metrics, optimizers, partitioning
 from decal_jax.data import span_corruption
 
 Batch = Dict[str, np.ndarray]
@@ -173,9 +172,7 @@ def decode_example(params, model, cfg: DatasetConfig, partitioner) -> Dict[str, 
                    model, num_epochs=1)
   batch = next(ds.as_numpy_iterator())
   with partitioner.activate():
-    tokens = jax.jit(functools.partial(model.predict_batch, topk=1)
-                     if model._decode_fn is decoding.temperature_sample
-                     else model.predict_batch)(params, batch)
+    tokens = jax.jit(model.predict_batch)(params, batch)
   vocab = model.output_vocabulary
 
   def text(ids):

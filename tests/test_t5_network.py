@@ -294,3 +294,12 @@ def test_every_parameter_has_logical_axes():
       node = node[k]
     names = node[keys[-1] + "_axes"].names
     assert len(names) == value.ndim, (keys, names, value.shape)
+
+
+@pytest.mark.parametrize("n,ratio", [(10, 4), (12, 4), (7, 3), (5, 8)])
+def test_fast_window_validity_equals_the_full_layout(n, ratio):
+  tokens = _tokens(20, 4, n, pad_from=[n, 0, 1, n - 2])
+  layout = latents_lib.latent_layout(latents_lib.LatentConfig(ratio=ratio), tokens,
+                                     jnp.broadcast_to(jnp.arange(n), tokens.shape))
+  np.testing.assert_array_equal(np.asarray(latents_lib.fixed_window_validity(tokens, ratio)),
+                                np.asarray(layout.valid))

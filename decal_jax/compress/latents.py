@@ -129,6 +129,15 @@ def latent_layout(config: LatentConfig, tokens: Array, positions: Array,
                       jnp.where(valid, seg, 0).astype(jnp.int32))
 
 
+def fixed_window_validity(tokens: Array, ratio: int) -> Array:
+  """Which of the ceil(n / C) fixed windows hold a real token: `[batch, n]` -> `[batch, m]`.
+  The cheap path for unpacked inputs (what the decoder needs at every decoding step)."""
+  batch, n = tokens.shape
+  m = -(-n // ratio)
+  padded = jnp.pad(tokens > 0, ((0, 0), (0, m * ratio - n)))  # [batch, m * C]
+  return jnp.any(padded.reshape(batch, m, ratio), axis=-1)
+
+
 def masked_mean_pool(x: Array, layout: LatentLayout) -> Array:
   """Mean of the token embeddings `[batch, n, embed]` of each latent -> `[batch, m, embed]`."""
   summed = jnp.einsum("bnm,bne->bme", layout.onehot, x.astype(jnp.float32))

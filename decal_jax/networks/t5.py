@@ -15,7 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from decal_jax.compress.latents import DecalLatents, LatentConfig, latent_layout
+from decal_jax.compress.latents import (DecalLatents, LatentConfig, fixed_window_validity,
+                                        latent_layout)
 from decal_jax.layers import attention as attn
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
@@ -167,6 +168,8 @@ def encoded_validity(config: T5Config, encoder_input_tokens: Array,
   valid = encoder_input_tokens > 0
   if not config.compressed:
     return valid, encoder_segment_ids
+  if encoder_segment_ids is None and not config.latent_boundary_token_ids:
+    return fixed_window_validity(encoder_input_tokens, config.compression_ratio), None
   layout = latent_layout(config.latent_config(), encoder_input_tokens,
                          _positions_or_default(encoder_input_tokens, None), encoder_segment_ids)
   return layout.valid, (layout.segment_ids if encoder_segment_ids is not None else None)
