@@ -25,6 +25,23 @@ class _QuietSearchMisses(logging.Filter):
 logging.getLogger().addFilter(_QuietSearchMisses())
 
 
+def _never_raises(existence_check):
+  def check(path):
+    try:
+      return existence_check(path)
+    except (TypeError, ValueError, ImportError):
+      return False
+  return check
+
+
+# gin also looks gin files up as Python package resources ('runs/x.gin' -> package 'runs');
+# a plain folder named like a gin subfolder in the working directory (e.g. a MODEL_DIR under
+# ./runs) is a namespace package without a file, and gin's check then crashes instead of
+# moving on to the search paths. Make that check answer "not here" instead.
+gin.config._FILE_READERS[:] = [(reader, _never_raises(check))  # pylint: disable=protected-access
+                               for reader, check in gin.config._FILE_READERS]  # pylint: disable=protected-access
+
+
 class GinConfigError(SystemExit):
   """A gin file or binding problem, reported without a traceback."""
 

@@ -77,3 +77,14 @@ def test_bad_compression_ratio_from_the_command_line(tmp_path):
               "--gin.COMPRESSION_RATIO=0", check=False)
   assert proc.returncode != 0 and "compression ratio C must be an integer >= 1" in proc.stderr
   assert not (tmp_path / "m").exists()  # nothing written
+
+
+def test_gin_files_resolve_when_the_working_directory_has_a_runs_folder(tmp_path):
+  """The README's MODEL_DIR is runs/decal_tiny: a ./runs folder must not shadow gin/runs."""
+  (tmp_path / "runs" / "decal_tiny").mkdir(parents=True)
+  (tmp_path / "models").mkdir()
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run([sys.executable, "-m", "decal_jax.eval", "--gin_file=runs/eval_builtin.gin",
+                         "--gin.MODEL_DIR='runs/decal_tiny'"], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0 and "No checkpoint in runs/decal_tiny" in proc.stderr, proc.stderr
