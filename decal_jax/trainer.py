@@ -112,11 +112,28 @@ def init_state(model, optimizer, partitioner, cfg: DatasetConfig, seed: int):
   with partitioner.activate():
     abstract = jax.eval_shape(make, jax.random.PRNGKey(seed))
     shardings = {"params": params_sharding,
-                 "opt_state": jax.tree_util.tree_map(lambda _: partitioner.replicated(),
-                                                     abstract["opt_state"]),
+                 "opt_state": _opt_state_shardings(abstract, params_sharding, partitioner),
                  "step": partitioner.replicated()}
     state = jax.jit(make, out_shardings=shardings)(jax.random.PRNGKey(seed))
   return state, shardings
+
+
+def _opt_state_shardings(abstract, params_sharding, partitioner):
+  """Optimizer-state subtrees that mirror the params (Adam moments, unfactored Adafactor
+  statistics) are sharded like the params where shapes agree; the rest is replicated."""
+  params_tree = jax.tree_util.tree_structure(abstract["params"])
+
+  def mirrors_params(node):
+    return jax.tree_util.tree_structure(node) == params_tree
+
+  def shard(node):
+    if not mirrors_params(node):
+      return jax.tree_util.tree_map(lambda _: partitioner.replicated(), node)
+    return jax.tree_util.tree_map(
+        lambda leaf, param, sharding: sharding if leaf.shape == param.shape
+        else partitioner.replicated(), node, abstract["params"], params_sharding)
+
+  return jax.tree_util.tree_map(shard, abstract["opt_state"], is_leaf=mirrors_params)
 
 
 def make_train_step(model, optimizer, partitioner, shardings):

@@ -35,7 +35,10 @@ SCRIPT = textwrap.dedent("""
         state, aux = step(state, trainer.to_global(batch, part), jax.random.PRNGKey(0))
         losses.append(float(aux["loss"]))
       wi = state["params"]["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+      mu = jax.tree_util.tree_leaves(state["opt_state"])  # Adafactor's unfactored v
+      v_wi = [x for x in mu if x.shape == wi.shape][0]
       out[str(shape)] = {"losses": losses, "wi_spec": str(wi.sharding.spec),
+                         "opt_shard_shape": list(v_wi.addressable_shards[0].data.shape),
                          "wi_shards": len(wi.addressable_shards),
                          "wi_shard_shape": list(wi.addressable_shards[0].data.shape)}
       if saved is None:  # save on the first mesh ...
@@ -73,6 +76,7 @@ def test_model_parallel_mesh_shards_mlp_and_matches_one_device(tmp_path):
   tp = many["(2, 4)"]
   # 'mlp' maps to the 'model' axis: the [embed, mlp] kernel is split 4 ways along mlp.
   assert "model" in tp["wi_spec"] and tp["wi_shard_shape"] == [32, 16]
+  assert tp["opt_shard_shape"] == [32, 16]  # optimizer statistics sharded like the param
   dp = many["(8, 1)"]
   assert dp["wi_shard_shape"] == [32, 64]  # pure data parallel: replicated weights
   # A checkpoint written on the (2, 4) mesh restores onto the (8, 1) mesh unchanged.
