@@ -72,13 +72,19 @@ def noise_mask(length: tf.Tensor, seeds: tf.Tensor, noise_density: float = NOISE
   return tf.repeat(is_noise, run_lengths)  # [length]
 
 
-def _replace_spans(tokens: tf.Tensor, mask: tf.Tensor, vocab_size: int) -> tf.Tensor:
-  """Replaces every run of `mask`ed tokens by one sentinel (counting down from the top of
-  the vocabulary) and drops the rest of the run. `[length]` -> `[kept]`."""
+def _span_sentinels(mask: tf.Tensor, vocab_size: int, dtype):
+  """For a `[length]` mask: (first token of each masked run, the sentinel of the run each
+  position is in — vocab_size - 1 for the first run, then counting down)."""
   prev = tf.concat([[False], mask[:-1]], axis=0)
-  span_start = mask & ~prev  # first token of each masked run
+  span_start = mask & ~prev
   span_number = tf.cumsum(tf.cast(span_start, tf.int32))  # 1-based index of the run
-  sentinel = tf.cast(vocab_size, tokens.dtype) - tf.cast(span_number, tokens.dtype)
+  return span_start, tf.cast(vocab_size, dtype) - tf.cast(span_number, dtype)
+
+
+def _replace_spans(tokens: tf.Tensor, mask: tf.Tensor, vocab_size: int) -> tf.Tensor:
+  """Replaces every run of `mask`ed tokens by its sentinel and drops the rest of the run.
+  `[length]` -> `[kept]`."""
+  span_start, sentinel = _span_sentinels(mask, vocab_size, tokens.dtype)
   replaced = tf.where(span_start, sentinel, tokens)
   keep = ~mask | span_start
   return tf.boolean_mask(replaced, keep)
@@ -86,10 +92,7 @@ def _replace_spans(tokens: tf.Tensor, mask: tf.Tensor, vocab_size: int) -> tf.Te
 
 def _targets_with_sentinels(tokens: tf.Tensor, mask: tf.Tensor, vocab_size: int) -> tf.Tensor:
   """Noise spans only, each preceded by the sentinel that replaced it in the input."""
-  prev = tf.concat([[False], mask[:-1]], axis=0)
-  span_start = mask & ~prev
-  span_number = tf.cumsum(tf.cast(span_start, tf.int32))
-  sentinel = tf.cast(vocab_size, tokens.dtype) - tf.cast(span_number, tokens.dtype)
+  span_start, sentinel = _span_sentinels(mask, vocab_size, tokens.dtype)
   noise_tokens = tf.boolean_mask(tokens, mask)  # [noise]
   starts = tf.boolean_mask(span_start, mask)  # [noise] does this noise token open a span
   sentinels = tf.boolean_mask(sentinel, mask)  # [noise]
