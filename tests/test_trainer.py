@@ -141,3 +141,17 @@ def test_tensorboard_metrics_and_config_are_written(tmp_path):
   assert (tmp_path / "config.gin").read_text() == "# operative config\n"
   for split in ("train", "eval"):
     assert list((tmp_path / split).glob("events.out.tfevents.*")), split
+
+
+def test_a_half_written_checkpoint_is_never_taken_as_the_latest(tmp_path):
+  """Orbax writes into a temporary directory and renames it when complete; a crash mid-save
+  leaves only the temporary directory, which must be ignored on resume."""
+  _train(tmp_path, 3)
+  partial = tmp_path / "checkpoint_9.orbax-checkpoint-tmp-1234567890"
+  (partial / "state").mkdir(parents=True)
+  (partial / "state" / "half_written").write_bytes(b"\0" * 100)
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  assert ckpt.latest_step() == 3
+  ckpt.close()
+  restored, data = _restore(tmp_path)
+  assert int(restored["step"]) == 3 and data["batches_consumed"] == 3
