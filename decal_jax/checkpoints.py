@@ -89,6 +89,15 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["data"])
 
+  def restore_params(self, step: int, abstract_params: Any) -> Any:
+    """Only the params (for eval / infer), whatever optimizer wrote the checkpoint, placed
+    with the shardings of `abstract_params`."""
+    self.check_architecture(step, abstract_params)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore()))
+    return jax.tree_util.tree_map(lambda x, a: jax.device_put(x, a.sharding),
+                                  restored["state"]["params"], abstract_params)
+
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()

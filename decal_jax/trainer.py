@@ -96,13 +96,27 @@ def to_global(batch: Batch, partitioner: partitioning.Partitioner):
 
 
 # ------------------------------------------------------------------------------ state
+def _input_shapes(cfg: DatasetConfig):
+  lengths = cfg.task_feature_lengths
+  return {"encoder_input_tokens": (1, lengths["inputs"]),
+          "decoder_input_tokens": (1, lengths["targets"])}
+
+
+def abstract_params(model, cfg: DatasetConfig, partitioner):
+  """(params as ShapeDtypeStructs carrying their mesh shardings, those shardings)."""
+  shapes = _input_shapes(cfg)
+  variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
+  shardings = partitioner.params_shardings(variables["params_axes"])
+  abstract = jax.tree_util.tree_map(
+      lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), variables["params"],
+      shardings)
+  return abstract, shardings
+
+
 def init_state(model, optimizer, partitioner, cfg: DatasetConfig, seed: int):
   """Sharded {'params', 'opt_state', 'step'} built directly on the mesh."""
-  lengths = cfg.task_feature_lengths
-  shapes = {"encoder_input_tokens": (1, lengths["inputs"]),
-            "decoder_input_tokens": (1, lengths["targets"])}
-  variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
-  params_sharding = partitioner.params_shardings(variables["params_axes"])
+  shapes = _input_shapes(cfg)
+  _, params_sharding = abstract_params(model, cfg, partitioner)
 
   def make(rng):
     params = model.get_initial_variables(rng, shapes)["params"]
@@ -282,17 +296,16 @@ def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], s
 
 
 # ------------------------------------------------------------------------------ eval / infer
-def restore_params(model, model_dir: str, cfg: DatasetConfig, partitioner, seed: int = 0):
+def restore_params(model, model_dir: str, cfg: DatasetConfig, partitioner):
   """The params of the latest checkpoint in `model_dir` (clear error if there is none)."""
   ckpt = checkpoints.Checkpointer(model_dir)
   step = ckpt.latest_step()
   if step is None:
     raise FileNotFoundError(f"No checkpoint in {model_dir}: train first with "
                             "`python -m decal_jax.train ... --gin.MODEL_DIR=...`.")
-  state, _ = init_state(model, optimizers.adafactor(), partitioner, cfg, seed)
-  restored, _ = ckpt.restore(step, checkpoints.abstract_like(state))
+  params = ckpt.restore_params(step, abstract_params(model, cfg, partitioner)[0])
   ckpt.close()
-  return restored["params"], step
+  return params, step
 
 
 def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitioner=None,

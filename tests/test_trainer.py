@@ -69,12 +69,7 @@ def _train(model_dir, steps, **kw):
 
 
 def _restore(model_dir):
-  model, part = _model(), partitioning.Partitioner()
-  state, _ = trainer.init_state(model, _optimizer(), part, _cfg(), seed=0)
-  ckpt = checkpoints.Checkpointer(str(model_dir))
-  restored, data = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
-  ckpt.close()
-  return restored, data
+  return _restore_with(model_dir, _optimizer())
 
 
 def test_resume_continues_where_it_stopped(tmp_path, capsys):
@@ -155,3 +150,23 @@ def test_a_half_written_checkpoint_is_never_taken_as_the_latest(tmp_path):
   ckpt.close()
   restored, data = _restore(tmp_path)
   assert int(restored["step"]) == 3 and data["batches_consumed"] == 3
+
+
+def test_eval_restores_params_whatever_optimizer_trained_them(tmp_path):
+  trainer.train(model=_model(), train_dataset_cfg=_cfg(), model_dir=str(tmp_path),
+                total_steps=2, optimizer=optimizers.adamw(lambda step: 1e-3),
+                eval_batches=1, show_example=False)
+  saved, _ = _restore_with(tmp_path, optimizers.adamw(lambda step: 1e-3))
+  params, step = trainer.restore_params(_model(), str(tmp_path), _cfg(),
+                                        partitioning.Partitioner())
+  assert step == 2
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, saved["params"])
+
+
+def _restore_with(model_dir, optimizer):
+  model, part = _model(), partitioning.Partitioner()
+  state, _ = trainer.init_state(model, optimizer, part, _cfg(), seed=0)
+  ckpt = checkpoints.Checkpointer(str(model_dir))
+  restored = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
+  ckpt.close()
+  return restored
