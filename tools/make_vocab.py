@@ -1,61 +1,83 @@
 # python tools/make_vocab.py                      # build + cache the built-in vocabulary
 # python tools/make_vocab.py --input ../shared/data/text/c4_en_train_sample1000.jsonl \
 #     --field text --vocab_size 8000 --output /tmp/c4_8k.model
-"""Trains a SentencePiece vocabulary with T5's special ids (pad 0, eos 1, unk 2).
+"""Trains a SentencePiece vocabulary with T5's special ids (pad 0, eos 1, unk 2, no bos).
 
-Without --input it builds (or finds) the cached vocabulary of the built-in corpus that
-the `decal_builtin_span_corruption` task uses, under $DECAL_CACHE_DIR. With --input it
-trains on a text file (one document per line or blank-line-separated) or a JSONL file
-(the --field of each record) and writes --output.
+Without --input it builds (or finds) the cached vocabulary of the built-in corpus that the
+`decal_builtin_span_corruption` task uses, under $DECAL_CACHE_DIR (default
+~/.cache/decal_jax). With --input it trains on a text file or a JSONL file (the --field of
+each record) and writes --output. Training sentences are the non-empty lines of the text.
+--vocab_size is an upper bound: a small corpus may support fewer pieces.
 """
 import argparse
 import json
 import pathlib
 import sys
 import time
+from typing import List
 
 import seqio
 
 from decal_jax.data import vocabularies
 
+EXAMPLE = "The with statement wraps the execution of a block."
 
-def _read_texts(path: pathlib.Path, field: str):
+
+def _read_jsonl(path: pathlib.Path, field: str) -> List[str]:
+  texts = []
+  with path.open(encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if line.strip():
+        record = json.loads(line)
+        if field not in record:
+          sys.exit(f"error: {path}:{number} has no field {field!r} (fields: "
+                   f"{sorted(record)}); choose one with --field.")
+        texts.append(record[field])
+  return texts
+
+
+def read_sentences(path: pathlib.Path, field: str) -> List[str]:
+  """Non-empty lines of a text file, or of the `field` of every JSONL record."""
   if not path.exists():
     sys.exit(f"error: input file {path} does not exist.")
   if path.suffix == ".jsonl":
-    with path.open() as f:
-      texts = [json.loads(line)[field] for line in f if line.strip()]
+    texts = _read_jsonl(path, field)
   else:
-    texts = [block.strip() for block in path.read_text().split("\n\n") if block.strip()]
-  if not texts:
+    texts = [path.read_text(encoding="utf-8")]
+  sentences = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+  if not sentences:
     sys.exit(f"error: no text found in {path}.")
-  return texts
+  return sentences
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--input", type=pathlib.Path, default=None)
+  parser.add_argument("--input", type=pathlib.Path, default=None,
+                      help="text or .jsonl file (default: the built-in corpus)")
   parser.add_argument("--field", default="text", help="JSONL field holding the text")
   parser.add_argument("--vocab_size", type=int, default=vocabularies.BUILTIN_VOCAB_SIZE)
-  parser.add_argument("--output", type=pathlib.Path, default=None)
+  parser.add_argument("--output", type=pathlib.Path, default=None,
+                      help="where to write the model (required with --input)")
   args = parser.parse_args(argv)
   start = time.time()
   if args.input is None:
-    print(f"Building the built-in vocabulary ({args.vocab_size} pieces) ...", flush=True)
+    print(f"Building the built-in vocabulary (<= {args.vocab_size} pieces) under "
+          f"{vocabularies.cache_dir()} ...", flush=True)
     path = vocabularies.builtin_vocabulary_path(args.vocab_size)
   else:
     if args.output is None:
       parser.error("--output is required with --input")
-    texts = _read_texts(args.input, args.field)
-    print(f"Training on {len(texts)} documents from {args.input} ...", flush=True)
-    path = str(vocabularies.train_sentencepiece(texts, args.output, args.vocab_size))
+    sentences = read_sentences(args.input, args.field)
+    print(f"Training on {len(sentences)} lines from {args.input} "
+          f"(<= {args.vocab_size} pieces) ...", flush=True)
+    path = str(vocabularies.train_sentencepiece(sentences, args.output, args.vocab_size))
   vocab = seqio.SentencePieceVocabulary(path, extra_ids=vocabularies.EXTRA_IDS)
-  example = "The with statement wraps the execution of a block."
-  ids = vocab.encode(example)
-  print(f"vocabulary: {path} ({vocab.vocab_size} ids incl. {vocabularies.EXTRA_IDS} sentinels; "
-        f"{time.time() - start:.1f}s)")
-  print(f"example: {example!r}\n  -> {len(ids)} pieces {ids}\n  -> {vocab.decode(ids)!r}")
+  ids = vocab.encode(EXAMPLE)
+  print(f"vocabulary: {path} ({vocab.vocab_size} ids incl. {vocabularies.EXTRA_IDS} "
+        f"sentinels; {time.time() - start:.1f}s)")
+  print(f"example: {EXAMPLE!r}\n  -> {len(ids)} pieces {ids}\n  -> "
+        f"{[vocab.tokenizer.id_to_piece(i) for i in ids]}\n  -> {vocab.decode(ids)!r}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The built-in corpus: documentation text that ships with every Python install.
 
-`pydoc_data.topics.topics` holds the Python language reference topics (about 465k
-characters on Python 3.11). We split it into paragraph documents and assign each document
-to `train` or `validation` by a stable hash of its text, so the splits never overlap and
-do not depend on iteration order.
+`pydoc_data.topics.topics` maps 79 topic names to the Python language reference text (about
+465k characters on Python 3.11; other versions differ a little). We cut it into paragraph
+documents (blank-line separated blocks, whitespace collapsed, blocks under
+`MIN_DOCUMENT_CHARS` dropped, repeats kept once) and send each document to `train` or
+`validation` by a stable hash of its own text: the splits never overlap and do not depend
+on iteration order or on the Python process (`hash()` salting plays no part).
 """
 import functools
 import hashlib
@@ -16,16 +18,22 @@ import tensorflow as tf
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 8
 MIN_DOCUMENT_CHARS = 80
+TRAIN_PASSES = 1000  # training reads: this many passes, each in a new document order
 
 
 def _paragraphs(text: str) -> List[str]:
+  """Blank-line separated blocks of `text`, whitespace collapsed, tiny blocks dropped."""
   blocks = re.split(r"\n\s*\n", text)
   return [" ".join(b.split()) for b in blocks if len(b.strip()) >= MIN_DOCUMENT_CHARS]
 
 
-def _split_of(document: str) -> str:
+def split_of(document: str) -> str:
+  """'validation' for about VALIDATION_PERCENT % of documents (by SHA-256), else 'train'."""
   bucket = int(hashlib.sha256(document.encode("utf-8")).hexdigest(), 16) % 100
   return "validation" if bucket < VALIDATION_PERCENT else "train"
+
+
+_split_of = split_of  # older name
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,40 +46,54 @@ def documents() -> Dict[str, List[str]]:
     for doc in _paragraphs(topics.topics[name]):
       if doc not in seen:  # identical paragraphs recur across topics: keep one copy
         seen.add(doc)
-        out[_split_of(doc)].append(doc)
+        out[split_of(doc)].append(doc)
   return out
 
 
 def corpus_fingerprint() -> str:
-  """A short hash of the training text (changes with the Python version's docs)."""
+  """12 hex digits of SHA-256 over the training text (changes with the Python docs)."""
   digest = hashlib.sha256("\n".join(documents()["train"]).encode("utf-8"))
   return digest.hexdigest()[:12]
 
 
-TRAIN_PASSES = 1000
-
-
 def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> tf.data.Dataset:
-  """One pass over a split; or, for shuffled training reads, many passes, each in a new
-  document order. The corpus is small, so this is what makes every pass see new chunk
-  boundaries and new span-corruption noise (seeded per element downstream) instead of
-  repeating the first pass's examples verbatim."""
+  """{'text': scalar string} per document.
+
+  Evaluation reads (or `shuffle_files=False`) give one pass in the fixed order. Shuffled
+  training reads give TRAIN_PASSES passes, each in its own seeded order: the corpus is
+  small, and a new order means new chunk boundaries and new span-corruption noise (seeded
+  per element downstream) on every pass, instead of seqio's `repeat()` replaying the first
+  pass's examples verbatim.
+  """
   if split not in SPLITS:
     raise ValueError(f"The built-in corpus has splits {SPLITS}, not {split!r}.")
-  ds = tf.data.Dataset.from_tensor_slices({"text": documents()[split]})
+  docs = documents()[split]
+  ds = tf.data.Dataset.from_tensor_slices({"text": docs})
   if split != "train" or not shuffle_files:
     return ds
-  return _reshuffled_passes(ds, len(documents()[split]), seed or 0)
+  return _reshuffled_passes(ds, len(docs), seed or 0)
 
 
 def _reshuffled_passes(ds: tf.data.Dataset, n: int, seed: int) -> tf.data.Dataset:
-  """TRAIN_PASSES passes over `ds`, pass i in the document order seeded by (seed, i)."""
+  """TRAIN_PASSES passes over the `n` elements of `ds`, pass i ordered by seed (seed, i)."""
   def one_pass(i):  # i: scalar int64 pass index
     return ds.shuffle(n, seed=seed * 100_003 + i, reshuffle_each_iteration=False)
   return tf.data.Dataset.range(TRAIN_PASSES).flat_map(one_pass)
 
 
+class _BuiltinSource(seqio.FunctionDataSource):
+  """FunctionDataSource whose shuffled training stream is not cached in memory.
+
+  seqio caches any source with fewer than ~10k input examples in memory; the training
+  stream here is TRAIN_PASSES reshuffled passes, so caching it would only grow memory.
+  """
+
+  def num_input_examples(self, split: str) -> Optional[int]:
+    if split == "train":
+      return None
+    return len(documents()[split])
+
+
 def data_source() -> seqio.FunctionDataSource:
-  return seqio.FunctionDataSource(
-      _dataset_fn, splits=SPLITS,
-      num_input_examples={s: len(documents()[s]) for s in SPLITS})
+  """The built-in corpus as a seqio source: splits 'train' / 'validation', feature 'text'."""
+  return _BuiltinSource(_dataset_fn, splits=SPLITS)

@@ -1,15 +1,22 @@
 """SentencePiece vocabularies: the T5 vocabulary, or one trained on the built-in corpus.
 
-The built-in vocabulary is trained on first use (a few seconds) and cached atomically under
-`$DECAL_CACHE_DIR` (default `~/.cache/decal_jax`), keyed by its size and a fingerprint of
-the corpus, so a Python version with different docs gets its own file.
-`python tools/make_vocab.py` builds it ahead of time.
+The built-in vocabulary is trained on first use (under a second) and cached under
+`$DECAL_CACHE_DIR` (default `~/.cache/decal_jax`) as
+`builtin_spm_<vocab_size>_<corpus fingerprint>.model`, so a Python version whose docs
+differ gets its own file. Training holds a file lock (one process trains, the others wait
+and reuse) and writes atomically (temp file + `os.replace`), so readers never see a partial
+model. `python tools/make_vocab.py` builds it ahead of time.
+
+All vocabularies follow T5: pad 0, eos 1, unk 2, no bos, and `extra_ids` sentinels at the
+top of the id range (`vocab_size - 1` is the first sentinel).
 """
+import contextlib
 import io
+import logging
 import os
 import pathlib
 import tempfile
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import seqio
 import sentencepiece as spm
@@ -17,42 +24,78 @@ import sentencepiece as spm
 from decal_jax.data import corpus
 
 T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
-BUILTIN_VOCAB_SIZE = 4000
+BUILTIN_VOCAB_SIZE = 4000  # an upper bound: Python 3.11's docs support 3756 pieces
 EXTRA_IDS = 100
+
+try:
+  import fcntl  # POSIX
+except ImportError:  # pragma: no cover  (Windows: atomic writes alone keep files whole)
+  fcntl = None
 
 
 def cache_dir() -> pathlib.Path:
+  """`$DECAL_CACHE_DIR`, default `~/.cache/decal_jax`."""
   return pathlib.Path(os.environ.get("DECAL_CACHE_DIR", "~/.cache/decal_jax")).expanduser()
 
 
 def train_sentencepiece(texts: Iterable[str], path: pathlib.Path, vocab_size: int) -> pathlib.Path:
-  """Trains a unigram model with T5's special ids (pad 0, eos 1, unk 2, no bos) and writes
-  it to `path` atomically (temp file + rename), so readers never see a partial model."""
+  """Trains a unigram model (pad 0, eos 1, unk 2, no bos) and writes it to `path`
+  atomically. `vocab_size` is an upper bound: a small corpus may support fewer pieces."""
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(list(texts)), model_writer=model, vocab_size=vocab_size,
       model_type="unigram", character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
       input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
-      max_sentence_length=100_000, hard_vocab_limit=False)
+      max_sentence_length=100_000, hard_vocab_limit=False, num_threads=16)  # fixed: the model depends on it
+  _atomic_write(pathlib.Path(path), model.getvalue())
+  return pathlib.Path(path)
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+  """Writes `data` to a temp file next to `path`, then renames it over `path`."""
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-  with os.fdopen(fd, "wb") as f:
-    f.write(model.getvalue())
-  os.chmod(tmp, 0o644)
-  os.replace(tmp, path)
-  return path
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: pathlib.Path) -> Iterator[None]:
+  """Holds an exclusive lock on `path` + '.lock' (no-op where fcntl is missing)."""
+  with open(str(path) + ".lock", "a") as handle:
+    if fcntl is not None:
+      fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      if fcntl is not None:
+        fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = True) -> str:
   """Path of the cached built-in vocabulary, training it first if missing (and `build`)."""
   path = cache_dir() / f"builtin_spm_{vocab_size}_{corpus.corpus_fingerprint()}.model"
-  if not path.exists() and build:
-    train_sentencepiece(corpus.documents()["train"], path, vocab_size)
+  if build and not path.exists():
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      with _exclusive_lock(path):
+        if not path.exists():  # another process may have built it while we waited
+          logging.info("Training the built-in SentencePiece vocabulary -> %s", path)
+          train_sentencepiece(corpus.documents()["train"], path, vocab_size)
+    except OSError as e:
+      raise OSError(f"Cannot write the built-in vocabulary to {path} ({e}). Point "
+                    "DECAL_CACHE_DIR at a writable directory.") from e
   return str(path)
 
 
 class BuiltinVocabulary(seqio.SentencePieceVocabulary):
-  """The built-in-corpus SentencePiece vocabulary, trained lazily on first use."""
+  """The built-in-corpus SentencePiece vocabulary; trained on first use, not at creation."""
 
   def __init__(self, vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS):
     self._builtin_size = vocab_size
@@ -66,6 +109,8 @@ class BuiltinVocabulary(seqio.SentencePieceVocabulary):
 
 def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE,
                        extra_ids: int = EXTRA_IDS) -> seqio.SentencePieceVocabulary:
+  """SentencePiece vocabulary of the built-in corpus (at most `vocab_size` pieces) plus
+  `extra_ids` sentinels. Creating it is cheap; the model is built on first use."""
   return BuiltinVocabulary(vocab_size, extra_ids)
 
 
@@ -77,8 +122,9 @@ def _check_t5_vocab(path: str) -> None:
   if "://" not in path and not os.path.exists(path):
     raise FileNotFoundError(
         f"T5 SentencePiece vocabulary not found at {path!r}. Set DECAL_T5_VOCAB to a local "
-        "copy (this repo's tests use ../shared/data/vocab/t5_spiece.model), or bind "
-        "`vocabularies.t5_vocabulary.path` in gin.")
+        "copy (from this repo: ../shared/data/vocab/t5_spiece.model), pass the path, or bind "
+        "`vocabularies.t5_vocabulary.path` in gin; or use the built-in task "
+        "'decal_builtin_span_corruption', whose vocabulary needs no download.")
 
 
 class T5Vocabulary(seqio.SentencePieceVocabulary):
@@ -92,7 +138,7 @@ class T5Vocabulary(seqio.SentencePieceVocabulary):
 
 def t5_vocabulary(path: Optional[str] = None, extra_ids: int = EXTRA_IDS,
                   check: bool = True) -> seqio.SentencePieceVocabulary:
-  """The T5 SentencePiece vocabulary (32,000 pieces + sentinels).
+  """The T5 SentencePiece vocabulary (32,000 pieces + 100 sentinels = 32,100 ids).
 
   Path: the argument, else `$DECAL_T5_VOCAB`, else T5's public copy on GCS. With `check`,
   a missing local file raises now; otherwise when the vocabulary is first used.
