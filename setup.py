@@ -24,6 +24,7 @@ setuptools.setup(
         "numpy>=1.26,<3",
         "tqdm>=4.66,<5",
         "tensorboard>=2.16,<2.22",
+        "rouge-score>=0.1.2,<0.2",  # ROUGE of the summarization tasks
     ],
     extras_require={
         "test": ["pytest>=8,<10"],

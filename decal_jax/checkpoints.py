@@ -8,7 +8,8 @@ latest. Before restoring, the saved architecture is compared with the model's, a
 mismatch is reported without touching the directory.
 """
 import pathlib
-from typing import Any, Dict, Optional, Tuple
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 import flax
 import jax
@@ -101,6 +102,49 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def resolve_checkpoint(path: str) -> Tuple[str, int]:
+  """(model dir, step) for a MODEL_DIR (its latest checkpoint) or a `checkpoint_<step>` dir."""
+  p = pathlib.Path(path).expanduser().absolute()
+  match = re.fullmatch(r"checkpoint_(\d+)", p.name)
+  if match and p.is_dir():
+    return str(p.parent), int(match.group(1))
+  if not p.is_dir():
+    raise FileNotFoundError(f"No checkpoint directory at {p}: give a MODEL_DIR of a finished "
+                            "run or one of its checkpoint_<step> folders.")
+  step = Checkpointer(str(p)).latest_step()
+  if step is None:
+    raise FileNotFoundError(f"{p} holds no checkpoint_<step> folder to start from.")
+  return str(p), step
+
+
+def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, List[str]]]:
+  """`params` with every parameter that the checkpoint at `path` holds under the same name
+  and shape replaced by the saved value (placed with the current sharding); the others keep
+  their fresh initialisation. Returns (params, {'restored', 'initialised', 'unused'})."""
+  directory, step = resolve_checkpoint(path)
+  ckpt = Checkpointer(directory)
+  saved_shapes = ckpt.saved_architecture(step)
+  saved = ckpt.manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore()))["state"]["params"]
+  ckpt.close()
+  saved = flax.traverse_util.flatten_dict(flax.core.unfreeze(saved), sep="/")
+  current = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  report = {"restored": [], "initialised": [], "unused": sorted(set(saved) - set(current))}
+  merged = {}
+  for name, value in current.items():
+    if name in saved and saved_shapes.get(name) == list(value.shape):
+      merged[name] = jax.device_put(saved[name].astype(value.dtype), value.sharding)
+      report["restored"].append(name)
+    else:
+      merged[name] = value
+      report["initialised"].append(name)
+  if not report["restored"]:
+    raise ArchitectureMismatchError(
+        f"The checkpoint {directory} (step {step}) shares no parameter (same name and shape) "
+        f"with this model:\n{describe_mismatch(saved_shapes, architecture_of(params))}")
+  return flax.traverse_util.unflatten_dict(merged, sep="/"), report
 
 
 def abstract_like(tree: Any) -> Any:

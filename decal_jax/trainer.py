@@ -8,6 +8,7 @@ MODEL_DIR/eval, saves Orbax checkpoints, evaluates on the validation split and p
 decoded example.
 """
 import dataclasses
+import functools
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import jax
@@ -18,8 +19,8 @@ import seqio
 import tensorflow as tf
 import tqdm
 
-from decal_jax import checkpoints, metrics, optimizers, partitioning
-from decal_jax.data import span_corruption
+from decal_jax import checkpoints, inference, metrics, optimizers, partitioning
+from decal_jax.data import span_corruption, text_to_text
 
 Batch = Dict[str, np.ndarray]
 
@@ -54,8 +55,13 @@ def check_feature_lengths(cfg: DatasetConfig, model) -> None:
       raise ValueError(f"Span corruption of {lengths['inputs']} input tokens makes targets of "
                        f"{need} tokens, but TASK_FEATURE_LENGTHS['targets'] is "
                        f"{lengths['targets']}: targets would be cut. Set 'targets' >= {need}.")
+  task_vocabulary = tasks[0].output_features["targets"].vocabulary
+  if task_vocabulary != model.output_vocabulary:
+    raise ValueError(f"Task {tasks[0].name!r} tokenizes with {task_vocabulary} but the model "
+                     f"reads {model.output_vocabulary}: use a task of the model's vocabulary, "
+                     "or a model gin with that VOCABULARY.")
   model_vocab = getattr(getattr(model.module, "config", None), "vocab_size", None)
-  task_vocab = tasks[0].output_features["targets"].vocabulary.vocab_size
+  task_vocab = task_vocabulary.vocab_size
   if model_vocab is not None and model_vocab < task_vocab:
     raise ValueError(f"The task's vocabulary has {task_vocab} ids but the model's vocab_size "
                      f"is {model_vocab}; bind T5Config.vocab_size >= {task_vocab}.")
@@ -220,15 +226,23 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
           total_steps: int, optimizer=None, partitioner=None, seed: int = 0,
           eval_period: int = 200, eval_batches: int = 20, log_period: int = 10,
           checkpoint_period: int = 200, keep_checkpoints: int = 3,
-          show_example: bool = True, gin_config_text: str = "") -> Dict[str, float]:
+          show_example: bool = True, gin_config_text: str = "",
+          initial_checkpoint_path: Optional[str] = None) -> Dict[str, float]:
   """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics
-  (and, with `show_example`, prints one validation example decoded by the model)."""
+  (and, with `show_example`, prints one validation example decoded by the model).
+
+  `initial_checkpoint_path` (a MODEL_DIR or one of its checkpoint_<step> folders) starts a
+  run whose MODEL_DIR is still empty from those weights: every parameter with the same
+  name and shape is restored, the others (e.g. DeCAL's latent vector on top of an
+  uncompressed model) keep their initialisation; optimizer state and step start fresh."""
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
   check_feature_lengths(train_dataset_cfg, model)
   state, shardings = init_state(model, optimizer, partitioner, train_dataset_cfg, seed)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
   state, consumed = _maybe_restore(ckpt, state, train_dataset_cfg)
+  if initial_checkpoint_path and ckpt.latest_step() is None:
+    state = dict(state, params=_start_from(initial_checkpoint_path, state["params"]))
   if gin_config_text:
     checkpoints.write_config(model_dir, gin_config_text)
   writer = metrics.MetricsWriter(model_dir)
@@ -282,6 +296,17 @@ def _maybe_restore(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig):
   return restored, int(data.get("batches_consumed", 0))
 
 
+def _start_from(path: str, params):
+  params, report = checkpoints.restore_matching_params(path, params)
+  print(f"Starting from {path}: {len(report['restored'])} parameters restored, "
+        f"{len(report['initialised'])} newly initialised, {len(report['unused'])} in the "
+        "checkpoint unused.", flush=True)
+  for key in ("initialised", "unused"):
+    if report[key]:
+      print(f"  {key}: " + ", ".join(report[key][:8]) + (" ..." if len(report[key]) > 8 else ""))
+  return params
+
+
 def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], step: int) -> None:
   if jax.process_index() != 0:
     return
@@ -309,22 +334,65 @@ def restore_params(model, model_dir: str, cfg: DatasetConfig, partitioner):
 
 
 def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitioner=None,
-             eval_batches: int = 50) -> Dict[str, float]:
-  """Evaluates the latest checkpoint; writes MODEL_DIR/eval metrics and prints them."""
+             eval_batches: int = 50, max_predict_examples: Optional[int] = None,
+             num_decodes: int = 1) -> Dict[str, float]:
+  """Evaluates the latest checkpoint: teacher-forced loss / accuracy over `eval_batches`
+  batches and, for tasks with metrics (ROUGE, EM/F1), decodes the split (or its first
+  `max_predict_examples`) and writes predictions + metrics to MODEL_DIR/eval_results/.
+  TensorBoard gets everything under MODEL_DIR/eval."""
   partitioner = partitioner or partitioning.Partitioner()
+  check_feature_lengths(eval_dataset_cfg, model)
   params, step = restore_params(model, model_dir, eval_dataset_cfg, partitioner)
   result = evaluate_params(params, model, eval_dataset_cfg, partitioner, eval_batches)
+  print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
+  with partitioner.activate():
+    predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
+  local_batch = eval_dataset_cfg.batch_size // jax.process_count()
+  for task in inference.tasks_with_metrics(eval_dataset_cfg.mixture_or_task_name):
+    def predict_fn(batch):
+      with partitioner.activate():
+        return jax.device_get(predict(params, to_global(batch, partitioner)))
+    scores, rows = inference.predict_task(
+        task, predict_fn, model.FEATURE_CONVERTER_CLS(pack=False),
+        eval_dataset_cfg.task_feature_lengths, eval_dataset_cfg.split, local_batch,
+        max_predict_examples)
+    scores = dict(scores, num_examples=len(rows), step=step,
+                  compression_ratio=_compression_ratio(model))
+    if jax.process_index() == 0:
+      paths = inference.write_results(model_dir, task.name, eval_dataset_cfg.split, step,
+                                      scores, rows)
+      print(f"{task.name} ({len(rows)} examples): " + ", ".join(
+          f"{k} {v:.2f}" for k, v in sorted(scores.items()) if k not in ("step",)) +
+            f"\n  predictions: {paths['predictions']}\n  metrics:     {paths['metrics']}")
+    result.update({f"{task.name}/{k}": float(v) for k, v in scores.items() if k != "step"})
+  for name, count in text_to_text.truncation_counts().items():
+    print(f"note: {count} sequences of {name} were truncated to TASK_FEATURE_LENGTHS.")
   writer = metrics.MetricsWriter(model_dir)
   writer.write("eval", step, result)
   writer.close()
-  print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
   return result
 
 
-def infer(*, model, inputs: Sequence[str], model_dir: str, task_feature_lengths,
-          partitioner=None, num_decodes: int = 1) -> Sequence[str]:
-  """Decodes each input text with the latest checkpoint; prints and returns the outputs."""
+def _compression_ratio(model) -> int:
+  return int(getattr(getattr(model.module, "config", None), "compression_ratio", 1))
+
+
+def infer(*, model, model_dir: str, task_feature_lengths, inputs: Sequence[str] = (),
+          input_file: Optional[str] = None, input_field: str = "inputs",
+          input_kind: Optional[str] = None, output_file: Optional[str] = None,
+          partitioner=None, num_decodes: int = 1, batch_size: int = 32) -> Sequence[str]:
+  """Decodes input texts with the latest checkpoint; prints and returns the outputs.
+
+  Inputs: `inputs` (texts), and/or `input_file` (JSONL: each line's `input_field`, or with
+  `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
+  as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
+  note. `output_file` gets one JSON line per input: {"inputs", "prediction"}."""
   texts = list(inputs)
+  if input_file:
+    texts += inference.read_inputs(input_file, input_field, input_kind)
+  if not texts:
+    raise ValueError("Nothing to decode: give INFER_INPUTS=['text', ...] or "
+                     "INFER_INPUT_FILE='file.jsonl'.")
   for i, text in enumerate(texts):
     if not isinstance(text, str) or not text.strip():
       raise ValueError(f"Input {i} is empty or whitespace only ({text!r}); give each input "
@@ -333,17 +401,30 @@ def infer(*, model, inputs: Sequence[str], model_dir: str, task_feature_lengths,
   cfg = DatasetConfig("", task_feature_lengths)
   params, _ = restore_params(model, model_dir, cfg, partitioner)
   vocab = model.input_vocabulary
-  ids = [list(vocab.encode(t)) + [vocab.eos_id] for t in texts]
-  length = max(len(x) for x in ids)
-  enc = np.zeros((len(ids), length), np.int32)
-  for i, x in enumerate(ids):
-    enc[i, :len(x)] = x
-  batch = {"encoder_input_tokens": enc,
-           "decoder_input_tokens": np.zeros((len(ids), task_feature_lengths["targets"]),
-                                            np.int32)}
+  max_len = task_feature_lengths["inputs"]
+  ids = [list(vocab.encode(t))[:max_len - 1] + [vocab.eos_id] for t in texts]
+  cut = sum(len(vocab.encode(t)) > max_len - 1 for t in texts)
+  if cut:
+    print(f"note: {cut} of {len(texts)} inputs were longer than {max_len - 1} tokens and were "
+          "cut; raise TASK_FEATURE_LENGTHS['inputs'] to keep more.")
   with partitioner.activate():
-    tokens = np.asarray(model.predict_batch(params, batch, num_decodes=num_decodes))
-  outputs = [model.output_vocabulary.decode([int(t) for t in row if t > 0]) for row in tokens]
-  for text, out in zip(texts, outputs):
-    print(f"input:  {text}\noutput: {out}\n")
+    predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
+  outputs = []
+  for start in tqdm.trange(0, len(ids), batch_size, desc="decode", disable=len(ids) <= batch_size):
+    chunk = ids[start:start + batch_size]
+    enc = np.zeros((batch_size, max(len(x) for x in chunk)), np.int32)
+    for i, x in enumerate(chunk):
+      enc[i, :len(x)] = x
+    batch = {"encoder_input_tokens": enc,
+             "decoder_input_tokens": np.zeros((batch_size, task_feature_lengths["targets"]),
+                                              np.int32)}
+    with partitioner.activate():
+      tokens = np.asarray(predict(params, batch))[:len(chunk)]
+    outputs += [inference.token_text(model.output_vocabulary, row) for row in tokens]
+  if output_file:
+    inference.write_predictions(output_file, texts, outputs)
+    print(f"Wrote {len(outputs)} predictions to {output_file}.")
+  else:
+    for text, out in zip(texts, outputs):
+      print(f"input:  {text}\noutput: {out}\n")
   return outputs

@@ -4,5 +4,11 @@
 |---|---|---|
 | decal_builtin_span_corruption | the built-in corpus (Python's docs; no download) | built-in SentencePiece |
 | decal_c4_span_corruption | TFDS `c4/en:3.1.0` | T5 SentencePiece |
+| decal_cnn_dailymail, decal_arxiv, decal_pubmed, decal_mediasum | TFDS or local JSONL | the model's |
+| decal_squad, decal_triviaqa, decal_hotpotqa | TFDS or local JSONL (HotpotQA: local only) | the model's |
+| decal_builtin_qa | the built-in corpus: paragraph -> its section title | the model's |
+
+Downstream tasks: see `downstream_tasks.py` for the local-file layout and field names.
 """
+from decal_jax.tasks import downstream_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import span_corruption_tasks  # noqa: F401  (registers the tasks)

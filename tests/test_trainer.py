@@ -170,3 +170,54 @@ def _restore_with(model_dir, optimizer):
   restored = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
   ckpt.close()
   return restored
+
+
+def test_starting_from_an_uncompressed_checkpoint_initialises_exactly_the_new_params(tmp_path):
+  """CCProxy / fine-tune-only recipe: a C = 1 baseline's weights go into a DeCAL 4x model;
+  only DeCAL's own parameters (latent vector and norm) keep their fresh values."""
+  trainer.train(model=_model(ratio=1), train_dataset_cfg=_cfg(), model_dir=str(tmp_path / "base"),
+                total_steps=2, optimizer=_optimizer(), checkpoint_period=2, eval_batches=1,
+                show_example=False)
+  import orbax.checkpoint as ocp
+  base = checkpoints.Checkpointer(str(tmp_path / "base")).manager.restore(
+      2, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+  model, part = _model(ratio=4), partitioning.Partitioner()
+  fresh, _ = trainer.init_state(model, _optimizer(), part, _cfg(), seed=7)
+  params, report = checkpoints.restore_matching_params(str(tmp_path / "base" / "checkpoint_2"),
+                                                       fresh["params"])
+  flat = lambda t: {"/".join(k): np.asarray(v) for k, v in  # noqa: E731
+                    __import__("flax").traverse_util.flatten_dict(t).items()}
+  got, saved, init = flat(params), flat(base), flat(fresh["params"])
+  new = sorted(set(init) - set(saved))
+  assert new and all("latent" in k for k in new)
+  assert sorted(report["initialised"]) == new and report["unused"] == []
+  for k in saved:
+    np.testing.assert_array_equal(got[k], saved[k])
+  for k in new:
+    np.testing.assert_array_equal(got[k], init[k])
+
+
+def test_a_run_starts_from_an_initial_checkpoint_once_then_resumes_its_own(tmp_path, capsys):
+  _train(tmp_path / "pre", 2)
+  pre = _restore(tmp_path / "pre")[0]["params"]
+  _train(tmp_path / "ft", 1, initial_checkpoint_path=str(tmp_path / "pre"), seed=5)
+  assert "Starting from" in capsys.readouterr().out
+  _train(tmp_path / "ft", 2, initial_checkpoint_path=str(tmp_path / "pre"), seed=5)
+  out = capsys.readouterr().out
+  assert "Resuming from step 1" in out and "Starting from" not in out
+  ft = _restore(tmp_path / "ft")[0]
+  assert int(ft["step"]) == 2  # counted from 0, not from the pretraining step
+  seed5 = trainer.init_state(_model(), _optimizer(), partitioning.Partitioner(), _cfg(),
+                             seed=5)[0]["params"]
+  kernel = lambda p: np.asarray(p["decoder"]["logits_dense"]["kernel"])  # noqa: E731
+  # two small steps from the pretrained weights, not from the run's own (seed 5) init
+  assert np.abs(kernel(ft["params"]) - kernel(pre)).max() < \
+      0.1 * np.abs(kernel(seed5) - kernel(pre)).max()
+
+
+def test_initial_checkpoint_errors_name_the_problem(tmp_path):
+  with pytest.raises(FileNotFoundError, match="No checkpoint directory"):
+    checkpoints.resolve_checkpoint(str(tmp_path / "nowhere"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="holds no checkpoint_<step>"):
+    checkpoints.resolve_checkpoint(str(tmp_path / "empty"))

@@ -50,6 +50,25 @@ def documents() -> Dict[str, List[str]]:
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def titled_documents() -> Dict[str, List[Dict[str, str]]]:
+  """The same paragraphs and splits as `documents()`, each with the title of its reference
+  section (the topic's first line) and the topic name: {'text', 'title', 'topic'}."""
+  from pydoc_data import topics
+  wanted = {split: set(docs) for split, docs in documents().items()}
+  out = {split: [] for split in SPLITS}
+  seen = set()
+  for name in sorted(topics.topics):
+    title = topics.topics[name].strip().splitlines()[0].strip()
+    for doc in _paragraphs(topics.topics[name]):
+      if doc not in seen:
+        seen.add(doc)
+        split = split_of(doc)
+        assert doc in wanted[split]
+        out[split].append({"text": doc, "title": title, "topic": name})
+  return out
+
+
 def corpus_fingerprint() -> str:
   """12 hex digits of SHA-256 over the training text (changes with the Python docs)."""
   digest = hashlib.sha256("\n".join(documents()["train"]).encode("utf-8"))

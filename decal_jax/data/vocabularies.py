@@ -16,8 +16,9 @@ import logging
 import os
 import pathlib
 import tempfile
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
+import gin
 import seqio
 import sentencepiece as spm
 
@@ -147,3 +148,65 @@ def t5_vocabulary(path: Optional[str] = None, extra_ids: int = EXTRA_IDS,
   if check:
     _check_t5_vocab(path)
   return T5Vocabulary(path, extra_ids=extra_ids)
+
+
+@gin.configurable
+def task_vocabulary(vocabulary: Optional[seqio.Vocabulary] = None) -> seqio.Vocabulary:
+  """The vocabulary of the downstream tasks: the model's (models/t5_1_1.gin binds this to
+  its VOCABULARY), else the T5 vocabulary."""
+  return vocabulary if vocabulary is not None else t5_vocabulary(check=False)
+
+
+class DeferredVocabulary(seqio.Vocabulary):
+  """A vocabulary chosen when first used rather than when a task is registered.
+
+  seqio tasks are registered on import, before gin has parsed the model's config; the
+  downstream tasks hold this and so tokenize with whatever `task_vocabulary()` returns at
+  that point (the model's VOCABULARY under our gin files).
+  """
+
+  def __init__(self, resolve: Callable[[], seqio.Vocabulary] = task_vocabulary):
+    self._resolve = resolve
+    super().__init__(extra_ids=0)
+
+  @property
+  def target(self) -> seqio.Vocabulary:
+    return self._resolve()
+
+  # The public seqio.Vocabulary API, forwarded.
+  eos_id = property(lambda self: self.target.eos_id)
+  unk_id = property(lambda self: self.target.unk_id)
+  pad_id = property(lambda self: self.target.pad_id)
+  bos_id = property(lambda self: self.target.bos_id)
+  extra_ids = property(lambda self: self.target.extra_ids)
+  vocab_size = property(lambda self: self.target.vocab_size)
+  _base_vocab_size = property(lambda self: self.target._base_vocab_size)  # pylint: disable=protected-access
+
+  def encode(self, s):
+    return self.target.encode(s)
+
+  def decode(self, ids):
+    return self.target.decode(ids)
+
+  def encode_tf(self, s):
+    return self.target.encode_tf(s)
+
+  def decode_tf(self, ids):
+    return self.target.decode_tf(ids)
+
+  _encode, _decode, _encode_tf, _decode_tf = encode, decode, encode_tf, decode_tf
+
+  def __getattr__(self, name):  # anything else (e.g. sp_model, tokenizer)
+    if name.startswith("__") or name == "_resolve":
+      raise AttributeError(name)
+    return getattr(self.target, name)
+
+  def __eq__(self, other):
+    other = other.target if isinstance(other, DeferredVocabulary) else other
+    return self.target == other
+
+  def __hash__(self):
+    return id(self)
+
+  def __str__(self):
+    return f"DeferredVocabulary({self.target})"

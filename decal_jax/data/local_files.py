@@ -1,0 +1,176 @@
+"""A seqio data source over local JSON Lines files, with line-numbered errors.
+
+Each split is one file or a glob (`train-*.jsonl`); each line is one JSON object. A
+`Schema` names the fields a task reads, their kind (`text`: a non-empty string, or a list
+of strings that is joined; `texts`: a non-empty list of non-empty strings, or one string)
+and, through `fields`, which key of the file holds each one. A line that is not JSON, lacks a
+field, has the wrong type or only whitespace is reported with its file and line number;
+`bad_lines='fail'` (the default) stops with that message, `'skip'` leaves the line out and
+logs how many were skipped per file.
+
+The files are checked once, when the split is first read, and then streamed.
+"""
+import dataclasses
+import glob
+import json
+import logging
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import seqio
+import tensorflow as tf
+
+BAD_LINE_POLICIES = ("fail", "skip")
+
+
+class BadRecordError(ValueError):
+  """A JSONL line that does not fit the task's schema (message names file and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+  """The fields a task reads: {name: 'text' | 'texts'}, and joiners for lists of text."""
+  kinds: Mapping[str, str]
+  joiner: str = "\n"
+
+  def signature(self) -> Dict[str, tf.TensorSpec]:
+    return {name: tf.TensorSpec([] if kind == "text" else [None], tf.string)
+            for name, kind in self.kinds.items()}
+
+
+def _as_text(value: Any, joiner: str) -> Optional[str]:
+  if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+    value = joiner.join(value)
+  return value if isinstance(value, str) and value.strip() else None
+
+
+def _as_texts(value: Any) -> Optional[List[str]]:
+  if isinstance(value, str):
+    value = [value]
+  if not isinstance(value, list) or not value:
+    return None
+  if not all(isinstance(v, str) and v.strip() for v in value):
+    return None
+  return value
+
+
+def parse_line(line: str, schema: Schema, fields: Mapping[str, str]) -> Dict[str, Any]:
+  """One JSONL line -> {field: str or [str]}; raises BadRecordError (without location)."""
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise BadRecordError(f"not valid JSON ({e.msg})") from None
+  if not isinstance(record, dict):
+    raise BadRecordError(f"expected a JSON object, got {type(record).__name__}")
+  out = {}
+  for name, kind in schema.kinds.items():
+    key = fields.get(name, name)
+    if key not in record:
+      raise BadRecordError(f"missing field {key!r} (has: {sorted(record)})")
+    value = record[key]
+    parsed = _as_text(value, schema.joiner) if kind == "text" else _as_texts(value)
+    if parsed is None:
+      want = ("a non-empty string (or list of strings)" if kind == "text"
+              else "a non-empty string or a non-empty list of non-empty strings")
+      raise BadRecordError(f"field {key!r} must be {want}, got {_preview(value)}")
+    out[name] = parsed
+  return out
+
+
+def _preview(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def expand(pattern: str) -> List[str]:
+  """Files matching `pattern` (a path or a glob), sorted; a clear error if none."""
+  paths = sorted(glob.glob(os.path.expanduser(pattern)))
+  if not paths:
+    raise FileNotFoundError(f"No file matches {pattern!r}.")
+  return paths
+
+
+def check_file(path: str, schema: Schema, fields: Mapping[str, str],
+               bad_lines: str) -> Tuple[List[int], int]:
+  """(numbers of the good lines, count of skipped ones); raises on the first bad line
+  when `bad_lines == 'fail'`. Blank lines are ignored."""
+  good, skipped = [], 0
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        parse_line(line, schema, fields)
+      except BadRecordError as e:
+        if bad_lines == "fail":
+          raise BadRecordError(
+              f"{path}:{number}: {e}. Fix the line, or skip bad lines with "
+              "bad_lines='skip' (gin: downstream_tasks.local_data.bad_lines = 'skip', or "
+              "DECAL_BAD_LINES=skip).") from None
+        skipped += 1
+        continue
+      good.append(number)
+  if skipped:
+    logging.warning("%s: skipped %d bad line(s) of %d.", path, skipped, skipped + len(good))
+  if not good:
+    raise BadRecordError(f"{path}: no usable line (of {skipped} non-blank ones).")
+  return good, skipped
+
+
+class JsonlSource(seqio.DataSource):
+  """{split: path-or-glob} JSONL files as a seqio source of `schema`'s fields."""
+
+  def __init__(self, split_files: Mapping[str, str], schema: Schema,
+               fields: Optional[Mapping[str, str]] = None, bad_lines: str = "fail"):
+    if bad_lines not in BAD_LINE_POLICIES:
+      raise ValueError(f"bad_lines must be one of {BAD_LINE_POLICIES}, got {bad_lines!r}.")
+    unknown = set(fields or {}) - set(schema.kinds)
+    if unknown:
+      raise ValueError(f"fields maps unknown names {sorted(unknown)}; the schema has "
+                       f"{sorted(schema.kinds)}.")
+    self._split_files = dict(split_files)
+    self.schema, self.fields, self.bad_lines = schema, dict(fields or {}), bad_lines
+    self._checked: Dict[str, List[Tuple[str, List[int]]]] = {}
+    super().__init__(splits=tuple(self._split_files))
+
+  @property
+  def supports_arbitrary_sharding(self) -> bool:
+    return False
+
+  def list_shards(self, split: str) -> Sequence[str]:
+    return expand(self._files_of(split))
+
+  def _files_of(self, split: str) -> str:
+    if split not in self._split_files:
+      raise ValueError(f"No local file for split {split!r}; splits: {sorted(self._split_files)}.")
+    return self._split_files[split]
+
+  def checked(self, split: str) -> List[Tuple[str, List[int]]]:
+    """[(path, good line numbers)] of the split, checked on first call."""
+    if split not in self._checked:
+      self._checked[split] = [(p, check_file(p, self.schema, self.fields, self.bad_lines)[0])
+                              for p in expand(self._files_of(split))]
+    return self._checked[split]
+
+  def num_input_examples(self, split: str) -> int:
+    return sum(len(lines) for _, lines in self.checked(split))
+
+  def _records(self, files: List[Tuple[str, List[int]]]) -> Iterator[Dict[str, Any]]:
+    for path, lines in files:
+      wanted = set(lines)
+      with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+          if number in wanted:
+            yield parse_line(line, self.schema, self.fields)
+
+  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
+                  shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs
+                  ) -> tf.data.Dataset:
+    files = self.checked(split)
+    ds = tf.data.Dataset.from_generator(lambda: self._records(files),
+                                        output_signature=self.schema.signature())
+    if shard_info is not None and shard_info.num_shards > 1:
+      ds = ds.shard(shard_info.num_shards, shard_info.index)
+    if shuffle:
+      ds = ds.shuffle(min(self.num_input_examples(split), 10_000), seed=seed)
+    return ds

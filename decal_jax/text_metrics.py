@@ -1,0 +1,87 @@
+"""Metrics of generated text, as seqio `metric_fns(targets, predictions) -> {name: value}`.
+
+* `rouge`: ROUGE-1 / ROUGE-2 / ROUGE-L / ROUGE-Lsum F-measure (the `rouge-score` package,
+  Porter stemming, as in the DeCAL summarization tables), averaged over examples, x 100.
+  ROUGE-Lsum splits both texts into sentences at newlines.
+* `squad`: exact match and token F1 after SQuAD answer normalisation (lower case, no
+  punctuation, no articles a/an/the, single spaces); each prediction takes its best score
+  over the reference answers. x 100.
+
+A target may be one string or a sequence of reference strings (QA tasks pass every answer).
+"""
+import collections
+import re
+import string
+from typing import Dict, List, Sequence, Union
+
+import numpy as np
+from rouge_score import rouge_scorer
+
+Target = Union[str, Sequence[str]]
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def _references(target: Target) -> List[str]:
+  refs = [target] if isinstance(target, (str, bytes)) else list(target)
+  refs = [r.decode("utf-8") if isinstance(r, bytes) else str(r) for r in refs]
+  if not refs:
+    raise ValueError("A target has no reference text; every example needs at least one.")
+  return refs
+
+
+def _check_lengths(targets: Sequence[Target], predictions: Sequence[str]) -> None:
+  if len(targets) != len(predictions):
+    raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions.")
+  if not targets:
+    raise ValueError("No examples to score.")
+
+
+def rouge(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:
+  """Mean ROUGE F-measure x 100 (best reference per example when there are several)."""
+  _check_lengths(targets, predictions)
+  scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True,
+                                    split_summaries=False)
+  totals = collections.defaultdict(float)
+  for target, prediction in zip(targets, predictions):
+    per_ref = [scorer.score(_lsum_ready(ref), _lsum_ready(prediction))
+               for ref in _references(target)]
+    for name in ROUGE_TYPES:
+      totals[name] += max(s[name].fmeasure for s in per_ref)
+  return {name: 100.0 * totals[name] / len(targets) for name in ROUGE_TYPES}
+
+
+def _lsum_ready(text: str) -> str:
+  """ROUGE-Lsum reads sentences from lines; blank lines would be empty sentences."""
+  return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def normalize_answer(text: str) -> str:
+  """SQuAD's answer normalisation."""
+  text = text.lower()
+  text = "".join(ch for ch in text if ch not in set(string.punctuation))
+  text = re.sub(r"\b(a|an|the)\b", " ", text)
+  return " ".join(text.split())
+
+
+def token_f1(reference: str, prediction: str) -> float:
+  """F1 of the normalised token bags (1.0 when both are empty after normalisation)."""
+  ref, pred = normalize_answer(reference).split(), normalize_answer(prediction).split()
+  if not ref or not pred:
+    return float(ref == pred)
+  common = sum((collections.Counter(ref) & collections.Counter(pred)).values())
+  if common == 0:
+    return 0.0
+  precision, recall = common / len(pred), common / len(ref)
+  return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(reference: str, prediction: str) -> float:
+  return float(normalize_answer(reference) == normalize_answer(prediction))
+
+
+def squad(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:
+  """{'em': ..., 'f1': ...} x 100, max over each example's reference answers."""
+  _check_lengths(targets, predictions)
+  em = [max(exact_match(r, p) for r in _references(t)) for t, p in zip(targets, predictions)]
+  f1 = [max(token_f1(r, p) for r in _references(t)) for t, p in zip(targets, predictions)]
+  return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
