@@ -88,3 +88,62 @@ def test_gin_files_resolve_when_the_working_directory_has_a_runs_folder(tmp_path
                          "--gin.MODEL_DIR='runs/decal_tiny'"], cwd=tmp_path, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode != 0 and "No checkpoint in runs/decal_tiny" in proc.stderr, proc.stderr
+
+
+QA_SMALL = ["--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 12}", "--gin.BATCH_SIZE=4"]
+
+
+@pytest.fixture(scope="module")
+def finetuned(trained):
+  pretrained, _ = trained
+  model_dir = pretrained.parent / "qa"
+  proc = _run("train", "--gin_file=runs/finetune_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              f"--gin.INITIAL_CHECKPOINT_PATH='{pretrained}'", "--gin.TRAIN_STEPS=2",
+              "--gin.EVAL_BATCHES=1", *QA_SMALL)
+  return model_dir, proc
+
+
+def test_finetune_starts_from_the_pretrained_checkpoint(finetuned):
+  model_dir, proc = finetuned
+  assert "Starting from" in proc.stdout and "0 newly initialised" in proc.stdout
+  assert (model_dir / "checkpoint_2").is_dir()
+
+
+def test_eval_decodes_the_task_and_writes_predictions_and_metrics(finetuned):
+  import json
+  from decal_jax import text_metrics
+  model_dir, _ = finetuned
+  proc = _run("eval", "--gin_file=models/decal_tiny.gin", "--gin_file=runs/eval.gin",
+              f"--gin.MODEL_DIR='{model_dir}'", "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_qa'",
+              "--gin.EVAL_BATCHES=1", "--gin.MAX_PREDICT_EXAMPLES=6", *QA_SMALL)
+  results = model_dir / "eval_results"
+  rows = [json.loads(line) for line in
+          (results / "decal_builtin_qa.validation.2.predictions.jsonl").read_text().splitlines()]
+  scores = json.loads((results / "decal_builtin_qa.validation.2.metrics.json").read_text())
+  assert len(rows) == 6 and scores["num_examples"] == 6 and scores["compression_ratio"] == 4
+  assert all(r["inputs"].startswith("question: ") and len(r["target"]) == 2 for r in rows)
+  em = 100 * sum(any(text_metrics.normalize_answer(r["prediction"]) ==
+                     text_metrics.normalize_answer(t) for t in r["target"]) for r in rows) / 6
+  assert scores["em"] == pytest.approx(em) and 0 <= scores["f1"] <= 100
+  assert "decal_builtin_qa (6 examples)" in proc.stdout
+
+
+def test_infer_reads_a_jsonl_file_and_writes_predictions(finetuned, tmp_path):
+  import json
+  model_dir, _ = finetuned
+  source = tmp_path / "in.jsonl"
+  source.write_text(json.dumps({"question": "Which section?", "context": "The pass statement."})
+                    + "\n\n" + json.dumps({"question": "And this?", "context": "A loop."}) + "\n")
+  out = tmp_path / "out.jsonl"
+  _run("infer", "--gin_file=models/decal_tiny.gin", "--gin_file=runs/infer.gin",
+       f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INFER_INPUT_FILE='{source}'",
+       "--gin.INFER_INPUT_KIND='qa'", f"--gin.INFER_OUTPUT_FILE='{out}'", *QA_SMALL[:1])
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["inputs"] for r in rows] == ["question: Which section? context: The pass statement.",
+                                         "question: And this? context: A loop."]
+  assert all(isinstance(r["prediction"], str) for r in rows)
+  source.write_text('{"question": "q"}\n')
+  proc = _run("infer", "--gin_file=models/decal_tiny.gin", "--gin_file=runs/infer.gin",
+              f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INFER_INPUT_FILE='{source}'",
+              "--gin.INFER_INPUT_KIND='qa'", check=False)
+  assert proc.returncode != 0 and f"{source}:1: missing field 'context'" in proc.stderr

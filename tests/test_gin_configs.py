@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from decal_jax import gin_utils  # noqa: F401  (its fix to gin's file lookup: ./runs may exist)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
 PUBLISHED_T5_1_1_PARAMS = {"small": 76_961_152, "base": 247_577_856, "large": 783_150_080}
@@ -39,7 +41,8 @@ def _build_model():
 def test_all_gin_files_are_covered_here():
   covered = (set(MODEL_FILES) | {"models/t5_1_1.gin", "models/decal.gin"} | set(T5X_FILES) |
              {"runs/pretrain_builtin.gin", "runs/eval_builtin.gin", "runs/infer_builtin.gin",
-              "runs/pretrain.gin", "runs/eval.gin", "runs/infer.gin"})
+              "runs/pretrain.gin", "runs/eval.gin", "runs/infer.gin",
+              "runs/finetune.gin", "runs/finetune_builtin.gin"})
   every = {str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin")}
   missing = every - covered
   assert not missing, f"gin files no test builds: {sorted(missing)}"
@@ -140,13 +143,14 @@ def test_t5x_gin_files_put_our_module_into_t5x_models(fake_t5x, name, emb, layer
 
 @pytest.mark.parametrize("run_file,fn_name", [
     ("runs/pretrain_builtin.gin", "train"), ("runs/eval_builtin.gin", "evaluate"),
-    ("runs/infer_builtin.gin", "infer")])
+    ("runs/infer_builtin.gin", "infer"), ("runs/finetune_builtin.gin", "train")])
 def test_run_gin_files_bind_every_argument(run_file, fn_name):
   """The run files (with the generic pretrain/eval/infer files they include) leave no
   required argument of their trainer function unbound."""
   import inspect
   from decal_jax import trainer
-  bindings = ["MODEL_DIR = '/tmp/unused'", "INFER_INPUTS = ['text']"]
+  bindings = ["MODEL_DIR = '/tmp/unused'", "INFER_INPUTS = ['text']",
+              "INITIAL_CHECKPOINT_PATH = '/tmp/pretrained'"]
   _parse(run_file, bindings=bindings)
   fn = getattr(trainer, fn_name)
   required = [name for name, p in inspect.signature(fn).parameters.items()
@@ -162,4 +166,23 @@ def test_generic_pretrain_gin_requires_the_run_macros():
   from decal_jax import gin_utils
   with pytest.raises(gin_utils.GinConfigError, match="MODEL_DIR/macro.value set to `%gin.REQUIRED`"):
     gin_utils.parse(["models/decal_tiny.gin", "runs/pretrain.gin"], [], [])
+  gin.clear_config()
+
+
+def test_finetune_gin_starts_from_a_checkpoint_at_a_constant_learning_rate():
+  """T5's fine-tuning recipe: Adafactor at a constant 1e-3; the model's vocabulary is the
+  downstream tasks' vocabulary."""
+  from decal_jax.data import vocabularies
+  _parse("models/t5_1_1_tiny.gin", "runs/finetune.gin",
+         bindings=["INITIAL_CHECKPOINT_PATH = '/ckpt'", "MODEL_DIR = '/m'", "TRAIN_STEPS = 1",
+                   "MIXTURE_OR_TASK_NAME = 'decal_squad'",
+                   "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}"])
+  ref = gin.query_parameter("decal_jax.trainer.train.initial_checkpoint_path")
+  assert str(ref) == "%INITIAL_CHECKPOINT_PATH"
+  assert gin.query_parameter("%INITIAL_CHECKPOINT_PATH") == "/ckpt"
+  assert str(gin.query_parameter("decal_jax.optimizers.adafactor.learning_rate")) == \
+      "@optax.constant_schedule()"
+  assert gin.query_parameter("%LEARNING_RATE") == 0.001
+  vocab = vocabularies.task_vocabulary()
+  assert vocab == vocabularies.builtin_vocabulary()
   gin.clear_config()
