@@ -53,6 +53,7 @@ def predict_task(task: seqio.Task, predict_fn, feature_converter, lengths: Mappi
   ds = task.get_dataset(lengths, split=split, shuffle=False, num_epochs=1)
   if max_examples:
     ds = ds.take(max_examples)
+  ds = ds.cache()  # read (and truncation-counted) once, then replayed for the model features
   examples = list(ds.as_numpy_iterator())
   if not examples:
     raise ValueError(f"Split {split!r} of {task.name!r} gave no examples.")

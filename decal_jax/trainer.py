@@ -315,7 +315,7 @@ def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], s
         "target tokens.")
   if example is None:
     return
-  print("Denoising example, decoded from the compressed encoding:")
+  print("Validation example, decoded from the compressed encoding:")
   for key in ("inputs", "targets", "prediction"):
     print(f"  {key:>10}: {example[key]}")
 
@@ -362,11 +362,13 @@ def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitio
       paths = inference.write_results(model_dir, task.name, eval_dataset_cfg.split, step,
                                       scores, rows)
       print(f"{task.name} ({len(rows)} examples): " + ", ".join(
-          f"{k} {v:.2f}" for k, v in sorted(scores.items()) if k not in ("step",)) +
+          f"{k} {v:.2f}" for k, v in sorted(scores.items())
+          if k not in ("step", "num_examples", "compression_ratio")) +
             f"\n  predictions: {paths['predictions']}\n  metrics:     {paths['metrics']}")
     result.update({f"{task.name}/{k}": float(v) for k, v in scores.items() if k != "step"})
   for name, count in text_to_text.truncation_counts().items():
-    print(f"note: {count} sequences of {name} were truncated to TASK_FEATURE_LENGTHS.")
+    print(f"note: {name}: {count} sequences cut to TASK_FEATURE_LENGTHS in this run (each pass "
+          "over the data counts).")
   writer = metrics.MetricsWriter(model_dir)
   writer.write("eval", step, result)
   writer.close()

@@ -89,6 +89,10 @@ TFDS_CASES = {
         {"article": "We study sparse attention.", "abstract": "<S> sparse attention is studied . </S>"},
         "summarize: We study sparse attention.", "sparse attention is studied .",
         ["sparse attention is studied ."]),
+    "decal_pubmed": (
+        {"article": "Patients were treated.", "abstract": "<S> treatment helped . </S> <S> a lot . </S>"},
+        "summarize: Patients were treated.", "treatment helped . a lot .",
+        ["treatment helped . a lot ."]),
     "decal_mediasum": (
         {"utt": ["Hello.", "Hi there."], "speaker": ["ANNA", "BOB"], "summary": "A greeting."},
         "summarize: ANNA: Hello.\nBOB: Hi there.", "A greeting.", ["A greeting."]),
@@ -250,3 +254,46 @@ def test_builtin_qa_pairs_paragraphs_with_their_section_titles(builtin_vocabular
     context = ex["inputs_pretokenized"].decode().split(" context: ", 1)[1]
     assert " ".join(topics.topics[topic].split()).find(context[:60]) >= 0
     _check_features(ex, builtin_vocabulary, lengths=LENGTHS)
+
+
+# ------------------------------------------------------------------------------ converters
+def test_squad_release_converts_and_feeds_decal_squad(tmp_path, monkeypatch, builtin_vocabulary):
+  source = DATA_DIR / "squad" / "dev-v1.1.json"
+  if not source.exists():
+    pytest.skip(f"{source} not found: set DECAL_DATA_DIR to the shared data folder")
+  import subprocess
+  import sys
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  proc = subprocess.run([sys.executable, str(repo / "tools" / "prepare_jsonl.py"), "squad",
+                         str(source), "--split", "validation", "--out", str(tmp_path)],
+                        capture_output=True, text=True, check=True)
+  assert "10570 records" in proc.stdout  # every question of the official dev set
+  release = json.loads(source.read_text())["data"][0]["paragraphs"][0]
+  qa = release["qas"][0]
+  monkeypatch.setenv("DECAL_LOCAL_DATA_DIR", str(tmp_path))
+  (ex,) = _examples("decal_squad", lengths={"inputs": 512, "targets": 32}, n=1)
+  assert ex["inputs_pretokenized"].decode() == \
+      f"question: {qa['question']} context: {release['context']}"
+  assert [a.decode() for a in ex["answers"]] == [a["text"] for a in qa["answers"]]
+
+
+def test_hotpotqa_and_mediasum_releases_convert(tmp_path):
+  from decal_jax.data import convert
+  hotpot = tmp_path / "hotpot.json"
+  hotpot.write_text(json.dumps([
+      {"_id": "a1", "question": "Which is older?", "answer": "Oslo",
+       "context": [["Oslo", ["Oslo was founded ", "in 1040."]], ["Bergen", ["Bergen: 1070."]]]},
+      {"_id": "a2", "question": "Empty?", "answer": "", "context": [["X", ["y"]]]}]))
+  written = convert.write(convert.hotpotqa(str(hotpot)), tmp_path / "h" / "train.jsonl", "qa")
+  assert written == (1, 1)
+  record = json.loads((tmp_path / "h" / "train.jsonl").read_text())
+  assert record["context"] == "Oslo: Oslo was founded in 1040.\nBergen: Bergen: 1070."
+  dialogues, splits = tmp_path / "news_dialogue.json", tmp_path / "split.json"
+  dialogues.write_text(json.dumps([
+      {"id": "NPR-1", "summary": "Talk.", "utt": ["Hi.", "Hello."], "speaker": ["A", "B"]},
+      {"id": "CNN-2", "summary": "More.", "utt": ["Yes."], "speaker": ["C"]}]))
+  splits.write_text(json.dumps({"train": ["NPR-1"], "val": ["CNN-2"], "test": []}))
+  counts = convert.write_splits(convert.mediasum(str(dialogues), str(splits)), tmp_path / "m",
+                                "summarization")
+  assert counts == {"train": (1, 0), "validation": (1, 0)}
+  assert json.loads((tmp_path / "m" / "train.jsonl").read_text())["document"] == "A: Hi.\nB: Hello."
