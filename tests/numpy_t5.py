@@ -90,7 +90,9 @@ def encoder(params, tokens, cfg):
   pos = np.arange(len(tokens))
   x, x_valid, x_pos = emb, valid, pos
   m = 0
-  if cfg.compression_ratio > 1:
+  compressor = getattr(cfg, "compressor", "latents")
+  causal = False
+  if cfg.compression_ratio > 1 and compressor == "latents":
     lat, lat_valid, lat_pos = decal_latents(emb, valid, pos, p["latents"]["latent_vector"],
                                             p["latents"]["latent_norm"]["scale"],
                                             cfg.compression_ratio, cfg.use_pooling)
@@ -98,9 +100,19 @@ def encoder(params, tokens, cfg):
     x = np.concatenate([lat, emb])
     x_valid = np.concatenate([lat_valid, valid])
     x_pos = np.concatenate([lat_pos, pos])
+  elif cfg.compression_ratio > 1 and compressor == "memory_tokens":
+    n, length = len(tokens), int(valid.sum())
+    num_memory = -(-n // cfg.compression_ratio)
+    x = np.concatenate([emb, p["memory"]["memory_embeddings"][:num_memory]])
+    x_valid = np.concatenate([valid, np.arange(num_memory) < -(-length // cfg.compression_ratio)])
+    x_pos = np.concatenate([pos, length + np.arange(num_memory)])
+    causal = True
   bias = relpos_bias(p["relpos_bias"]["rel_embedding"], x_pos, x_pos, True,
                      cfg.relative_attention_max_distance)
-  bias = bias + np.where(x_valid[:, None] & x_valid[None, :], 0.0, NEG)[None]
+  allowed = x_valid[:, None] & x_valid[None, :]
+  if causal:
+    allowed = allowed & (x_pos[None, :] <= x_pos[:, None])
+  bias = bias + np.where(allowed, 0.0, NEG)[None]
   for i in range(cfg.num_encoder_layers):
     lp = p[f"layers_{i}"]
     h = rms_norm(x, lp["pre_attention_layer_norm"]["scale"])
@@ -112,7 +124,25 @@ def encoder(params, tokens, cfg):
   x = rms_norm(x, p["encoder_norm"]["scale"])
   if m:
     return x[:m], x_valid[:m]
+  if causal:
+    return x[len(tokens):], x_valid[len(tokens):]
+  if cfg.compression_ratio > 1 and compressor == "attn_pool":
+    return attention_pool(x, valid, p["attn_pool"], cfg.compression_ratio)
   return x, x_valid
+
+
+def attention_pool(h, valid, p, ratio):
+  """One example: final states h [n, e] -> (pooled [m, e], valid [m]), AttnPool."""
+  n = h.shape[0]
+  windows = [[i for i in range(j * ratio, min((j + 1) * ratio, n)) if valid[i]]
+             for j in range(-(-n // ratio))]
+  q = np.stack([h[idx].mean(0) if idx else np.zeros(h.shape[1]) for idx in windows])
+  q_valid = np.array([bool(idx) for idx in windows])
+  bias = np.where(q_valid[:, None] & valid[None, :], 0.0, NEG)[None]
+  a = p["pool_attention"]
+  out = q + attention(rms_norm(q, p["pre_pool_norm"]["scale"]), h,
+                      {**a["qkv"], "out": a["out"]}, bias)
+  return rms_norm(out, p["pool_norm"]["scale"]), q_valid
 
 
 def decoder_logits(params, encoded, encoded_valid, decoder_input_tokens, cfg):

@@ -14,10 +14,11 @@ from decal_jax.networks.t5 import T5Config, Transformer
 LENGTHS = {"inputs": 32, "targets": 12}
 
 
-def _model(emb_dim=32, ratio=4):
+def _model(emb_dim=32, ratio=4, compressor="latents"):
   vocab = vocabularies.builtin_vocabulary()
   cfg = T5Config(vocab_size=4224, emb_dim=emb_dim, num_heads=2, head_dim=16, mlp_dim=64,
-                 num_encoder_layers=2, num_decoder_layers=2, compression_ratio=ratio)
+                 num_encoder_layers=2, num_decoder_layers=2, compression_ratio=ratio,
+                 compressor=compressor)
   return models.EncoderDecoderModel(Transformer(cfg), vocab, vocab)
 
 
@@ -172,24 +173,36 @@ def _restore_with(model_dir, optimizer):
   return restored
 
 
-def test_starting_from_an_uncompressed_checkpoint_initialises_exactly_the_new_params(tmp_path):
-  """CCProxy / fine-tune-only recipe: a C = 1 baseline's weights go into a DeCAL 4x model;
-  only DeCAL's own parameters (latent vector and norm) keep their fresh values."""
-  trainer.train(model=_model(ratio=1), train_dataset_cfg=_cfg(), model_dir=str(tmp_path / "base"),
+@pytest.fixture(scope="module")
+def baseline_dir(tmp_path_factory):
+  """A C = 1 (uncompressed) model trained for 2 steps."""
+  base = tmp_path_factory.mktemp("baseline")
+  trainer.train(model=_model(ratio=1), train_dataset_cfg=_cfg(), model_dir=str(base),
                 total_steps=2, optimizer=_optimizer(), checkpoint_period=2, eval_batches=1,
                 show_example=False)
+  return base
+
+
+@pytest.mark.parametrize("compressor,new_scope", [("latents", "encoder/latents/"),
+                                                  ("attn_pool", "encoder/attn_pool/"),
+                                                  ("memory_tokens", "encoder/memory/")])
+def test_starting_from_an_uncompressed_checkpoint_initialises_exactly_the_new_params(
+    baseline_dir, compressor, new_scope):
+  """CCProxy / fine-tune-only recipe: a C = 1 baseline's weights go into a 4x model; only
+  the compressor's own parameters (DeCAL's latent vector and norm, AttnPool's pooling
+  layer, CCProxy's memory table) keep their fresh values."""
   import orbax.checkpoint as ocp
-  base = checkpoints.Checkpointer(str(tmp_path / "base")).manager.restore(
+  base = checkpoints.Checkpointer(str(baseline_dir)).manager.restore(
       2, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
-  model, part = _model(ratio=4), partitioning.Partitioner()
+  model, part = _model(ratio=4, compressor=compressor), partitioning.Partitioner()
   fresh, _ = trainer.init_state(model, _optimizer(), part, _cfg(), seed=7)
-  params, report = checkpoints.restore_matching_params(str(tmp_path / "base" / "checkpoint_2"),
+  params, report = checkpoints.restore_matching_params(str(baseline_dir / "checkpoint_2"),
                                                        fresh["params"])
   flat = lambda t: {"/".join(k): np.asarray(v) for k, v in  # noqa: E731
                     __import__("flax").traverse_util.flatten_dict(t).items()}
   got, saved, init = flat(params), flat(base), flat(fresh["params"])
   new = sorted(set(init) - set(saved))
-  assert new and all("latent" in k for k in new)
+  assert new and all(k.startswith(new_scope) for k in new)
   assert sorted(report["initialised"]) == new and report["unused"] == []
   for k in saved:
     np.testing.assert_array_equal(got[k], saved[k])

@@ -1,9 +1,16 @@
-"""T5.1.1 encoder-decoder with an optional DeCAL compressive encoder.
+"""T5.1.1 encoder-decoder with an optional compressive encoder.
 
-With `compression_ratio = 1` the encoder is the plain T5.1.1 encoder. With C > 1 the
-encoder prepends m = ceil(n / C) DeCAL latents (`decal_jax.compress.latents`) to its input,
-runs unchanged over [latents; tokens], and outputs only the m latent states; the decoder
-cross-attends to them with the latent padding mask.
+With `compression_ratio = 1` the encoder is the plain T5.1.1 encoder. With C > 1 it outputs
+m = ceil(n / C) vectors for n tokens, made by one of three compressors (`T5Config.compressor`):
+
+- 'latents' (DeCAL, `compress/latents.py`): m latents are prepended to the input, the
+  encoder runs unchanged over [latents; tokens], only the latent states leave it.
+- 'attn_pool' (AttnPool, `compress/attn_pool.py`): the encoder runs uncompressed, then one
+  attention-pooling layer with stride-C mean-pooled queries reduces its output.
+- 'memory_tokens' (CCProxy, `compress/memory.py`): m learned memory tokens are appended,
+  the encoder attends causally, only the memory states leave it.
+
+The decoder cross-attends to the m vectors with the window padding mask.
 
 The module follows the call signatures that `t5x.models.EncoderDecoderModel` uses
 (`__call__`, `encode`, `decode`), so it can be dropped into a T5X gin config.
@@ -15,8 +22,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from decal_jax.compress.attn_pool import AttnPool
 from decal_jax.compress.latents import (DecalLatents, LatentConfig, fixed_window_validity,
                                         latent_layout)
+from decal_jax.compress.memory import MemoryTokens
 from decal_jax.layers import attention as attn
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
@@ -38,8 +47,11 @@ class T5Config:
   dtype: Any = jnp.float32
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
-  # DeCAL (see LatentConfig for what each knob does).
+  # Compression: C and the compressor ('latents' = DeCAL, 'attn_pool', 'memory_tokens').
   compression_ratio: int = 1
+  compressor: str = "latents"
+  max_memory_tokens: int = 512  # 'memory_tokens': rows of the memory table (>= ceil(n / C))
+  # DeCAL latents only (see LatentConfig for what each knob does).
   use_pooling: bool = True
   separate_latent_params: bool = False
   latent_boundary_token_ids: Sequence[int] = ()
@@ -47,6 +59,16 @@ class T5Config:
 
   def __post_init__(self):
     self.latent_config()  # validates the compression settings early, with a clear message
+    if self.compressor not in COMPRESSORS:
+      raise ValueError(f"Unknown T5Config.compressor {self.compressor!r}; choose one of "
+                       f"{COMPRESSORS}.")
+    latent_only = {"use_pooling": not self.use_pooling,
+                   "separate_latent_params": self.separate_latent_params,
+                   "latent_boundary_token_ids": bool(self.latent_boundary_token_ids)}
+    for name, changed in latent_only.items():
+      if changed and self.compressor != "latents":
+        raise ValueError(f"T5Config.{name} is a DeCAL latents option but compressor is "
+                         f"{self.compressor!r}; leave {name} at its default.")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) < 1:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}.")
@@ -59,6 +81,9 @@ class T5Config:
   @property
   def compressed(self) -> bool:
     return self.compression_ratio > 1 or bool(self.latent_boundary_token_ids)
+
+
+COMPRESSORS = ("latents", "attn_pool", "memory_tokens")
 
 
 def _positions_or_default(tokens: Array, positions: Optional[Array]) -> Array:
@@ -117,7 +142,7 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-  """T5.1.1 encoder; with compression, DeCAL latents are prepended and only they are output."""
+  """T5.1.1 encoder; with C > 1 it outputs the m vectors of `config.compressor`."""
   config: T5Config
   shared_embedding: nn.Module
 
@@ -130,9 +155,10 @@ class Encoder(nn.Module):
     valid = tokens > 0  # [batch, n]
     x = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, n, embed]
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
-    seg = segment_ids
+    seg, n = segment_ids, tokens.shape[1]
     num_latents = 0
-    if cfg.compressed:
+    causal = False
+    if cfg.compressed and cfg.compressor == "latents":
       lat = DecalLatents(cfg.latent_config(), cfg.dtype, name="latents")(
           x, tokens, positions, segment_ids)
       num_latents = lat.embeddings.shape[1]
@@ -141,9 +167,20 @@ class Encoder(nn.Module):
       positions = jnp.concatenate([lat.positions, positions], axis=1)
       if segment_ids is not None:
         seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)
+    elif cfg.compressed and cfg.compressor == "memory_tokens":
+      if segment_ids is not None:
+        raise ValueError("CCProxy memory tokens need unpacked, right-padded inputs; set "
+                         "DatasetConfig.pack = False.")
+      mem = MemoryTokens(cfg.compression_ratio, cfg.max_memory_tokens, cfg.dtype,
+                         name="memory")(tokens, x.shape[-1])
+      x = jnp.concatenate([x, mem.embeddings], axis=1)  # [batch, n + m, embed]
+      valid = jnp.concatenate([valid, mem.valid], axis=1)
+      positions = jnp.concatenate([positions, mem.positions], axis=1)
+      causal = True
     x = with_sharding_constraint(x, ("batch", "length", "embed"))
 
-    mask = attn.combine_masks(attn.make_attention_mask(valid, valid), _segment_mask(seg, seg))
+    mask = attn.combine_masks(attn.make_attention_mask(valid, valid), _segment_mask(seg, seg),
+                              attn.make_causal_mask(positions) if causal else None)
     relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
                                          cfg.relative_attention_max_distance, cfg.num_heads,
                                          cfg.dtype, name="relpos_bias")
@@ -153,9 +190,15 @@ class Encoder(nn.Module):
       x = EncoderLayer(cfg, num_latents, name=f"layers_{i}")(x, bias, deterministic)
     x = RMSNorm(dtype=cfg.dtype, name="encoder_norm")(x)
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
-    if cfg.compressed:
-      x, valid = x[:, :num_latents], valid[:, :num_latents]  # only latents leave the encoder
-    return x, valid
+    if not cfg.compressed:
+      return x, valid
+    if cfg.compressor == "latents":
+      return x[:, :num_latents], valid[:, :num_latents]  # only latents leave the encoder
+    if cfg.compressor == "memory_tokens":
+      return x[:, n:], valid[:, n:]  # only the memory tokens leave the encoder
+    pooled = AttnPool(cfg.compression_ratio, cfg.num_heads, cfg.head_dim, cfg.dtype,
+                      name="attn_pool")(x, tokens, positions, segment_ids)
+    return pooled.embeddings, pooled.valid
 
 
 def encoded_validity(config: T5Config, encoder_input_tokens: Array,

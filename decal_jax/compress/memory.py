@@ -1,0 +1,48 @@
+"""Memory tokens: the CCProxy baseline of the DeCAL paper (§4.2.5).
+
+CCProxy distils what ICAE, AutoCompressor and COCOM share: m = ceil(n / C) learned memory
+embeddings are appended after the input, the encoder attends causally over [x; memory]
+(as the decoder-only models those methods start from do), and only the final states of the
+memory tokens leave the encoder.
+
+Memory token j of an example with `length` real tokens sits at position `length + j`, right
+after its text, so the causal mask "key position <= query position" lets it read the whole
+text and memory tokens 0..j, and lets no text token read any memory token. Memory j is real
+when j < ceil(length / C) (right-padded inputs), matching DeCAL's window validity.
+"""
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from decal_jax.compress.latents import fixed_window_validity
+from decal_jax.layers.core import Array, DType, param_with_axes
+
+
+class Memory(NamedTuple):
+  embeddings: Array  # [batch, m, embed]
+  valid: Array       # [batch, m] bool
+  positions: Array   # [batch, m] int32: length + j
+
+
+class MemoryTokens(nn.Module):
+  """m = ceil(n / C) learned memory embeddings (rows of a `max_tokens`-row table)."""
+  ratio: int
+  max_tokens: int
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens: Array, embed_dim: int) -> Memory:
+    """tokens `[batch, n]` (right-padded) -> `Memory` for m = ceil(n / C) memory tokens."""
+    batch, n = tokens.shape
+    m = -(-n // self.ratio)
+    if m > self.max_tokens:
+      raise ValueError(f"{n} input tokens at compression ratio {self.ratio} need {m} memory "
+                       f"tokens but the model has {self.max_tokens}; bind "
+                       f"T5Config.max_memory_tokens >= {m}.")
+    table = param_with_axes("memory_embeddings", nn.initializers.normal(stddev=1.0),
+                            (self.max_tokens, embed_dim), jnp.float32, axes=("length", "embed"))
+    memory = jnp.broadcast_to(jnp.asarray(table[:m], self.dtype), (batch, m, embed_dim))
+    length = jnp.sum(tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
+    positions = length[:, None] + jnp.arange(m, dtype=jnp.int32)[None, :]  # [batch, m]
+    return Memory(memory, fixed_window_validity(tokens, self.ratio), positions)
