@@ -20,7 +20,7 @@ import tensorflow as tf
 import tqdm
 
 from decal_jax import checkpoints, inference, metrics, optimizers, partitioning
-from decal_jax.data import span_corruption, text_to_text
+from decal_jax.data import autoencoding, span_corruption, text_to_text
 
 Batch = Dict[str, np.ndarray]
 
@@ -55,6 +55,11 @@ def check_feature_lengths(cfg: DatasetConfig, model) -> None:
       raise ValueError(f"Span corruption of {lengths['inputs']} input tokens makes targets of "
                        f"{need} tokens, but TASK_FEATURE_LENGTHS['targets'] is "
                        f"{lengths['targets']}: targets would be cut. Set 'targets' >= {need}.")
+  if (any(autoencoding.autoencode in t.preprocessors for t in tasks)
+      and lengths["targets"] < lengths["inputs"]):
+    raise ValueError(f"{cfg.mixture_or_task_name!r} autoencodes: its targets are the whole "
+                     f"input, but TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} < "
+                     f"'inputs' = {lengths['inputs']}. Set 'targets' >= 'inputs'.")
   task_vocabulary = tasks[0].output_features["targets"].vocabulary
   if task_vocabulary != model.output_vocabulary:
     raise ValueError(f"Task {tasks[0].name!r} tokenizes with {task_vocabulary} but the model "

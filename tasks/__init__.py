@@ -7,8 +7,10 @@
 | decal_cnn_dailymail, decal_arxiv, decal_pubmed, decal_mediasum | TFDS or local JSONL | the model's |
 | decal_squad, decal_triviaqa, decal_hotpotqa | TFDS or local JSONL (HotpotQA: local only) | the model's |
 | decal_builtin_qa | the built-in corpus: paragraph -> its section title | the model's |
+| decal_{builtin,c4}_autoencode, _continuation, _autoencode_continuation (1:1 mixture) | built-in corpus / TFDS c4 | built-in / T5 |
 
 Downstream tasks: see `downstream_tasks.py` for the local-file layout and field names.
 """
+from decal_jax.tasks import autoencoding_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import downstream_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import span_corruption_tasks  # noqa: F401  (registers the tasks)

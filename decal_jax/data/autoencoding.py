@@ -1,0 +1,38 @@
+"""Autoencoding and text continuation: the compression-training recipe of ICAE / COCOM that
+the DeCAL paper uses for CCProxy and for its "autoencode" ablation (mixed 1:1).
+
+Both read one stream of tokenized documents (back to back, as span corruption does) cut into
+chunks, with EOS appended after (`seqio.preprocessors.append_eos_after_trim`):
+
+- `autoencode`: chunks of inputs_length - 1 tokens; the target is the input itself.
+- `continuation`: chunks of (inputs_length - 1) + (targets_length - 1) tokens; the input is
+  the first inputs_length - 1 tokens, the target the rest. A short final chunk of L tokens
+  gives its last up to targets_length - 1 tokens to the target and at least one to the input.
+"""
+from typing import Mapping
+
+import tensorflow as tf
+
+
+def _token_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  return dataset.map(lambda ex: ex["targets"]).unbatch()  # scalar ids, documents back to back
+
+
+def autoencode(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+  """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'inputs': c, 'targets': c}."""
+  chunks = _token_stream(dataset).batch(sequence_length["inputs"] - 1)  # [<= inputs - 1]
+  return chunks.map(lambda c: {"inputs": c, "targets": c})
+
+
+def continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
+                 ) -> tf.data.Dataset:
+  """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'inputs': first part,
+  'targets': the next part}."""
+  prefix, rest = sequence_length["inputs"] - 1, sequence_length["targets"] - 1
+  chunks = _token_stream(dataset).batch(prefix + rest)  # [<= prefix + rest]
+
+  def split(chunk):
+    cut = tf.minimum(prefix, tf.maximum(1, tf.size(chunk) - rest))
+    return {"inputs": chunk[:cut], "targets": chunk[cut:]}
+
+  return chunks.filter(lambda c: tf.size(c) >= 2).map(split)
