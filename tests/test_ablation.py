@@ -1,0 +1,90 @@
+"""The ablation harness: its gin files, its refusals, and one tiny end-to-end run."""
+import dataclasses
+import json
+
+import pytest
+
+from decal_jax import ablation
+
+
+def test_every_budget_and_variant_file_loads_and_fits():
+  assert set(ablation.known("budgets")) >= {"smoke", "gpu"}
+  listed = set()
+  for name in ablation.known("budgets"):
+    budget = ablation.load_budget(name)
+    variants = ablation.load_variants(budget.variants)
+    ablation.check(budget, variants)
+    listed |= {v.name for v in variants}
+  assert listed == set(ablation.known("variants"))  # no variant file is left unused
+
+
+def test_dependencies_come_first():
+  order = [v.name for v in ablation.load_variants(["ccproxy_2x", "decal_2x_finetune_only"])]
+  assert order[0] == "baseline"
+  assert set(order) == {"baseline", "ccproxy_2x", "decal_2x_finetune_only"}
+
+
+def test_unknown_names_list_the_known_ones():
+  with pytest.raises(ValueError, match="Unknown variant 'decal_3x'; known: .*decal_2x.*"):
+    ablation.load_variants(["decal_3x"])
+  with pytest.raises(ValueError, match="Unknown budget 'huge'; known: gpu, smoke"):
+    ablation.load_budget("huge")
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(finetune_lengths={"inputs": 100, "targets": 16}), "not divisible by 8"),
+    (dict(pretrain_lengths={"inputs": 4, "targets": 32}), "ratio exceeds"),
+    (dict(pretrain_lengths={"inputs": 128, "targets": 20}), "targets'] >= 29"),
+    (dict(autoencode_lengths={"inputs": 128, "targets": 64}), "autoencoding needs")])
+def test_budgets_that_cannot_fit_are_refused_before_training(change, match):
+  budget = dataclasses.replace(ablation.load_budget("smoke"), **change)
+  with pytest.raises(ValueError, match=match):
+    ablation.check(budget, ablation.load_variants(budget.variants))
+
+
+TINY_BUDGET = """
+Budget.variants = ['ccproxy_2x', 'decal_2x_finetune_only']
+Budget.model_gin = 'experiments/models/mini.gin'
+Budget.pretrain_steps = 2
+Budget.finetune_steps = 2
+Budget.batch_size = 4
+Budget.pretrain_lengths = {'inputs': 32, 'targets': 12}
+Budget.autoencode_lengths = {'inputs': 32, 'targets': 32}
+Budget.finetune_lengths = {'inputs': 64, 'targets': 8}
+Budget.warmup_steps = 1
+Budget.eval_batches = 1
+Budget.max_predict_examples = 8
+"""
+
+
+def test_a_tiny_ablation_runs_resumes_and_reports(tmp_path, capsys):
+  path = tmp_path / "tiny.gin"
+  path.write_text(TINY_BUDGET)
+  budget = ablation.load_budget(str(path))
+  variants = ablation.load_variants(budget.variants)
+  ablation.check(budget, variants)
+  work = tmp_path / "work"
+  results = [ablation.run_variant(budget, v, work) for v in variants]
+  out = capsys.readouterr().out
+  # CCProxy pretrains from the baseline: only its memory table is new.
+  assert "Starting from" in out and "1 newly initialised" in out
+  by_name = {r["name"]: r for r in results}
+  assert set(by_name) == {"baseline", "ccproxy_2x", "decal_2x_finetune_only"}
+  assert "pretrain" not in by_name["decal_2x_finetune_only"]["seconds"]
+  for r in results:
+    assert 0 <= r["metrics"]["em"] <= r["metrics"]["f1"] <= 100
+    assert (work / r["name"] / "finetune" / "eval_results").is_dir()
+  # FLOPs against the baseline: the 2x variants read half as many keys in cross-attention.
+  text = ablation.table(budget, results)
+  rows = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}
+  assert "| 1.00x | 1.00x |" in rows["Baseline"]
+  assert " 1.00x" not in rows["CCProxy 2x"].split("|")[7]
+  ablation.plot(budget, results, tmp_path / "plot.png")
+  assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+  # A rerun skips finished variants; a variant without its result.json resumes its stages.
+  (work / "ccproxy_2x" / "result.json").unlink()
+  again = [ablation.run_variant(budget, v, work) for v in variants]
+  out = capsys.readouterr().out
+  assert out.count("done before") == 2 and "Resuming from step 2" in out
+  assert json.loads((work / "ccproxy_2x" / "result.json").read_text())["metric"] == \
+      again[1]["metric"]

@@ -1,0 +1,99 @@
+# python tools/ablate.py --budget smoke
+"""Trains every variant of gin/experiments/variants/ under one budget
+(gin/experiments/budgets/<budget>.gin), evaluates each on the same held-out data and writes
+a Markdown table (printed, and saved to --out) plus a plot of the fine-tune metric against the
+compression ratio (--out with .png).
+
+  python tools/ablate.py --budget smoke                  # every variant the budget lists
+  python tools/ablate.py --budget smoke --variants baseline decal_2x ccproxy_2x
+  python tools/ablate.py --list                          # known budgets and variants
+
+Runs live under --work (default runs/ablate/<budget>); rerunning the command skips finished
+variants and resumes unfinished ones from their checkpoints. A new variant is a new gin
+file under gin/experiments/variants/, not new code (see decal_jax/ablation.py).
+"""
+import argparse
+import datetime
+import os
+import pathlib
+import platform
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from decal_jax import ablation  # noqa: E402
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--budget", default="smoke")
+  p.add_argument("--variants", nargs="+", help="default: the budget's list")
+  p.add_argument("--work", type=pathlib.Path, help="default: runs/ablate/<budget>")
+  p.add_argument("--out", type=pathlib.Path,
+                 help="Markdown table path (default docs/results/ablation_<budget>.md); the "
+                      "plot goes next to it as .png")
+  p.add_argument("--list", action="store_true", help="list budgets and variants, then exit")
+  a = p.parse_args(argv)
+  if a.list:
+    print("budgets: " + ", ".join(ablation.known("budgets")))
+    print("variants: " + ", ".join(ablation.known("variants")))
+    return
+  try:
+    budget = ablation.load_budget(a.budget)
+    variants = ablation.load_variants(a.variants or budget.variants)
+    ablation.check(budget, variants)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  work = a.work or REPO / "runs" / "ablate" / budget.name
+  out = a.out or REPO / "docs" / "results" / f"ablation_{budget.name}.md"
+  start = time.time()
+  results = []
+  for i, v in enumerate(variants, 1):
+    print(f"\n=== [{i}/{len(variants)}] {v.label} ({v.name}) ===", flush=True)
+    results.append(ablation.run_variant(budget, v, work))
+  minutes = (time.time() - start) / 60
+  table = ablation.table(budget, results)
+  print("\n" + table)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  ablation.plot(budget, results, out.with_suffix(".png"))
+  out.write_text(report(a, budget, table, minutes, out.with_suffix(".png").name))
+  print(f"\nwrote {out} and {out.with_suffix('.png')} ({minutes:.1f} min this invocation)")
+
+
+def report(a, budget, table: str, minutes: float, png: str) -> str:
+  cmd = "python tools/ablate.py --budget " + budget.name + (
+      " --variants " + " ".join(a.variants) if a.variants else "")
+  return f"""# Ablations, budget '{budget.name}'
+
+Command: `{cmd}`
+Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} (JAX backend: {_backend()})
+Date: {datetime.date.today().isoformat()}; this invocation took {minutes:.1f} min (finished
+variants from earlier invocations are reused and keep their own wall times).
+
+Budget (gin/experiments/budgets/{budget.name}.gin): model `{budget.model_gin}`, pretraining
+{budget.pretrain_steps} steps ({budget.span_corruption_task} {dict(budget.pretrain_lengths)} or
+{budget.autoencode_task} {dict(budget.autoencode_lengths)}), fine-tuning {budget.finetune_steps}
+steps on {budget.finetune_task} {dict(budget.finetune_lengths)}, batch {budget.batch_size},
+seed {budget.seed}. EM / F1 over the validation split, greedy decoding. "pretrain acc" is
+the held-out target-token accuracy of the variant's own pretraining task (so the
+autoencode rows are not comparable with the span-corruption rows). FLOPs are per example at
+the fine-tuning lengths, relative to the baseline (decal_jax/flops.py). CCProxy continues
+from the baseline's pretrained checkpoint, so it has had twice the pretraining steps.
+
+{table}
+
+![metric against compression ratio]({png})
+"""
+
+
+def _backend() -> str:
+  import jax
+  return jax.default_backend()
+
+
+if __name__ == "__main__":
+  main()
