@@ -155,27 +155,13 @@ class Encoder(nn.Module):
     valid = tokens > 0  # [batch, n]
     x = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, n, embed]
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
-    seg, n = segment_ids, tokens.shape[1]
-    num_latents = 0
-    causal = False
+    n, num_latents, causal = tokens.shape[1], 0, False
+    seg = segment_ids
     if cfg.compressed and cfg.compressor == "latents":
-      lat = DecalLatents(cfg.latent_config(), cfg.dtype, name="latents")(
-          x, tokens, positions, segment_ids)
-      num_latents = lat.embeddings.shape[1]
-      x = jnp.concatenate([lat.embeddings, x], axis=1)  # [batch, m + n, embed]
-      valid = jnp.concatenate([lat.valid, valid], axis=1)
-      positions = jnp.concatenate([lat.positions, positions], axis=1)
-      if segment_ids is not None:
-        seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)
+      x, valid, positions, seg, num_latents = self._prepend_latents(x, tokens, positions,
+                                                                    segment_ids)
     elif cfg.compressed and cfg.compressor == "memory_tokens":
-      if segment_ids is not None:
-        raise ValueError("CCProxy memory tokens need unpacked, right-padded inputs; set "
-                         "DatasetConfig.pack = False.")
-      mem = MemoryTokens(cfg.compression_ratio, cfg.max_memory_tokens, cfg.dtype,
-                         name="memory")(tokens, x.shape[-1])
-      x = jnp.concatenate([x, mem.embeddings], axis=1)  # [batch, n + m, embed]
-      valid = jnp.concatenate([valid, mem.valid], axis=1)
-      positions = jnp.concatenate([positions, mem.positions], axis=1)
+      x, valid, positions = self._append_memory(x, tokens, positions, segment_ids)
       causal = True
     x = with_sharding_constraint(x, ("batch", "length", "embed"))
 
@@ -199,6 +185,31 @@ class Encoder(nn.Module):
     pooled = AttnPool(cfg.compression_ratio, cfg.num_heads, cfg.head_dim, cfg.dtype,
                       name="attn_pool")(x, tokens, positions, segment_ids)
     return pooled.embeddings, pooled.valid
+
+  def _prepend_latents(self, x, tokens, positions, segment_ids):
+    """DeCAL: [latents; tokens] -> (x `[batch, m + n, embed]`, valid, positions, segment ids,
+    m)."""
+    cfg = self.config
+    lat = DecalLatents(cfg.latent_config(), cfg.dtype, name="latents")(
+        x, tokens, positions, segment_ids)
+    seg = None
+    if segment_ids is not None:
+      seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)
+    return (jnp.concatenate([lat.embeddings, x], axis=1),  # [batch, m + n, embed]
+            jnp.concatenate([lat.valid, tokens > 0], axis=1),
+            jnp.concatenate([lat.positions, positions], axis=1), seg, lat.embeddings.shape[1])
+
+  def _append_memory(self, x, tokens, positions, segment_ids):
+    """CCProxy: [tokens; memory] -> (x `[batch, n + m, embed]`, valid, positions)."""
+    cfg = self.config
+    if segment_ids is not None:
+      raise ValueError("CCProxy memory tokens need unpacked, right-padded inputs; set "
+                       "DatasetConfig.pack = False.")
+    mem = MemoryTokens(cfg.compression_ratio, cfg.max_memory_tokens, cfg.dtype,
+                       name="memory")(tokens, x.shape[-1])
+    return (jnp.concatenate([x, mem.embeddings], axis=1),  # [batch, n + m, embed]
+            jnp.concatenate([tokens > 0, mem.valid], axis=1),
+            jnp.concatenate([positions, mem.positions], axis=1))
 
 
 def encoded_validity(config: T5Config, encoder_input_tokens: Array,
