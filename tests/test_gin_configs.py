@@ -42,7 +42,10 @@ def test_all_gin_files_are_covered_here():
   covered = (set(MODEL_FILES) | {"models/t5_1_1.gin", "models/decal.gin"} | set(T5X_FILES) |
              {"runs/pretrain_builtin.gin", "runs/eval_builtin.gin", "runs/infer_builtin.gin",
               "runs/pretrain.gin", "runs/eval.gin", "runs/infer.gin",
-              "runs/finetune.gin", "runs/finetune_builtin.gin"})
+              "runs/finetune.gin", "runs/finetune_builtin.gin"} |
+             # tests/test_ablation.py loads every budget and variant and trains with mini.gin
+             {f"experiments/{kind}/{p.name}" for kind in ("budgets", "variants", "models")
+              for p in (GIN_DIR / "experiments" / kind).glob("*.gin")})
   every = {str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin")}
   missing = every - covered
   assert not missing, f"gin files no test builds: {sorted(missing)}"
@@ -91,6 +94,17 @@ def test_tiny_and_decal_tiny_build_and_run():
 def test_compression_ratio_binding_from_the_command_line():
   _parse("models/t5_1_1_tiny.gin", "models/decal.gin", bindings=["COMPRESSION_RATIO = 8"])
   assert _build_model().module.config.compression_ratio == 8
+
+
+@pytest.mark.parametrize("compressor,scope", [("attn_pool", "attn_pool"),
+                                              ("memory_tokens", "memory")])
+def test_baselines_are_one_binding_away(compressor, scope):
+  _parse("models/t5_1_1_tiny.gin", "models/decal.gin",
+         bindings=[f"COMPRESSOR = '{compressor}'", "COMPRESSION_RATIO = 2"])
+  model = _build_model()
+  assert model.module.config.compressor == compressor
+  _, shapes = _model_param_count(model)
+  assert scope in shapes["params"]["encoder"] and "latents" not in shapes["params"]["encoder"]
 
 
 # --------------------------------------------------------------------------- T5X configs
