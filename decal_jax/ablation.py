@@ -97,6 +97,7 @@ def _load(kind: str, name: str, cls):
     raise ValueError(f"Unknown {kind[:-1]} {name!r}; known: {', '.join(known(kind))} "
                      f"(files in {path.parent}).")
   gin.clear_config()
+  gin.add_config_file_search_path(str(gin_utils.REPO_GIN_DIR))  # for `include` lines
   gin.parse_config_file(str(path))
   try:
     return dataclasses.replace(gin.get_configurable(cls)(), name=name)
@@ -226,9 +227,29 @@ def _run_stage(stage: str, files: Sequence[str], bindings: Sequence[str]):
   return gin.get_configurable(trainer.train)(gin_config_text=gin.config_str()), config
 
 
+def claim(work: pathlib.Path, budget: Budget) -> None:
+  """Records the budget in WORK/budget.json, or refuses a WORK made under another budget
+  (its finished variants would be reused as if they had been trained under this one)."""
+  record = work / "budget.json"
+  mine = json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(budget, variants=()))))
+  if record.exists():
+    theirs = json.loads(record.read_text())
+    changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if changed:
+      raise ValueError(f"{work} holds runs made under another budget (differs in: "
+                       f"{', '.join(changed)}). Use another --work folder, or delete {work} "
+                       "to start over.")
+    return
+  work.mkdir(parents=True, exist_ok=True)
+  tmp = record.with_suffix(".tmp")
+  tmp.write_text(json.dumps(mine, indent=1))
+  os.replace(tmp, record)
+
+
 def run_variant(budget: Budget, v: Variant, work: pathlib.Path,
                 log=print) -> Dict[str, object]:
-  """Runs (or resumes) one variant's stages; returns and writes WORK/<name>/result.json."""
+  """Runs (or resumes) one variant's stages; returns and writes WORK/<name>/result.json.
+  Call `claim(work, budget)` first."""
   done = work / v.name / "result.json"
   if done.exists():
     log(f"{v.label}: done before ({done}); skipping.")
@@ -290,11 +311,13 @@ def plot(budget: Budget, results: Sequence[Mapping[str, object]], path: pathlib.
   families = [f for f in dict.fromkeys(r["family"] for r in results) if f != "baseline"]
   for family in families:
     rows = sorted((r for r in results if r["family"] == family), key=lambda r: r["ratio"])
-    style = "o-" if len(rows) > 1 else "s"
-    ax.plot([r["ratio"] for r in rows], [r["metric"] for r in rows], style, label=family)
-    if len(rows) == 1:
-      ax.annotate(rows[0]["label"], (rows[0]["ratio"], rows[0]["metric"]), fontsize=7,
-                  xytext=(4, 4), textcoords="offset points")
+    as_line = len({r["ratio"] for r in rows}) == len(rows) > 1  # one point per ratio
+    points = ax.plot([r["ratio"] for r in rows], [r["metric"] for r in rows],
+                     "o-" if as_line else "s", label=family)
+    if not as_line:
+      for r in rows:
+        ax.annotate(r["label"], (r["ratio"], r["metric"]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points", color=points[0].get_color())
   ax.set_xscale("log", base=2)
   ax.set_xlabel("compression ratio C")
   ax.set_ylabel(f"{budget.finetune_task} {budget.finetune_metric.upper()}")

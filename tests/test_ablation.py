@@ -64,6 +64,7 @@ def test_a_tiny_ablation_runs_resumes_and_reports(tmp_path, capsys):
   variants = ablation.load_variants(budget.variants)
   ablation.check(budget, variants)
   work = tmp_path / "work"
+  ablation.claim(work, budget)
   results = [ablation.run_variant(budget, v, work) for v in variants]
   out = capsys.readouterr().out
   # CCProxy pretrains from the baseline: only its memory table is new.
@@ -88,3 +89,7 @@ def test_a_tiny_ablation_runs_resumes_and_reports(tmp_path, capsys):
   assert out.count("done before") == 2 and "Resuming from step 2" in out
   assert json.loads((work / "ccproxy_2x" / "result.json").read_text())["metric"] == \
       again[1]["metric"]
+  # The same folder under a different budget is refused, naming what changed.
+  ablation.claim(work, budget)
+  with pytest.raises(ValueError, match="another budget .*finetune_steps.*another --work"):
+    ablation.claim(work, dataclasses.replace(budget, finetune_steps=3))

@@ -9,7 +9,8 @@ compression ratio (--out with .png).
   python tools/ablate.py --list                          # known budgets and variants
 
 Runs live under --work (default runs/ablate/<budget>); rerunning the command skips finished
-variants and resumes unfinished ones from their checkpoints. A new variant is a new gin
+variants and resumes unfinished ones from their checkpoints. A --work folder made under a
+different budget is refused (its results would not be comparable). A new variant is a new gin
 file under gin/experiments/variants/, not new code (see decal_jax/ablation.py).
 """
 import argparse
@@ -46,9 +47,10 @@ def main(argv=None):
     budget = ablation.load_budget(a.budget)
     variants = ablation.load_variants(a.variants or budget.variants)
     ablation.check(budget, variants)
+    work = a.work or REPO / "runs" / "ablate" / budget.name
+    ablation.claim(work, budget)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  work = a.work or REPO / "runs" / "ablate" / budget.name
   out = a.out or REPO / "docs" / "results" / f"ablation_{budget.name}.md"
   start = time.time()
   results = []
@@ -60,19 +62,21 @@ def main(argv=None):
   print("\n" + table)
   out.parent.mkdir(parents=True, exist_ok=True)
   ablation.plot(budget, results, out.with_suffix(".png"))
-  out.write_text(report(a, budget, table, minutes, out.with_suffix(".png").name))
+  total = sum(sum(r["seconds"].values()) for r in results) / 60
+  out.write_text(report(a, budget, table, total, out.with_suffix(".png").name))
   print(f"\nwrote {out} and {out.with_suffix('.png')} ({minutes:.1f} min this invocation)")
 
 
-def report(a, budget, table: str, minutes: float, png: str) -> str:
+def report(a, budget, table: str, total_minutes: float, png: str) -> str:
   cmd = "python tools/ablate.py --budget " + budget.name + (
       " --variants " + " ".join(a.variants) if a.variants else "")
   return f"""# Ablations, budget '{budget.name}'
 
 Command: `{cmd}`
 Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} (JAX backend: {_backend()})
-Date: {datetime.date.today().isoformat()}; this invocation took {minutes:.1f} min (finished
-variants from earlier invocations are reused and keep their own wall times).
+Date: {datetime.date.today().isoformat()}. The variants' stages took {total_minutes:.1f} min in all
+(the "wall" column; process start-up not included; variants finished by an earlier
+invocation keep the wall time they had then).
 
 Budget (gin/experiments/budgets/{budget.name}.gin): model `{budget.model_gin}`, pretraining
 {budget.pretrain_steps} steps ({budget.span_corruption_task} {dict(budget.pretrain_lengths)} or
