@@ -27,7 +27,7 @@ setuptools.setup(
         "rouge-score>=0.1.2,<0.2",  # ROUGE of the summarization tasks
     ],
     extras_require={
-        "test": ["pytest>=8,<10"],
+        "test": ["pytest>=8,<10", "matplotlib>=3.8,<4"],  # tests draw the ablation plot
         "plot": ["matplotlib>=3.8,<4"],
         # T5X is not on the package index; users with network access can add it from git.
         "t5x": ["t5x @ git+https://github.com/google-research/t5x"],

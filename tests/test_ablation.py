@@ -27,7 +27,7 @@ def test_dependencies_come_first():
 def test_unknown_names_list_the_known_ones():
   with pytest.raises(ValueError, match="Unknown variant 'decal_3x'; known: .*decal_2x.*"):
     ablation.load_variants(["decal_3x"])
-  with pytest.raises(ValueError, match="Unknown budget 'huge'; known: gpu, smoke"):
+  with pytest.raises(ValueError, match="Unknown budget 'huge'; known: cpu, gpu, smoke"):
     ablation.load_budget("huge")
 
 

@@ -15,6 +15,7 @@ file under gin/experiments/variants/, not new code (see decal_jax/ablation.py).
 """
 import argparse
 import datetime
+import importlib.util
 import os
 import pathlib
 import platform
@@ -38,11 +39,15 @@ def main(argv=None):
                  help="Markdown table path (default docs/results/ablation_<budget>.md); the "
                       "plot goes next to it as .png")
   p.add_argument("--list", action="store_true", help="list budgets and variants, then exit")
+  p.add_argument("--no-plot", action="store_true", help="write the table only (no matplotlib)")
   a = p.parse_args(argv)
   if a.list:
     print("budgets: " + ", ".join(ablation.known("budgets")))
     print("variants: " + ", ".join(ablation.known("variants")))
     return
+  if not a.no_plot and importlib.util.find_spec("matplotlib") is None:
+    sys.exit('error: the plot needs matplotlib: pip install -e ".[plot]" (or pass --no-plot). '
+             "Checked before training so no run is lost.")
   try:
     budget = ablation.load_budget(a.budget)
     variants = ablation.load_variants(a.variants or budget.variants)
@@ -61,10 +66,13 @@ def main(argv=None):
   table = ablation.table(budget, results)
   print("\n" + table)
   out.parent.mkdir(parents=True, exist_ok=True)
-  ablation.plot(budget, results, out.with_suffix(".png"))
+  png = None if a.no_plot else out.with_suffix(".png")
+  if png:
+    ablation.plot(budget, results, png)
   total = sum(sum(r["seconds"].values()) for r in results) / 60
-  out.write_text(report(a, budget, table, total, out.with_suffix(".png").name))
-  print(f"\nwrote {out} and {out.with_suffix('.png')} ({minutes:.1f} min this invocation)")
+  out.write_text(report(a, budget, table, total, png.name if png else None))
+  print(f"\nwrote {out}" + (f" and {png}" if png else "") +
+        f" ({minutes:.1f} min this invocation)")
 
 
 def report(a, budget, table: str, total_minutes: float, png: str) -> str:
@@ -89,9 +97,7 @@ the fine-tuning lengths, relative to the baseline (decal_jax/flops.py). CCProxy 
 from the baseline's pretrained checkpoint, so it has had twice the pretraining steps.
 
 {table}
-
-![metric against compression ratio]({png})
-"""
+""" + (f"\n![metric against compression ratio]({png})\n" if png else "")
 
 
 def _backend() -> str:
