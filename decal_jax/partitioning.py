@@ -30,6 +30,10 @@ def standard_logical_axis_rules() -> LogicalRules:
       ("embed", None),
       ("length", None),
       ("relpos_buckets", None),
+      ("kv_heads", None),   # grouped-query K/V heads: often fewer than the model axis
+      ("lora_rank", None),
+      ("embed_in", None),   # LoRA factors' flattened input / output features
+      ("embed_out", None),
   )
 
 

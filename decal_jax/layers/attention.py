@@ -196,3 +196,20 @@ class MultiHeadAttention(nn.Module):
     filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
     step_bias = mask_to_bias(filled.astype(jnp.float32), self.dtype)
     return cached_key.value, cached_value.value, combine_biases(bias, step_bias)
+
+
+# ------------------------------------------------------------------ rotary embeddings
+def apply_rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
+  """Rotary position embedding (LLaMA / Hugging Face "rotate half" layout).
+
+  x `[batch, length, heads, head_dim]`, positions `[batch, length]` -> same shape as x.
+  Channel i and i + head_dim/2 form a pair rotated by `position * theta^(-2i / head_dim)`.
+  """
+  half = x.shape[-1] // 2
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+  angles = positions.astype(jnp.float32)[:, :, None] * inv_freq  # [batch, length, half]
+  cos = jnp.cos(angles)[:, :, None, :]  # [batch, length, 1, half]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)

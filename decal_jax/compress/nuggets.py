@@ -1,0 +1,120 @@
+"""Dodo's nuggets (dodo.md §2): score every token, keep a subset of its hidden states.
+
+* `Scorer`: a 2-layer FFN on the layer-ι hidden states -> one score per token.
+* `select_topk` (compressor mode, §2.3): k_b = ceil(n_b / r) of each row's n_b real tokens,
+  the highest scores first, the last real token always kept, padding never; ties go to the
+  earlier token. The kept indices come back in text order.
+* `calibrate_threshold` / `select_threshold` (autoregressive mode, §2.2): a token is a nugget
+  when its score exceeds Λ, with Λ the (1 - 1/r) quantile of scores on sample text.
+* `straight_through`: `s - stop_gradient(s)`, zero in the forward pass, added to every
+  attention logit toward a nugget so the scorer learns from the LM loss alone (§2.4).
+* `segment_means`: the Compressive Transformer baseline — the mean of each fixed segment
+  of r tokens (at every layer), at the same ratio.
+"""
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decal_jax.layers.core import Array, DenseGeneral, DType
+
+
+class Selection(NamedTuple):
+  indices: Array  # [batch, k] int32 token indices, ascending among the valid ones
+  valid: Array    # [batch, k] bool: slot j < k_b
+
+
+def nugget_count(n: int, ratio: float) -> int:
+  """k = ceil(n / r) (at least 1 for a non-empty text)."""
+  check_ratio(ratio)
+  return max(1, int(np.ceil(n / ratio))) if n > 0 else 0
+
+
+def check_ratio(ratio: float) -> None:
+  if not ratio >= 1:
+    raise ValueError(f"The compression ratio r must be >= 1 (r tokens per nugget), got "
+                     f"{ratio}.")
+
+
+class Scorer(nn.Module):
+  """`[batch, n, embed]` -> `[batch, n]` scores: Dense(embed) -> ReLU -> Dense(1)."""
+  hidden_dim: int
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    h = nn.relu(DenseGeneral(self.hidden_dim, kernel_axes=("embed", "mlp"), dtype=self.dtype,
+                             name="hidden")(x))  # [batch, n, hidden]
+    s = DenseGeneral(1, kernel_axes=("mlp", "embed_out"), dtype=jnp.float32,
+                     name="score")(h)  # [batch, n, 1]
+    return s[..., 0].astype(jnp.float32)
+
+
+def select_topk(scores: Array, tokens: Array, ratio: float) -> Selection:
+  """Compressor-mode selection for right-padded `tokens` `[batch, n]` (0 = padding)."""
+  batch, n = tokens.shape
+  k = nugget_count(n, ratio)
+  real = tokens > 0  # [batch, n]
+  length = jnp.sum(real, axis=1)  # [batch]
+  is_last = jnp.arange(n)[None, :] == (length - 1)[:, None]  # [batch, n]
+  ranked = jnp.where(real, scores, -jnp.inf)
+  ranked = jnp.where(is_last, jnp.inf, ranked)  # the last real token is always a nugget
+  _, top = jax.lax.top_k(jax.lax.stop_gradient(ranked), k)  # [batch, k]; ties: lower index
+  k_b = jnp.ceil(length / ratio).astype(jnp.int32)  # [batch]
+  valid = jnp.arange(k)[None, :] < k_b[:, None]  # [batch, k]
+  # Text order for the kept slots; dropped slots sort after them.
+  order_key = jnp.where(valid, top, n + jnp.arange(k)[None, :])
+  order = jnp.argsort(order_key, axis=1)
+  indices = jnp.take_along_axis(top, order, axis=1).astype(jnp.int32)
+  return Selection(indices, jnp.take_along_axis(valid, order, axis=1))
+
+
+def calibrate_threshold(scores: np.ndarray, valid: np.ndarray, ratio: float) -> float:
+  """Λ such that about 1/r of the valid scores exceed it (the (1 - 1/r) quantile)."""
+  check_ratio(ratio)
+  values = np.asarray(scores, np.float64)[np.asarray(valid, bool)]
+  if values.size == 0:
+    raise ValueError("No valid token scores to calibrate the threshold on: pass sample text "
+                     "with real (non-padding) tokens.")
+  return float(np.quantile(values, 1.0 - 1.0 / ratio))
+
+
+def select_threshold(scores: Array, valid: Array, threshold: float) -> Array:
+  """Autoregressive-mode selection: `[batch, n]` bool, score > Λ on real tokens only."""
+  return jnp.logical_and(valid, scores > threshold)
+
+
+def straight_through(scores: Array) -> Array:
+  """Zero in value, identity in gradient: `s - stop_gradient(s)`."""
+  return scores - jax.lax.stop_gradient(scores)
+
+
+def gather(states: Array, indices: Array) -> Array:
+  """states `[layers, batch, n, embed]`, indices `[batch, k]` -> `[layers, batch, k, embed]`."""
+  return jnp.take_along_axis(states, indices[None, :, :, None], axis=2)
+
+
+def segment_means(states: Array, tokens: Array, ratio: int):
+  """Compressive Transformer: mean of each r-token segment's real states, at every layer.
+
+  states `[layers, batch, n, embed]` -> (`[layers, batch, k, embed]`, positions `[batch, k]`
+  = the segment's last real token, valid `[batch, k]`), k = ceil(n / r).
+  """
+  if int(ratio) != ratio:
+    raise ValueError(f"Compressive pooling needs an integer ratio, got {ratio}.")
+  ratio = int(ratio)
+  layers, batch, n, embed = states.shape
+  k = nugget_count(n, ratio)
+  pad = k * ratio - n
+  real = jnp.pad(tokens > 0, ((0, 0), (0, pad))).reshape(batch, k, ratio)  # [b, k, r]
+  padded = jnp.pad(states, ((0, 0), (0, 0), (0, pad), (0, 0)))
+  windows = padded.reshape(layers, batch, k, ratio, embed)
+  weights = real.astype(states.dtype)[None, ..., None]  # [1, b, k, r, 1]
+  count = jnp.maximum(jnp.sum(real, axis=-1), 1)  # [b, k]
+  means = jnp.sum(windows * weights, axis=3) / count[None, :, :, None].astype(states.dtype)
+  index = jnp.arange(k * ratio).reshape(k, ratio)[None]  # [1, k, r]
+  last = jnp.max(jnp.where(real, index, -1), axis=-1)  # [b, k]
+  valid = last >= 0
+  return means, jnp.maximum(last, 0).astype(jnp.int32), valid

@@ -1,0 +1,193 @@
+"""Dodo as a context compressor (dodo.md §2.3): a decoder-only LM that reads its context
+through a learned subset of that context's token states — nuggets — at every layer.
+
+encode: the context runs causally through the decoder (compressing adapter ϕ); a scorer on
+  layer-ι features (base model, adapters off) picks k = ceil(n / r) tokens (the last always);
+  their hidden states at every layer, projected by the decoding adapter's keys/values, are
+  the whole compressed context: `Nuggets` holds `[layers, batch, k, kv_heads, head_dim]`
+  keys and values, which is also the KV cache generation starts from.
+decode: target tokens (decoding adapter θ) attend at every layer to [that layer's nuggets;
+  earlier targets]; logits toward nugget i get `s_i - stop_gradient(s_i)` (§2.4).
+
+`selection='compressive'` swaps the scorer for the Compressive Transformer baseline: the
+mean of every r-token segment's states, at the same ratio. The module has T5X
+`EncoderDecoderModel`'s signatures (`encode`, `decode`, `__call__`), so
+`models.EncoderDecoderModel` trains, scores and decodes it like the T5 networks.
+"""
+import dataclasses
+from typing import NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from decal_jax.compress import nuggets as nug
+from decal_jax.layers import attention as attn
+from decal_jax.layers.core import Array, param_with_axes
+from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
+                                        check_positions, StepCounter)
+
+ADAPTERS = ("compress", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class DodoConfig:
+  """Dodo on top of a decoder. Defaults follow the paper: ι = 3, r = 10, LoRA on a frozen base."""
+  decoder: DecoderConfig = DecoderConfig()
+  compression_ratio: float = 10.0
+  selection: str = "nuggets"        # or 'compressive' (mean-pooled segments baseline)
+  scorer_layer: int = 3             # ι: the scorer reads the states after this many layers
+  scorer_hidden_dim: Optional[int] = None  # None = emb_dim (the paper's 2-layer FFN)
+  soft_prompt: bool = True          # a learned vector in place of BOS (autoencoding signal)
+
+  def __post_init__(self):
+    nug.check_ratio(self.compression_ratio)
+    if self.selection not in ("nuggets", "compressive"):
+      raise ValueError(f"DodoConfig.selection must be 'nuggets' or 'compressive', got "
+                       f"{self.selection!r}.")
+    if not 1 <= self.scorer_layer <= self.decoder.num_layers:
+      raise ValueError(f"scorer_layer (ι) = {self.scorer_layer} must lie in [1, "
+                       f"{self.decoder.num_layers}] (the decoder's layers).")
+
+  @property
+  def network_config(self) -> DecoderConfig:
+    """The decoder with Dodo's two adapters when LoRA is on (rank > 0)."""
+    adapters = ADAPTERS if self.decoder.lora_rank > 0 else ()
+    return dataclasses.replace(self.decoder, lora_adapters=adapters)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.decoder.vocab_size
+
+
+class Nuggets(NamedTuple):
+  """A compressed context: per-layer nugget keys/values and where they came from."""
+  keys: Array       # [layers, batch, k, kv_heads, head_dim]
+  values: Array     # [layers, batch, k, kv_heads, head_dim]
+  valid: Array      # [batch, k] bool
+  positions: Array  # [batch, k] int32 token positions (RoPE)
+  scores: Array     # [batch, k] float32 scorer output of each kept token (0: compressive)
+  indices: Array    # [batch, k] int32 kept token indices (segment end: compressive)
+
+
+class Dodo(nn.Module):
+  config: DodoConfig
+
+  def setup(self):
+    cfg = self.config
+    self.stack = DecoderStack(cfg.network_config)
+    self.step_counter = StepCounter()
+    self.scorer = nug.Scorer(cfg.scorer_hidden_dim or cfg.decoder.emb_dim)
+    if cfg.soft_prompt:
+      self.soft_prompt = param_with_axes("soft_prompt", nn.initializers.normal(0.02),
+                                         (cfg.decoder.emb_dim,), jnp.float32, axes=("embed",))
+
+  def _adapter(self, name: str) -> Optional[str]:
+    return name if self.config.network_config.lora_adapters else None
+
+  # ------------------------------------------------------------------------- encode
+  def score(self, tokens: Array) -> Array:
+    """Scorer output `[batch, n]` for right-padded tokens (base features: adapters off)."""
+    positions, bias = self._context_layout(tokens)
+    x = self.stack(self.stack.embed(tokens), positions, bias, upto=self.config.scorer_layer)
+    return self.scorer(jax.lax.stop_gradient(x))
+
+  def _context_layout(self, tokens: Array):
+    batch, n = tokens.shape
+    check_positions(self.config.decoder, n, "encoder_input_tokens")
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+    return positions, causal_bias(positions, None, self.config.decoder.dtype)
+
+  def encode(self, encoder_input_tokens: Array, encoder_segment_ids=None,
+             encoder_positions=None, *, enable_dropout: bool = True) -> Nuggets:
+    """Right-padded context `[batch, n]` -> `Nuggets` (k = ceil(n / r) slots)."""
+    del encoder_positions  # contexts are unpacked; positions are 0..n-1
+    tokens = _check_tokens(encoder_input_tokens, "encoder_input_tokens")
+    if encoder_segment_ids is not None:
+      raise ValueError("Dodo compresses one context per row: packed inputs "
+                       "(encoder_segment_ids) are not supported; use pack=False.")
+    cfg = self.config
+    positions, bias = self._context_layout(tokens)
+    final, states = self.stack(self.stack.embed(tokens), positions, bias,
+                           adapter=self._adapter("compress"),
+                           deterministic=not enable_dropout,
+                           return_layer_inputs=True)  # [layers, b, n, embed]
+    if cfg.selection == "compressive":
+      kept, kept_positions, valid = nug.segment_means(states, tokens, cfg.compression_ratio)
+      scores = jnp.zeros(valid.shape, jnp.float32)
+      indices = kept_positions
+    else:
+      if cfg.network_config.lora_adapters:
+        all_scores = self.score(tokens)  # [batch, n]
+      else:  # full fine-tuning: no adapter-free model, read the compressing pass
+        features = (states[cfg.scorer_layer] if cfg.scorer_layer < len(states) else final)
+        all_scores = self.scorer(jax.lax.stop_gradient(features))
+      selection = nug.select_topk(all_scores, tokens, cfg.compression_ratio)
+      kept = nug.gather(states, selection.indices)  # [layers, b, k, embed]
+      kept_positions, valid, indices = selection.indices, selection.valid, selection.indices
+      scores = jnp.take_along_axis(all_scores, selection.indices, axis=1)
+    keys, values = [], []
+    for layer, z in zip(self.stack.layers, kept):
+      k, v = layer.memory_kv(z, kept_positions, self._adapter("decode"))
+      keys.append(k)
+      values.append(v)
+    return Nuggets(jnp.stack(keys), jnp.stack(values), valid, kept_positions, scores, indices)
+
+  # ------------------------------------------------------------------------- decode
+  def decode(self, encoded: Nuggets, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
+             decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
+             max_decode_length: Optional[int] = None, prefill: bool = False,
+             prefill_lengths: Optional[Array] = None) -> Array:
+    """Logits `[batch, t, vocab]` of the targets given the nuggets from `encode`."""
+    del decoder_target_tokens, decoder_positions, max_decode_length
+    if prefill or prefill_lengths is not None:
+      raise ValueError("Dodo decodes from the nuggets and an empty target prefix; prefill "
+                       "belongs to decoder-only models.")
+    if decoder_segment_ids is not None and not decode:
+      raise ValueError("Packed targets (decoder_segment_ids) are not supported; pack=False.")
+    cfg = self.config
+    tokens = decoder_input_tokens
+    batch, length = tokens.shape
+    context_length = jnp.sum(encoder_input_tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
+    y = self.stack.embed(tokens)  # [batch, t, embed]
+    if decode and self.has_variable("cache", "step_counter"):
+      offsets, index = self.step_counter(batch)  # [batch, 1]
+      self_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
+    else:
+      check_positions(cfg.decoder, encoder_input_tokens.shape[1] + length,
+                      "context + targets")
+      offsets = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+      self_bias, index = causal_bias(offsets, None, cfg.decoder.dtype), None
+      if decode:
+        self.step_counter(batch, advance=0)
+    if cfg.soft_prompt:  # the first target slot (BOS) carries the learned prompt
+      first = (offsets == 0)[..., None]  # [batch, t, 1]
+      y = jnp.where(first, jnp.asarray(self.soft_prompt, y.dtype), y)
+    memory_bias = (attn.mask_to_bias(encoded.valid.astype(jnp.float32), cfg.decoder.dtype)
+                   + nug.straight_through(encoded.scores))[:, None, None, :]  # [b, 1, 1, k]
+    memories = [MemoryKV(k, v, memory_bias) for k, v in zip(encoded.keys, encoded.values)]
+    positions = context_length[:, None] + offsets  # targets follow the context
+    y = self.stack(y, positions, self_bias, memories, self._adapter("decode"), decode=decode,
+                   cache_index=index, deterministic=not enable_dropout)
+    return self.stack.logits(y)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+               decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None, prefill: bool = False,
+               prefill_lengths: Optional[Array] = None) -> Array:
+    """Teacher-forced logits `[batch, t, vocab]`."""
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                          enable_dropout=enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                       decoder_positions, enable_dropout=enable_dropout, decode=decode,
+                       max_decode_length=max_decode_length, prefill=prefill,
+                       prefill_lengths=prefill_lengths)
+
+
+def _check_tokens(tokens: Array, name: str) -> Array:
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
+  return tokens
