@@ -25,9 +25,14 @@ setuptools.setup(
         "tqdm>=4.66,<5",
         "tensorboard>=2.16,<2.22",
         "rouge-score>=0.1.2,<0.2",  # ROUGE of the summarization tasks
+        "sacrebleu>=2.4,<3",        # BLEU of Dodo's autoencoding
+        "safetensors>=0.4,<1",      # Hugging Face checkpoints (decal_jax.hf_import)
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "matplotlib>=3.8,<4"],  # tests draw the ablation plot
+        # tests draw the ablation plot and compare the LLaMA import with transformers (PyTorch)
+        "test": ["pytest>=8,<10", "matplotlib>=3.8,<4", "torch>=2.4,<3",
+                 "transformers>=4.45,<6"],
+        "hf": ["torch>=2.4,<3", "transformers>=4.45,<6"],
         "plot": ["matplotlib>=3.8,<4"],
         # T5X is not on the package index; users with network access can add it from git.
         "t5x": ["t5x @ git+https://github.com/google-research/t5x"],

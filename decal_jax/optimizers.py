@@ -1,6 +1,7 @@
 """Optimizers and learning-rate schedules (T5 defaults), built on optax."""
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -37,3 +38,25 @@ def adamw(learning_rate: Optional[Callable] = None, b1: float = 0.9, b2: float =
   chain = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm else []
   chain.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
   return optax.chain(*chain)
+
+
+def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
+                     trainable: Sequence[str] = ("lora_", "scorer", "soft_prompt"),
+                     ) -> optax.GradientTransformation:
+  """Updates only parameters whose path contains one of `trainable`; the rest stay fixed.
+
+  Dodo's default (dodo.md §3): LoRA adapters, the scorer and the soft prompt train, the
+  base decoder is frozen. `optimizer` (default: adamw) applies to the trainable part.
+  """
+  trainable = tuple(trainable)
+  if not trainable:
+    raise ValueError("partially_frozen needs at least one trainable name fragment.")
+
+  def labels(params):
+    def label(path, _):
+      name = jax.tree_util.keystr(path)
+      return "train" if any(fragment in name for fragment in trainable) else "freeze"
+    return jax.tree_util.tree_map_with_path(label, params)
+
+  return optax.multi_transform({"train": optimizer or adamw(), "freeze": optax.set_to_zero()},
+                               labels)
