@@ -1,4 +1,5 @@
 """Training metrics: averaging the model's summable aux values, and TensorBoard output."""
+import math
 import os
 import time
 from typing import Dict, Mapping
@@ -15,6 +16,7 @@ def summarize(sums: Mapping[str, float]) -> Dict[str, float]:
          "cross_entropy": sums["cross_ent_sum"] / tokens,
          "z_loss": sums["z_loss_sum"] / tokens,
          "accuracy": sums["correct_tokens"] / tokens,
+         "perplexity": math.exp(min(sums["cross_ent_sum"] / tokens, 50.0)),  # per subword
          "target_tokens": sums["target_tokens"]}
   return out
 

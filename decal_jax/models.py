@@ -18,7 +18,42 @@ Array = jax.Array
 Batch = Mapping[str, Array]
 
 
-class EncoderDecoderModel:
+class _TokenLoss:
+  """Loss / eval / score over `decoder_target_tokens`, shared by both model kinds; the
+  subclass provides `_compute_logits(params, batch, dropout_rng)`."""
+
+  def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
+    """(optimised loss, aux sums) — see docs/CONTRACTS.md for the aux keys."""
+    logits = self._compute_logits(params, batch, dropout_rng)  # [batch, t, vocab]
+    targets = batch["decoder_target_tokens"]
+    weights = batch.get("decoder_loss_weights")
+    if weights is None:
+      weights = (targets > 0).astype(jnp.float32)
+    loss, z_loss, weight_sum = losses.compute_weighted_cross_entropy(
+        logits, targets, weights, self.label_smoothing, self.z_loss,
+        self.loss_normalizing_factor)
+    correct, _ = losses.compute_weighted_accuracy(logits, targets, weights)
+    if self.loss_normalizing_factor is None:  # T5X default: mean over target tokens
+      loss, z_loss = loss / jnp.maximum(weight_sum, 1.0), z_loss / jnp.maximum(weight_sum, 1.0)
+    scale = weight_sum if self.loss_normalizing_factor is None else self.loss_normalizing_factor
+    aux = {"cross_ent_sum": (loss - z_loss) * scale, "z_loss_sum": z_loss * scale,
+           "correct_tokens": correct, "target_tokens": weight_sum}
+    return loss, aux
+
+  def eval_fn(self, params, batch: Batch):
+    return self.loss_fn(params, batch, dropout_rng=None)
+
+  def score_batch(self, params, batch: Batch) -> Array:
+    """Log-likelihood of each target sequence, `[batch]`."""
+    logits = self._compute_logits(params, batch)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    targets = batch["decoder_target_tokens"]
+    token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
+    return jnp.sum(token_lp * weights, axis=-1)
+
+
+class EncoderDecoderModel(_TokenLoss):
   """Loss / predict / score for an encoder-decoder network such as `networks.t5.Transformer`."""
 
   FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
@@ -57,36 +92,6 @@ class EncoderDecoderModel:
         encoder_positions=batch.get("encoder_positions"),
         decoder_positions=batch.get("decoder_positions"), decode=False,
         enable_dropout=rngs is not None, rngs=rngs)
-
-  def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
-    """(optimised loss, aux sums) — see docs/CONTRACTS.md for the aux keys."""
-    logits = self._compute_logits(params, batch, dropout_rng)  # [batch, t, vocab]
-    targets = batch["decoder_target_tokens"]
-    weights = batch.get("decoder_loss_weights")
-    if weights is None:
-      weights = (targets > 0).astype(jnp.float32)
-    loss, z_loss, weight_sum = losses.compute_weighted_cross_entropy(
-        logits, targets, weights, self.label_smoothing, self.z_loss,
-        self.loss_normalizing_factor)
-    correct, _ = losses.compute_weighted_accuracy(logits, targets, weights)
-    if self.loss_normalizing_factor is None:  # T5X default: mean over target tokens
-      loss, z_loss = loss / jnp.maximum(weight_sum, 1.0), z_loss / jnp.maximum(weight_sum, 1.0)
-    scale = weight_sum if self.loss_normalizing_factor is None else self.loss_normalizing_factor
-    aux = {"cross_ent_sum": (loss - z_loss) * scale, "z_loss_sum": z_loss * scale,
-           "correct_tokens": correct, "target_tokens": weight_sum}
-    return loss, aux
-
-  def eval_fn(self, params, batch: Batch):
-    return self.loss_fn(params, batch, dropout_rng=None)
-
-  def score_batch(self, params, batch: Batch) -> Array:
-    """Log-likelihood of each target sequence, `[batch]`."""
-    logits = self._compute_logits(params, batch)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    targets = batch["decoder_target_tokens"]
-    token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
-    return jnp.sum(token_lp * weights, axis=-1)
 
   # ------------------------------------------------------------------------- predict
   def _compute_logits_from_slice(self, state: decoding.DecodingState, params, encoded: Array,
@@ -146,3 +151,87 @@ class EncoderDecoderModel:
 
     init = (jnp.zeros((batch_size, length), jnp.int32), jnp.zeros((batch_size,), bool))
     return jax.lax.fori_loop(0, length, step, init)[0]
+
+
+class DecoderOnlyModel(_TokenLoss):
+  """Loss / generation for a decoder-only network (`networks.decoder.Decoder`,
+  `networks.dodo_lm.DodoLM`), called the way `t5x.models.DecoderOnlyModel` calls it."""
+
+  FEATURE_CONVERTER_CLS = seqio.DecoderFeatureConverter
+  DECODER_ONLY = True
+
+  def __init__(self, module: nn.Module, vocabulary: seqio.Vocabulary, z_loss: float = 1e-4,
+               label_smoothing: float = 0.0, loss_normalizing_factor: Optional[float] = None,
+               decode_fn: Callable[..., Tuple[Array, Array]] = decoding.temperature_sample):
+    self.module = module
+    self.input_vocabulary = self.output_vocabulary = vocabulary
+    self.z_loss = z_loss
+    self.label_smoothing = label_smoothing
+    self.loss_normalizing_factor = loss_normalizing_factor
+    self._decode_fn = decode_fn
+
+  def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]],
+                            input_types: Optional[Mapping[str, Any]] = None):
+    dtype = (input_types or {}).get("decoder_input_tokens", jnp.int32)
+    tokens = jnp.ones(input_shapes["decoder_input_tokens"], dtype)
+    return self.module.init(rng, tokens, tokens, enable_dropout=False)
+
+  def _compute_logits(self, params, batch: Batch, dropout_rng: Optional[Array] = None) -> Array:
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    return self.module.apply(
+        {"params": params}, batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+        decoder_segment_ids=batch.get("decoder_segment_ids"),
+        decoder_positions=batch.get("decoder_positions"), enable_dropout=rngs is not None,
+        rngs=rngs)
+
+  # ------------------------------------------------------------------------- generation
+  def generate(self, params, prompt: Array, max_new_tokens: int, rng: Optional[Array] = None,
+               **decoder_kwargs) -> Array:
+    """Continues equal-length prompts `[batch, P]` (P may be 0: start from BOS = id 0) by
+    `max_new_tokens` tokens -> `[batch, max_new_tokens]` (0 after EOS).
+
+    The prompt goes through the KV cache one token at a time (BOS, then all but its last
+    token); the decode function's first step then feeds the prompt's last token."""
+    prompt = jnp.asarray(prompt, jnp.int32)
+    batch, length = prompt.shape
+    total = length + max_new_tokens
+    max_length = getattr(getattr(self.module.config, "decoder", self.module.config),
+                         "max_length", None)
+    if max_length is not None and total > max_length:
+      raise ValueError(f"A prompt of {length} tokens plus {max_new_tokens} new ones needs "
+                       f"{total} positions but the model accepts {max_length}: shorten the "
+                       "prompt or generate fewer tokens.")
+    _, variables = self.module.apply({"params": params}, jnp.ones((batch, total), jnp.int32),
+                                     decode=True, enable_dropout=False, mutable=["cache"])
+    cache = variables["cache"]
+    feed = jnp.pad(prompt, ((0, 0), (1, 0)))[:, :length]  # [b, P]: BOS + prompt[:-1]
+
+    def prefeed(cache, token):
+      _, new = self.module.apply({"params": params, "cache": cache}, token[:, None],
+                                 decode=True, enable_dropout=False, mutable=["cache"])
+      return new["cache"], None
+    cache, _ = jax.lax.scan(prefeed, cache, feed.T)
+    last = prompt[:, -1:] if length else None
+
+    def tokens_to_logits(state: decoding.DecodingState):
+      token = state.cur_token
+      if last is not None:
+        first = jnp.repeat(last, token.shape[0] // batch, axis=0)
+        token = jnp.where(state.cur_index == 0, first, token)
+      logits, new = self.module.apply({"params": params, "cache": state.cache}, token,
+                                      decode=True, enable_dropout=False, mutable=["cache"])
+      return logits[:, 0, :], new["cache"]
+
+    if rng is not None:
+      decoder_kwargs.setdefault("decode_rng", rng)
+    seqs, _ = self._decode_fn(inputs=jnp.zeros((batch, max_new_tokens), jnp.int32),
+                              cache=cache, tokens_to_logits=tokens_to_logits,
+                              eos_id=self.output_vocabulary.eos_id, **decoder_kwargs)
+    return seqs[:, -1, :]
+
+  def predict_batch(self, params, batch: Batch, rng: Optional[Array] = None,
+                    **kwargs) -> Array:
+    """Unconditional samples as long as `decoder_input_tokens` (LM tasks have no inputs)."""
+    return self.generate(params, jnp.zeros((batch["decoder_input_tokens"].shape[0], 0),
+                                           jnp.int32),
+                         batch["decoder_input_tokens"].shape[1], rng, **kwargs)

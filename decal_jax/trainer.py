@@ -42,7 +42,7 @@ class DatasetConfig:
 def check_feature_lengths(cfg: DatasetConfig, model) -> None:
   """Clear errors for feature lengths that cannot work with this task and model."""
   lengths = dict(cfg.task_feature_lengths)
-  for key in ("inputs", "targets"):
+  for key in (("targets",) if _decoder_only(model) else ("inputs", "targets")):
     if not isinstance(lengths.get(key), int) or lengths[key] < 1:
       raise ValueError(f"TASK_FEATURE_LENGTHS needs a positive integer {key!r} length, got "
                        f"{lengths!r}; e.g. --gin.TASK_FEATURE_LENGTHS=\"{{'inputs': 128, "
@@ -107,10 +107,16 @@ def to_global(batch: Batch, partitioner: partitioning.Partitioner):
 
 
 # ------------------------------------------------------------------------------ state
+def _decoder_only(model) -> bool:
+  return bool(getattr(model, "DECODER_ONLY", False))
+
+
 def _input_shapes(cfg: DatasetConfig):
   lengths = cfg.task_feature_lengths
-  return {"encoder_input_tokens": (1, lengths["inputs"]),
-          "decoder_input_tokens": (1, lengths["targets"])}
+  shapes = {"decoder_input_tokens": (1, lengths["targets"])}
+  if "inputs" in lengths:
+    shapes["encoder_input_tokens"] = (1, lengths["inputs"])
+  return shapes
 
 
 def abstract_params(model, cfg: DatasetConfig, partitioner):
@@ -220,7 +226,7 @@ def decode_example(params, model, cfg: DatasetConfig, partitioner) -> Dict[str, 
   def text(ids):
     return vocab.decode([int(t) for t in ids if t > 0])
 
-  return {"inputs": text(batch["encoder_input_tokens"][0]),
+  return {"inputs": text(batch.get("encoder_input_tokens", np.zeros((1, 0), int))[0]),
           "targets": text(batch["decoder_target_tokens"][0]),
           "prediction": text(np.asarray(tokens)[0])}
 
@@ -264,7 +270,7 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
     batch = next(batches)
     consumed += 1
     state, aux = step_fn(state, to_global(batch, partitioner), rng)
-    window.add(aux, num_tokens=int(np.sum(batch["encoder_input_tokens"] > 0) +
+    window.add(aux, num_tokens=int(np.sum(batch.get("encoder_input_tokens", 0) > 0) +
                                    np.sum(batch["decoder_target_tokens"] > 0)))
     done = step + 1
     if done % log_period == 0 or done == total_steps:

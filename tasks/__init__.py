@@ -7,10 +7,13 @@
 | decal_cnn_dailymail, decal_arxiv, decal_pubmed, decal_mediasum | TFDS or local JSONL | the model's |
 | decal_squad, decal_triviaqa, decal_hotpotqa | TFDS or local JSONL (HotpotQA: local only) | the model's |
 | decal_builtin_qa | the built-in corpus: paragraph -> its section title | the model's |
-| decal_{builtin,c4}_autoencode, _continuation, _autoencode_continuation (1:1 mixture) | built-in corpus / TFDS c4 | built-in / T5 |
+| decal_{builtin,c4}_autoencode, _continuation, _autoencode_continuation (1:1 mixture) | built-in corpus / TFDS c4 | built-in / the model's |
+| decal_text_autoencode (BLEU), or `register_text_autoencode_task(...)` | your JSONL text | the model's |
+| decal_builtin_lm, decal_c4_lm, decal_text_lm, or `register_text_lm_task(...)` (perplexity) | built-in corpus / TFDS c4 / your text files | built-in / the model's |
 
 Downstream tasks: see `downstream_tasks.py` for the local-file layout and field names.
 """
 from decal_jax.tasks import autoencoding_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import downstream_tasks  # noqa: F401  (registers the tasks)
+from decal_jax.tasks import lm_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import span_corruption_tasks  # noqa: F401  (registers the tasks)

@@ -7,13 +7,21 @@ two adapters on one base (compressing and decoding) and reads its scorer feature
 no adapter active (dodo.md §3).
 """
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from decal_jax.layers.core import Array, DType, default_kernel_init, param_with_axes
+
+
+class PerToken(NamedTuple):
+  """Adapter chosen per token: `on` where `mask` `[batch, t]` is true, `off` elsewhere
+  (Dodo's language model: nugget tokens compress with ϕ, the others decode with θ)."""
+  mask: Array
+  on: str
+  off: str
 
 
 class LoraDense(nn.Module):
@@ -37,7 +45,7 @@ class LoraDense(nn.Module):
   dtype: DType = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, adapter: Optional[str] = None) -> Array:
+  def __call__(self, x: Array, adapter: Union[None, str, PerToken] = None) -> Array:
     features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
     in_shape = x.shape[-self.contract_dims:]
     fan_in, fan_out = math.prod(in_shape), math.prod(features)
@@ -51,15 +59,25 @@ class LoraDense(nn.Module):
       bias = param_with_axes("bias", nn.initializers.zeros, features, jnp.float32,
                              axes=self.kernel_axes[self.contract_dims:])
       y = y + jnp.asarray(bias, self.dtype).reshape(fan_out)
-    for name in self.adapters:  # create every adapter's variables, apply the active one
+    deltas = {}
+    for name in self.adapters:  # create every adapter's variables
       a = param_with_axes(f"lora_{name}_a", nn.initializers.normal(1.0 / math.sqrt(fan_in)),
                           (fan_in, self.rank), jnp.float32, axes=("embed_in", "lora_rank"))
       b = param_with_axes(f"lora_{name}_b", nn.initializers.zeros, (self.rank, fan_out),
                           jnp.float32, axes=("lora_rank", "embed_out"))
-      if name == adapter:
-        y = y + (self.alpha / self.rank) * ((flat_x @ jnp.asarray(a, self.dtype))
-                                            @ jnp.asarray(b, self.dtype))
-    if adapter is not None and adapter not in self.adapters:
-      raise ValueError(f"Adapter {adapter!r} is not one of this layer's adapters "
-                       f"{self.adapters}; set DecoderConfig.lora_rank > 0 to create them.")
+      deltas[name] = (a, b)
+
+    def delta(name):  # [..., out]
+      if name not in deltas:
+        raise ValueError(f"Adapter {name!r} is not one of this layer's adapters "
+                         f"{self.adapters}; set DecoderConfig.lora_rank > 0 to create them.")
+      a, b = deltas[name]
+      return (self.alpha / self.rank) * ((flat_x @ jnp.asarray(a, self.dtype))
+                                         @ jnp.asarray(b, self.dtype))
+
+    if isinstance(adapter, PerToken):
+      mask = adapter.mask.reshape(adapter.mask.shape + (1,) * (y.ndim - adapter.mask.ndim))
+      y = y + jnp.where(mask, delta(adapter.on), delta(adapter.off))
+    elif adapter is not None:
+      y = y + delta(adapter)
     return y.reshape(y.shape[:-1] + features)

@@ -13,7 +13,7 @@ closely enough that `decal_jax.hf_import` maps a checkpoint one tensor at a time
   decoder_norm/scale, logits_dense/kernel [embed, vocab] (absent when embeddings are tied)
 """
 import dataclasses
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -104,19 +104,24 @@ class Attention(nn.Module):
     return keys, self.value(x, adapter)
 
   def __call__(self, x: Array, positions: Array, bias: Optional[Array],
-               memory: Optional[MemoryKV] = None, adapter: Optional[str] = None,
+               memory: Optional[MemoryKV] = None, adapter=None,
                decode: bool = False, prefill: bool = False,
-               cache_index: Optional[Array] = None) -> Array:
+               cache_index: Optional[Array] = None, kv_hook: Optional[Callable] = None) -> Array:
+    """kv_hook: `(keys, values, bias) -> (keys, values, bias)`, a caller-owned cache used
+    instead of the plain one (Dodo's language model keeps nuggets + a recent window)."""
     cfg = self.config
     query = attn.apply_rope(self.query(x, adapter), positions, cfg.rope_theta)  # [b,t,h,d]
     keys, values = self.key_value(x, positions, adapter)  # [b, t, kv, d]
-    if decode:
+    if kv_hook is not None:
+      keys, values, bias = kv_hook(keys, values, bias)
+    elif decode:
       keys, values, bias = self.cache(keys, values, bias, prefill, cache_index)
     if memory is not None:
       keys = jnp.concatenate([memory.keys.astype(keys.dtype), keys], axis=1)  # [b, k+s, kv, d]
       values = jnp.concatenate([memory.values.astype(values.dtype), values], axis=1)
-      mem_bias = jnp.broadcast_to(memory.bias, bias.shape[:3] + memory.bias.shape[3:])
-      bias = jnp.concatenate([mem_bias.astype(bias.dtype), bias], axis=-1)
+      lead = jnp.broadcast_shapes(bias.shape[:3], memory.bias.shape[:3])  # [b, h, q]
+      bias = jnp.concatenate([jnp.broadcast_to(memory.bias, lead + memory.bias.shape[3:]),
+                              jnp.broadcast_to(bias, lead + bias.shape[3:])], axis=-1)
     groups = cfg.num_heads // cfg.kv_heads
     keys = jnp.repeat(keys, groups, axis=2)  # [b, s, heads, d]
     values = jnp.repeat(values, groups, axis=2)
@@ -173,9 +178,9 @@ class DecoderBlock(nn.Module):
     return self.attention.key_value(self.attention_norm(states), positions, adapter)
 
   def __call__(self, x, positions, bias, memory=None, adapter=None, decode=False,
-               prefill=False, cache_index=None, deterministic=True):
+               prefill=False, cache_index=None, deterministic=True, kv_hook=None):
     h = self.attention(self.attention_norm(x), positions, bias, memory, adapter, decode,
-                       prefill, cache_index)
+                       prefill, cache_index, kv_hook)
     x = x + self.dropout(h, deterministic)
     x = x + self.dropout(self.mlp(self.mlp_norm(x), deterministic), deterministic)
     return with_sharding_constraint(x, ("batch", "length", "embed"))
@@ -208,18 +213,22 @@ class DecoderStack(nn.Module):
 
   def __call__(self, x: Array, positions: Array, bias: Array, memories=None, adapter=None,
                decode=False, prefill=False, cache_index=None, deterministic=True,
-               upto: Optional[int] = None, return_layer_inputs: bool = False):
+               upto: Optional[int] = None, return_layer_inputs: bool = False,
+               kv_hooks=None):
     """Runs blocks [0, upto) over embedded x `[batch, t, embed]`.
 
-    memories: per-layer `MemoryKV` (or None). With `return_layer_inputs`, also returns
-    each block's input, stacked `[layers, batch, t, embed]` (Dodo's nugget states).
+    memories: per-layer `MemoryKV`, or a function `(layer index, block, block input) ->
+    MemoryKV` for memories made from this very pass (None: no memory). kv_hooks: per-layer
+    cache hooks (see `Attention`). With `return_layer_inputs`, also returns each block's
+    input, stacked `[layers, batch, t, embed]` (Dodo's nugget states).
     """
     inputs = []
     for i, layer in enumerate(self.layers[:upto]):
       inputs.append(x)
-      memory = None if memories is None else memories[i]
+      memory = memories(i, layer, x) if callable(memories) else (
+          None if memories is None else memories[i])
       x = layer(x, positions, bias, memory, adapter, decode, prefill, cache_index,
-                deterministic)
+                deterministic, None if kv_hooks is None else kv_hooks[i])
     if return_layer_inputs:
       return x, jnp.stack(inputs)
     return x

@@ -1,0 +1,380 @@
+"""Dodo as an autoregressive language model with compressed history (dodo.md §2.2).
+
+Each token t reads the recent text [p(t), t] at full resolution and, before the split point
+p(t), only the nuggets: earlier tokens whose score exceeds a threshold Λ. Tokens come in
+chunks of c that share one split point, p(t) = max(0, chunk_start(t) + c - τ), so the last
+token of a chunk sees exactly τ recent tokens (mixed resolution) and training stays one
+parallel pass with a structured mask.
+
+* Scores come from a 2-layer FFN on base-model features (adapters off) after ι layers,
+  computed over the recent window only, so selecting a nugget needs no cache beyond it.
+* Λ: `DodoLMConfig.threshold`, calibrated on sample text by `calibrate_threshold` so about
+  1 / r of tokens pass; while it is None (early training) each batch uses the
+  (1 - 1/r) quantile of its own scores.
+* With LoRA, a nugget token runs with the compressing adapter ϕ and every other token with
+  the decoding adapter θ, on one frozen base; logits toward nugget i get
+  `s_i - stop_gradient(s_i)` so the scorer learns from the next-token loss.
+* `selection='compressive'`: the Compressive Transformer baseline at the same ratio — the
+  distant text is the mean of each finished r-token segment's states, at every layer.
+
+Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus the nuggets'
+(or the pooled segments'), not the whole history: `cache_bytes` reports what it holds.
+"""
+import dataclasses
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decal_jax.compress import nuggets as nug
+from decal_jax.layers import attention as attn
+from decal_jax.layers.lora import PerToken
+from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, StepCounter,
+                                        check_positions)
+from decal_jax.networks.dodo import ADAPTERS
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DodoLMConfig:
+  """Defaults: the paper's r = 10, ι = 3; τ = c = 64 recent tokens."""
+  decoder: DecoderConfig = DecoderConfig()
+  compression_ratio: float = 10.0
+  window: int = 64                  # τ: recent tokens read uncompressed
+  chunk: int = 64                   # c: tokens sharing one split point (c <= τ)
+  scorer_layer: int = 3             # ι
+  scorer_hidden_dim: Optional[int] = None
+  threshold: Optional[float] = None  # Λ; None: each batch's (1 - 1/r) score quantile
+  selection: str = "nuggets"        # or 'compressive'
+  nugget_capacity: Optional[int] = None  # cached nugget slots; None: 2 * max_length / r
+
+  def __post_init__(self):
+    nug.check_ratio(self.compression_ratio)
+    if self.selection not in ("nuggets", "compressive"):
+      raise ValueError(f"DodoLMConfig.selection must be 'nuggets' or 'compressive', got "
+                       f"{self.selection!r}.")
+    if not 1 <= self.chunk <= self.window:
+      raise ValueError(f"Need 1 <= chunk (c = {self.chunk}) <= window (τ = {self.window}): "
+                       "a chunk's last token must still see the whole window.")
+    if self.window >= self.decoder.max_length:
+      raise ValueError(f"window τ = {self.window} must be smaller than the model's "
+                       f"max_length {self.decoder.max_length}, or nothing is ever compressed.")
+    if not 1 <= self.scorer_layer <= self.decoder.num_layers:
+      raise ValueError(f"scorer_layer (ι) = {self.scorer_layer} must lie in [1, "
+                       f"{self.decoder.num_layers}].")
+    if self.selection == "compressive" and int(self.compression_ratio) != self.compression_ratio:
+      raise ValueError("The compressive baseline pools whole segments: use an integer ratio.")
+
+  @property
+  def network_config(self) -> DecoderConfig:
+    adapters = ADAPTERS if self.decoder.lora_rank > 0 else ()
+    return dataclasses.replace(self.decoder, lora_adapters=adapters)
+
+  @property
+  def capacity(self) -> int:
+    if self.nugget_capacity is not None:
+      return self.nugget_capacity
+    return 2 * math.ceil(self.decoder.max_length / self.compression_ratio)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.decoder.vocab_size
+
+
+def split_points(positions: Array, config: DodoLMConfig) -> Array:
+  """p(t) = max(0, chunk_start(t) + c - τ): the first token t still reads uncompressed."""
+  c, tau = config.chunk, config.window
+  return jnp.maximum(0, (positions // c) * c + c - tau)
+
+
+# ------------------------------------------------------------------------ decode caches
+class RingCache(nn.Module):
+  """The last τ tokens' keys/values of one layer (slot = position mod τ)."""
+  size: int
+
+  @nn.compact
+  def __call__(self, keys, values, position, split):
+    """keys/values `[b, 1, kv, d]` of the token at `position` -> ring keys, values and its
+    validity `[b, size]` for a query whose split point is `split`."""
+    b, _, kv, d = keys.shape
+    ring_k = self.variable("cache", "keys", jnp.zeros, (b, self.size, kv, d), keys.dtype)
+    ring_v = self.variable("cache", "values", jnp.zeros, (b, self.size, kv, d), values.dtype)
+    ring_pos = self.variable("cache", "positions", lambda: jnp.full((b, self.size), -1,
+                                                                     jnp.int32))
+    slot = position % self.size
+    ring_k.value = jax.lax.dynamic_update_slice(ring_k.value, keys, (0, slot, 0, 0))
+    ring_v.value = jax.lax.dynamic_update_slice(ring_v.value, values, (0, slot, 0, 0))
+    ring_pos.value = jax.lax.dynamic_update_slice(
+        ring_pos.value, jnp.full((b, 1), position, jnp.int32), (0, slot))
+    valid = (ring_pos.value >= split) & (ring_pos.value <= position)  # [b, size]
+    return ring_k.value, ring_v.value, valid
+
+
+class NuggetCache(nn.Module):
+  """The nuggets' keys/values of one layer: row b appends at its own count."""
+  capacity: int
+
+  @nn.compact
+  def __call__(self, keys, values, position, split, is_nugget):
+    """is_nugget `[b]` -> all nugget keys, values and validity `[b, capacity]`."""
+    b, _, kv, d = keys.shape
+    cache_k = self.variable("cache", "keys", jnp.zeros, (b, self.capacity, kv, d), keys.dtype)
+    cache_v = self.variable("cache", "values", jnp.zeros, (b, self.capacity, kv, d),
+                            values.dtype)
+    cache_pos = self.variable("cache", "positions",
+                              lambda: jnp.full((b, self.capacity), -1, jnp.int32))
+    count = self.variable("cache", "count", lambda: jnp.zeros((b,), jnp.int32))
+    write = (jax.nn.one_hot(jnp.minimum(count.value, self.capacity - 1), self.capacity,
+                            dtype=bool) & is_nugget[:, None])  # [b, capacity]
+    cache_k.value = jnp.where(write[:, :, None, None], keys, cache_k.value)
+    cache_v.value = jnp.where(write[:, :, None, None], values, cache_v.value)
+    cache_pos.value = jnp.where(write, position, cache_pos.value)
+    count.value = count.value + is_nugget.astype(jnp.int32)
+    valid = (cache_pos.value >= 0) & (cache_pos.value < split)
+    return cache_k.value, cache_v.value, valid
+
+
+class SegmentCache(nn.Module):
+  """Compressive baseline, one layer: the running sum of the current segment's states and
+  the pooled keys/values of every finished segment."""
+  ratio: int
+  slots: int
+
+  @nn.compact
+  def __call__(self, block, x, position, split, adapter):
+    b, _, e = x.shape
+    cfg = block.config
+    kv, d = cfg.kv_heads, cfg.head_dim
+    running = self.variable("cache", "running_sum", jnp.zeros, (b, e), jnp.float32)
+    pooled_k = self.variable("cache", "keys", jnp.zeros, (b, self.slots, kv, d), cfg.dtype)
+    pooled_v = self.variable("cache", "values", jnp.zeros, (b, self.slots, kv, d), cfg.dtype)
+    total = running.value + x[:, 0].astype(jnp.float32)
+    finished = (position + 1) % self.ratio == 0
+    mean = (total / self.ratio).astype(x.dtype)[:, None]  # [b, 1, e]
+    keys, values = block.memory_kv(mean, jnp.full((b, 1), position, jnp.int32), adapter)
+    slot = position // self.ratio
+    write = (jnp.arange(self.slots) == slot)[None, :, None, None] & finished
+    pooled_k.value = jnp.where(write, keys, pooled_k.value)
+    pooled_v.value = jnp.where(write, values, pooled_v.value)
+    running.value = jnp.where(finished, 0.0, total)
+    valid = (jnp.arange(self.slots) + 1) * self.ratio <= split  # [slots]
+    return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (b, self.slots))
+
+
+# ----------------------------------------------------------------------------- network
+class DodoLM(nn.Module):
+  """A decoder-only LM (T5X `DecoderOnlyModel` call signature) reading compressed history."""
+  config: DodoLMConfig
+
+  def setup(self):
+    cfg = self.config
+    self.stack = DecoderStack(cfg.network_config)
+    self.scorer = nug.Scorer(cfg.scorer_hidden_dim or cfg.decoder.emb_dim)
+    self.step_counter = StepCounter()
+    layers = cfg.decoder.num_layers
+    self.scorer_rings = [RingCache(cfg.window) for _ in range(cfg.scorer_layer)]
+    self.rings = [RingCache(cfg.window) for _ in range(layers)]
+    if cfg.selection == "nuggets":
+      self.nugget_caches = [NuggetCache(cfg.capacity) for _ in range(layers)]
+    else:
+      slots = math.ceil(cfg.decoder.max_length / cfg.compression_ratio)
+      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots)
+                             for _ in range(layers)]
+
+  def _lora(self) -> bool:
+    return bool(self.config.network_config.lora_adapters)
+
+  # ---------------------------------------------------------------- the parallel pass
+  def scores(self, tokens: Array) -> Array:
+    """Scorer output `[batch, n]` from base features over each token's recent window."""
+    n = tokens.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), tokens.shape)
+    window = self._window_mask(n)
+    bias = attn.mask_to_bias(window[None, None].astype(jnp.float32))  # [1, 1, n, n]
+    x = self.stack(self.stack.embed(tokens), positions, bias, upto=self.config.scorer_layer)
+    return self.scorer(jax.lax.stop_gradient(x))
+
+  def _window_mask(self, n: int) -> Array:
+    t = jnp.arange(n)
+    split = split_points(t, self.config)
+    return (t[None, :] >= split[:, None]) & (t[None, :] <= t[:, None])  # [n (query), n]
+
+  def threshold(self, scores: Array, real: Array) -> Array:
+    """Λ: the configured one, or this batch's (1 - 1/r) quantile of real-token scores."""
+    if self.config.threshold is not None:
+      return jnp.asarray(self.config.threshold, jnp.float32)
+    masked = jnp.where(real, scores, jnp.nan)
+    return jax.lax.stop_gradient(jnp.nanquantile(masked, 1.0 - 1.0 / self.config.compression_ratio))
+
+  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
+               decoder_segment_ids: Optional[Array] = None,
+               decoder_positions: Optional[Array] = None,
+               decoder_causal_attention: Optional[Array] = None, *,
+               enable_dropout: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None, prefill: bool = False,
+               prefill_lengths: Optional[Array] = None) -> Array:
+    """Next-token logits `[batch, n, vocab]` (decode=True: one cached step)."""
+    del decoder_positions, max_decode_length
+    cfg = self.config
+    if prefill or prefill_lengths is not None:
+      raise ValueError("DodoLM feeds prompts one token at a time through its compressed "
+                       "cache; prefill is not supported.")
+    if decoder_segment_ids is not None or decoder_causal_attention is not None:
+      raise ValueError("DodoLM reads one unpacked causal text per row: use pack=False and "
+                       "no prefix-LM inputs.")
+    tokens = decoder_input_tokens
+    if decode and self.has_variable("cache", "step_counter"):
+      return self._step(tokens)
+    batch, n = tokens.shape
+    check_positions(cfg.decoder, n, "decoder_input_tokens")
+    if decode:  # cache creation: sizes come from the config, not from these dummy inputs
+      self._create_caches(tokens)
+    return self._parallel(tokens, decoder_target_tokens, not enable_dropout)
+
+  def _parallel(self, tokens, targets, deterministic):
+    cfg = self.config
+    batch, n = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+    if targets is not None:  # input t is BOS (t = 0) or target t - 1
+      length = jnp.sum(targets > 0, axis=1)
+      real = jnp.arange(n)[None, :] < jnp.maximum(length, 1)[:, None]  # [b, n]
+    else:  # BOS (id 0 at position 0) is real; padding is 0 after the text
+      real = (tokens > 0) | (jnp.arange(n)[None, :] == 0)
+    window = self._window_mask(n)[None]  # [1, n, n]
+    split = split_points(jnp.arange(n), cfg)  # [n]
+    before_split = jnp.arange(n)[None, :] < split[:, None]  # [n, n]
+    x = self.stack.embed(tokens)
+    if cfg.selection == "compressive":
+      adapter = "decode" if self._lora() else None
+      bias = attn.mask_to_bias(window[:, None].astype(jnp.float32))  # [1, 1, n, n]
+      memories = self._pooled_memories(tokens, real, split, adapter)
+      x = self.stack(x, positions, bias, memories, adapter, deterministic=deterministic)
+      return self.stack.logits(x)
+    scores = self.scores(tokens)  # [b, n]
+    is_nugget = real & (scores > self.threshold(scores, real))  # [b, n]
+    to_nugget = is_nugget[:, None, :] & before_split[None]  # [b, n (query), n]
+    allowed = window | to_nugget
+    bias = (attn.mask_to_bias(allowed.astype(jnp.float32))
+            + jnp.where(to_nugget, nug.straight_through(scores)[:, None, :], 0.0))[:, None]
+    adapter = PerToken(is_nugget, "compress", "decode") if self._lora() else None
+    x = self.stack(x, positions, bias, adapter=adapter, deterministic=deterministic)
+    return self.stack.logits(x)
+
+  def _pooled_memories(self, tokens, real, split, adapter):
+    """Per-layer memory of mean-pooled finished segments, from this pass's layer inputs."""
+    r = int(self.config.compression_ratio)
+
+    def memory(index, block, x):
+      means, ends, valid = nug.segment_means(x[None], real.astype(jnp.int32), r)
+      keys, values = block.memory_kv(means[0], ends, adapter)  # [b, m, kv, d]
+      m = means.shape[2]
+      finished = (jnp.arange(m)[None, :] + 1) * r <= split[:, None]  # [n, m]
+      allowed = valid[:, None, :] & finished[None]  # [b, n, m]
+      return MemoryKV(keys, values, attn.mask_to_bias(allowed.astype(jnp.float32))[:, None])
+    return memory
+
+  # ---------------------------------------------------------------- cached decoding
+  def _create_caches(self, tokens):
+    """Creates every cache variable by running one step's worth of cache modules."""
+    cfg = self.config
+    batch = tokens.shape[0]
+    self.step_counter(batch, advance=0)
+    zeros = jnp.zeros((batch, 1, cfg.decoder.kv_heads, cfg.decoder.head_dim), cfg.decoder.dtype)
+    for ring in list(self.scorer_rings) + list(self.rings):
+      ring(zeros, zeros, -1, 0)
+    if cfg.selection == "nuggets":
+      for cache in self.nugget_caches:
+        cache(zeros, zeros, -1, 0, jnp.zeros((batch,), bool))
+    else:
+      x = jnp.zeros((batch, 1, cfg.decoder.emb_dim), cfg.decoder.dtype)
+      for block, cache in zip(self.stack.layers, self.segment_caches):
+        cache(block, x, -1, 0, None)
+    # the -1 writes above are placeholders: reset counters so decoding starts clean
+    for ring in list(self.scorer_rings) + list(self.rings):
+      ring.put_variable("cache", "positions", jnp.full((batch, cfg.window), -1, jnp.int32))
+    if cfg.selection == "nuggets":
+      for cache in self.nugget_caches:
+        cache.put_variable("cache", "count", jnp.zeros((batch,), jnp.int32))
+        cache.put_variable("cache", "positions", jnp.full((batch, cfg.capacity), -1, jnp.int32))
+    else:
+      for cache in self.segment_caches:
+        cache.put_variable("cache", "running_sum",
+                           jnp.zeros((batch, cfg.decoder.emb_dim), jnp.float32))
+
+  def _step(self, tokens):
+    cfg = self.config
+    batch = tokens.shape[0]
+    if tokens.shape[1] != 1:
+      raise ValueError(f"Cached decoding takes one token per step, got {tokens.shape[1]}.")
+    offsets, position = self.step_counter(batch)  # [b, 1], scalar
+    split = split_points(position, cfg)
+    x = self.stack.embed(tokens)
+    no_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
+
+    def ring_hook(ring):
+      def hook(keys, values, bias):
+        k, v, valid = ring(keys, values, position, split)
+        return k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32))
+      return hook
+
+    if cfg.selection == "compressive":
+      adapter = "decode" if self._lora() else None
+
+      def memory(index, block, h):
+        k, v, valid = self.segment_caches[index](block, h, position, split, adapter)
+        return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
+      x = self.stack(x, offsets, no_bias, memory, adapter,
+                     kv_hooks=[ring_hook(r) for r in self.rings])
+      return self.stack.logits(x)
+
+    if cfg.threshold is None:
+      raise ValueError("Cached decoding selects nuggets with a fixed threshold: set "
+                       "DodoLMConfig.threshold (tools/calibrate_nuggets.py computes it).")
+    h = self.stack(x, offsets, no_bias, upto=cfg.scorer_layer,
+                   kv_hooks=[ring_hook(r) for r in self.scorer_rings])
+    is_nugget = self.scorer(h)[:, 0] > cfg.threshold  # [b]
+
+    def nugget_hook(index):
+      def hook(keys, values, bias):
+        rk, rv, ring_valid = self.rings[index](keys, values, position, split)
+        nk, nv, nugget_valid = self.nugget_caches[index](keys, values, position, split,
+                                                         is_nugget)
+        valid = jnp.concatenate([nugget_valid, ring_valid], axis=1)  # [b, capacity + τ]
+        return (jnp.concatenate([nk, rk], 1), jnp.concatenate([nv, rv], 1),
+                attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
+      return hook
+
+    adapter = PerToken(is_nugget[:, None], "compress", "decode") if self._lora() else None
+    x = self.stack(x, offsets, no_bias, adapter=adapter,
+                   kv_hooks=[nugget_hook(i) for i in range(cfg.decoder.num_layers)])
+    return self.stack.logits(x)
+
+
+# ------------------------------------------------------------------ calibration / cache size
+def calibrate_threshold(module: DodoLM, params, token_batches) -> float:
+  """Λ from sample text: the (1 - 1/r) quantile of the scorer's outputs on real tokens.
+
+  token_batches: iterable of `[batch, n]` int arrays (0 = padding after the text).
+  """
+  scores, valid = [], []
+  score_fn = jax.jit(lambda p, t: module.apply({"params": p}, t, method=DodoLM.scores))
+  for tokens in token_batches:
+    tokens = np.asarray(tokens)
+    scores.append(np.asarray(score_fn(params, tokens)).ravel())
+    valid.append((tokens > 0).ravel())
+  if not scores:
+    raise ValueError("calibrate_threshold needs at least one batch of sample text.")
+  return nug.calibrate_threshold(np.concatenate(scores), np.concatenate(valid),
+                                 module.config.compression_ratio)
+
+
+def nugget_fraction(module: DodoLM, params, tokens, threshold: float) -> float:
+  """The share of real tokens whose score exceeds `threshold` (the achieved 1 / r)."""
+  tokens = np.asarray(tokens)
+  scores = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.scores))
+  real = tokens > 0
+  return float(np.mean(scores[real] > threshold))

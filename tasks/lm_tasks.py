@@ -1,0 +1,108 @@
+"""Language-modelling tasks (targets only; the decoder-only models' data): documents are
+tokenized, read back to back and cut into chunks of TASK_FEATURE_LENGTHS['targets'] tokens.
+Evaluation reports perplexity per subword (teacher-forced; `metrics.summarize`).
+
+| name | source | vocabulary |
+|---|---|---|
+| decal_builtin_lm | the built-in corpus (no download) | built-in |
+| decal_c4_lm | TFDS c4/en:3.1.0 | the model's |
+| decal_text_lm | plain-text files `<local dir>/text_lm/<split>.txt` | the model's |
+
+`register_text_lm_task(name, {split: path or glob})` makes a task of any plain-text files
+(one line per record, e.g. WikiText's raw files; blank lines are skipped).
+"""
+import functools
+import pathlib
+from typing import Mapping, Optional
+
+import seqio
+import tensorflow as tf
+
+from decal_jax.data import corpus, vocabularies
+from decal_jax.tasks import downstream_tasks
+from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
+
+TEXT_LM_TASK = "decal_text_lm"
+TEXT_LM_FOLDER = "text_lm"
+
+
+def lm_chunks(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+  """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'targets': `[<= length]`}
+  chunks of one stream of documents read back to back."""
+  stream = dataset.map(lambda ex: ex["targets"]).unbatch()  # scalar ids
+  return stream.batch(sequence_length["targets"]).map(lambda c: {"targets": c})
+
+
+def text_lines(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """seqio preprocessor: raw lines (scalar strings) -> {'text': line}, blank lines dropped
+  (and Windows line ends stripped)."""
+  lines = dataset.map(lambda line: {"text": tf.strings.strip(line)})
+  return lines.filter(lambda ex: tf.strings.length(ex["text"]) > 0)
+
+
+def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
+              lines: bool = False) -> seqio.Task:
+  if name in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(name)
+  return seqio.TaskRegistry.add(
+      name, source=source,
+      output_features={"targets": seqio.Feature(vocabulary, add_eos=False, required=True)},
+      preprocessors=([text_lines] if lines else []) + [
+          functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
+          seqio.preprocessors.tokenize,
+          lm_chunks],
+      metric_fns=[])
+
+
+def _text_source(split_files: Mapping[str, str]) -> seqio.DataSource:
+  for split, pattern in split_files.items():
+    if not tf.io.gfile.glob(pattern):
+      raise FileNotFoundError(f"No text file matches {pattern!r} (split {split!r}).")
+  return seqio.TextLineDataSource(dict(split_files))
+
+
+def register_text_lm_task(name: str, split_files: Mapping[str, str],
+                          vocabulary: Optional[seqio.Vocabulary] = None) -> seqio.Task:
+  """LM task over your plain-text files, {split: path or glob}; tokenized with
+  `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read)."""
+  return _register(name, _text_source(split_files),
+                   vocabulary or vocabularies.DeferredVocabulary(), lines=True)
+
+
+class _LocalTextLines(seqio.DataSource):
+  """`<local dir>/text_lm/<split>.txt`, looked up when read (the directory may be bound in
+  gin or $DECAL_LOCAL_DATA_DIR after import)."""
+
+  def __init__(self):
+    super().__init__(splits=downstream_tasks.SPLITS)
+
+  def _source(self) -> seqio.DataSource:
+    directory, _ = downstream_tasks.local_data()
+    folder = pathlib.Path(directory).expanduser() / TEXT_LM_FOLDER if directory else None
+    files = ({s: str(folder / f"{s}.txt") for s in downstream_tasks.SPLITS
+              if (folder / f"{s}.txt").exists()} if folder else {})
+    if not files:
+      raise FileNotFoundError(
+          f"{TEXT_LM_TASK} reads train.txt / validation.txt from <dir>/{TEXT_LM_FOLDER}/, but "
+          f"{folder or '<dir>'} has none: set DECAL_LOCAL_DATA_DIR=<dir> (or gin "
+          "downstream_tasks.local_data.directory) and put the files there.")
+    return seqio.TextLineDataSource(files)
+
+  @property
+  def supports_arbitrary_sharding(self) -> bool:
+    return False
+
+  def list_shards(self, split: str):
+    return self._source().list_shards(split)
+
+  def num_input_examples(self, split: str) -> Optional[int]:
+    return self._source().num_input_examples(split)
+
+  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
+                  shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs):
+    return self._source().get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info)
+
+
+_register("decal_builtin_lm", corpus.data_source(), vocabularies.builtin_vocabulary())
+_register("decal_c4_lm", PreparedTfdsSource(C4_TFDS_NAME), vocabularies.DeferredVocabulary())
+_register(TEXT_LM_TASK, _LocalTextLines(), vocabularies.DeferredVocabulary(), lines=True)
