@@ -289,7 +289,9 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   writer.write("eval", total_steps, result)
   writer.close()
   ckpt.close()
-  example = decode_example(state["params"], model, eval_cfg, partitioner) if show_example else None
+  # A decoder-only LM has no input to decode from; its report is the perplexity.
+  example = (decode_example(state["params"], model, eval_cfg, partitioner)
+             if show_example and not _decoder_only(model) else None)
   _report(result, example, total_steps)
   return result
 
@@ -322,8 +324,8 @@ def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], s
   if jax.process_index() != 0:
     return
   print(f"\nHeld-out (validation) at step {step}: loss {result['loss']:.4f}, "
-        f"token accuracy {result['accuracy']:.4f} over {int(result['target_tokens'])} "
-        "target tokens.")
+        f"token accuracy {result['accuracy']:.4f}, perplexity {result['perplexity']:.2f} "
+        f"over {int(result['target_tokens'])} target tokens.")
   if example is None:
     return
   print("Validation example, decoded from the compressed encoding:")

@@ -79,7 +79,7 @@ def test_parallel_pass_matches_numpy_mixed_resolution_attention():
 
 
 @pytest.mark.parametrize("lora_rank,selection", [(0, "nuggets"), (4, "nuggets"),
-                                                 (4, "compressive")])
+                                                 (4, "compressive"), (0, "window")])
 def test_compressed_cache_decodes_like_the_parallel_pass(lora_rank, selection):
   cfg, module, params = _model(lora_rank, selection)
   tokens = _tokens(1)
@@ -174,3 +174,12 @@ def test_bad_settings_are_refused():
                  enable_dropout=False, mutable=["cache"])
   with pytest.raises(ValueError, match="max_length"):
     module.apply({"params": params}, np.ones((1, 80), np.int32), enable_dropout=False)
+
+
+def test_window_only_baseline_matches_numpy_with_no_nuggets():
+  cfg, module, params = _model(selection="window")
+  tokens = _tokens(3)
+  logits = module.apply({"params": params}, tokens, enable_dropout=False)
+  for row in range(2):
+    expect, _ = _reference_logits(cfg, params, tokens[row], threshold=np.inf)
+    np.testing.assert_allclose(logits[row], expect, atol=2e-4, rtol=2e-4)

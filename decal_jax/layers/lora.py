@@ -68,6 +68,8 @@ class LoraDense(nn.Module):
       deltas[name] = (a, b)
 
     def delta(name):  # [..., out]
+      if not deltas:  # a projection without adapters (not among DecoderConfig.lora_targets)
+        return jnp.zeros_like(y)
       if name not in deltas:
         raise ValueError(f"Adapter {name!r} is not one of this layer's adapters "
                          f"{self.adapters}; set DecoderConfig.lora_rank > 0 to create them.")

@@ -44,6 +44,8 @@ class DecoderConfig:
   lora_rank: int = 0               # > 0: every attention projection carries LoRA adapters
   lora_alpha: float = 32.0
   lora_adapters: Tuple[str, ...] = ()
+  # which attention projections carry the adapters ('query', 'key', 'value', 'out')
+  lora_targets: Tuple[str, ...] = ("query", "key", "value", "out")
   dtype: Any = jnp.float32
 
   def __post_init__(self):
@@ -54,6 +56,10 @@ class DecoderConfig:
       raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}.")
     if self.lora_adapters and self.lora_rank <= 0:
       raise ValueError(f"LoRA adapters {self.lora_adapters} need lora_rank > 0.")
+    unknown = set(self.lora_targets) - {"query", "key", "value", "out"}
+    if unknown:
+      raise ValueError(f"lora_targets {sorted(unknown)} are not attention projections; "
+                       "choose from 'query', 'key', 'value', 'out'.")
 
   @property
   def kv_heads(self) -> int:
@@ -86,15 +92,18 @@ class Attention(nn.Module):
 
   def setup(self):
     cfg = self.config
+    def adapters(name):
+      return cfg.lora_adapters if name in cfg.lora_targets else ()
+
     def proj(heads, name):
       return LoraDense((heads, cfg.head_dim), ("embed", "heads" if heads == cfg.num_heads
                                                else "kv_heads", "kv"),
-                       cfg.lora_adapters, cfg.lora_rank, cfg.lora_alpha, cfg.qkv_bias,
+                       adapters(name), cfg.lora_rank, cfg.lora_alpha, cfg.qkv_bias,
                        dtype=cfg.dtype, name=name)
     self.query = proj(cfg.num_heads, "query")
     self.key = proj(cfg.kv_heads, "key")
     self.value = proj(cfg.kv_heads, "value")
-    self.out = LoraDense(cfg.emb_dim, ("heads", "kv", "embed"), cfg.lora_adapters,
+    self.out = LoraDense(cfg.emb_dim, ("heads", "kv", "embed"), adapters("out"),
                          cfg.lora_rank, cfg.lora_alpha, contract_dims=2, dtype=cfg.dtype)
     self.cache = KVCache(cfg.max_length, cfg.dtype)
 

@@ -16,6 +16,8 @@ parallel pass with a structured mask.
   `s_i - stop_gradient(s_i)` so the scorer learns from the next-token loss.
 * `selection='compressive'`: the Compressive Transformer baseline at the same ratio — the
   distant text is the mean of each finished r-token segment's states, at every layer.
+* `selection='window'`: no distant text at all, only the recent window (the paper's FULL
+  model with its context cut to the same number of states).
 
 Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus the nuggets'
 (or the pooled segments'), not the whole history: `cache_bytes` reports what it holds.
@@ -49,14 +51,14 @@ class DodoLMConfig:
   scorer_layer: int = 3             # ι
   scorer_hidden_dim: Optional[int] = None
   threshold: Optional[float] = None  # Λ; None: each batch's (1 - 1/r) score quantile
-  selection: str = "nuggets"        # or 'compressive'
+  selection: str = "nuggets"        # or 'compressive', 'window' (recent text only)
   nugget_capacity: Optional[int] = None  # cached nugget slots; None: 2 * max_length / r
 
   def __post_init__(self):
     nug.check_ratio(self.compression_ratio)
-    if self.selection not in ("nuggets", "compressive"):
-      raise ValueError(f"DodoLMConfig.selection must be 'nuggets' or 'compressive', got "
-                       f"{self.selection!r}.")
+    if self.selection not in ("nuggets", "compressive", "window"):
+      raise ValueError(f"DodoLMConfig.selection must be 'nuggets', 'compressive' or "
+                       f"'window', got {self.selection!r}.")
     if not 1 <= self.chunk <= self.window:
       raise ValueError(f"Need 1 <= chunk (c = {self.chunk}) <= window (τ = {self.window}): "
                        "a chunk's last token must still see the whole window.")
@@ -180,7 +182,7 @@ class DodoLM(nn.Module):
     self.rings = [RingCache(cfg.window) for _ in range(layers)]
     if cfg.selection == "nuggets":
       self.nugget_caches = [NuggetCache(cfg.capacity) for _ in range(layers)]
-    else:
+    elif cfg.selection == "compressive":
       slots = math.ceil(cfg.decoder.max_length / cfg.compression_ratio)
       self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots)
                              for _ in range(layers)]
@@ -248,10 +250,11 @@ class DodoLM(nn.Module):
     split = split_points(jnp.arange(n), cfg)  # [n]
     before_split = jnp.arange(n)[None, :] < split[:, None]  # [n, n]
     x = self.stack.embed(tokens)
-    if cfg.selection == "compressive":
+    if cfg.selection != "nuggets":
       adapter = "decode" if self._lora() else None
       bias = attn.mask_to_bias(window[:, None].astype(jnp.float32))  # [1, 1, n, n]
-      memories = self._pooled_memories(tokens, real, split, adapter)
+      memories = (self._pooled_memories(tokens, real, split, adapter)
+                  if cfg.selection == "compressive" else None)
       x = self.stack(x, positions, bias, memories, adapter, deterministic=deterministic)
       return self.stack.logits(x)
     scores = self.scores(tokens)  # [b, n]
@@ -289,7 +292,7 @@ class DodoLM(nn.Module):
     if cfg.selection == "nuggets":
       for cache in self.nugget_caches:
         cache(zeros, zeros, -1, 0, jnp.zeros((batch,), bool))
-    else:
+    elif cfg.selection == "compressive":
       x = jnp.zeros((batch, 1, cfg.decoder.emb_dim), cfg.decoder.dtype)
       for block, cache in zip(self.stack.layers, self.segment_caches):
         cache(block, x, -1, 0, None)
@@ -300,7 +303,7 @@ class DodoLM(nn.Module):
       for cache in self.nugget_caches:
         cache.put_variable("cache", "count", jnp.zeros((batch,), jnp.int32))
         cache.put_variable("cache", "positions", jnp.full((batch, cfg.capacity), -1, jnp.int32))
-    else:
+    elif cfg.selection == "compressive":
       for cache in self.segment_caches:
         cache.put_variable("cache", "running_sum",
                            jnp.zeros((batch, cfg.decoder.emb_dim), jnp.float32))
@@ -321,14 +324,14 @@ class DodoLM(nn.Module):
         return k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32))
       return hook
 
-    if cfg.selection == "compressive":
+    if cfg.selection != "nuggets":
       adapter = "decode" if self._lora() else None
 
       def memory(index, block, h):
         k, v, valid = self.segment_caches[index](block, h, position, split, adapter)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
-      x = self.stack(x, offsets, no_bias, memory, adapter,
-                     kv_hooks=[ring_hook(r) for r in self.rings])
+      x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,
+                     adapter, kv_hooks=[ring_hook(r) for r in self.rings])
       return self.stack.logits(x)
 
     if cfg.threshold is None:

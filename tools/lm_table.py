@@ -1,0 +1,145 @@
+"""Compressed-history language modelling at a fixed state budget (the Dodo paper's Table 1,
+at CPU scale): the same tiny decoder trained on the built-in corpus as
+
+  window-32   only the last <= 32 tokens (FULL with its context cut to 32 states)
+  window-64   only the last <= 64 tokens (FULL with 64 states)
+  compressive the last <= 32 tokens + mean-pooled 10-token segments before them
+  dodo        the last <= 32 tokens + nuggets (1 in 10 tokens, by score) before them
+  full        all previous tokens (no limit: the upper bound)
+
+and reports validation perplexity per subword:
+
+  python tools/lm_table.py --out docs/results/dodo_lm_builtin.md
+
+Options: --steps (300), --batch (8), --length (256 tokens per sequence), --work
+(runs/lm_table: one model dir per variant; finished variants are reused), --variants.
+"""
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RATIO, WINDOW, CHUNK = 10, 32, 16
+VARIANTS = {
+    "window-32": ["SELECTION = 'window'", f"WINDOW = {WINDOW}"],
+    "window-64": ["SELECTION = 'window'", f"WINDOW = {2 * WINDOW}"],
+    "compressive": ["SELECTION = 'compressive'", f"WINDOW = {WINDOW}"],
+    "dodo": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}"],
+    "full": None,  # the plain decoder
+}
+
+
+def states_read(name: str, length: int) -> str:
+  """How many states the last token of a sequence attends to (per layer)."""
+  if name == "full":
+    return str(length)
+  if name.startswith("window"):
+    return name.split("-")[1]
+  distant = length - WINDOW  # tokens before the last token's split point
+  return f"{WINDOW} + ~{distant // RATIO}"
+
+
+def gin_setup(name: str, args, model_dir: pathlib.Path):
+  files = ["models/decoder_tiny.gin"] + ([] if VARIANTS[name] is None else
+                                         ["models/dodo_lm.gin"]) + ["runs/lm_builtin.gin"]
+  bindings = [f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {args.steps}",
+              f"BATCH_SIZE = {args.batch}", f"TASK_FEATURE_LENGTHS = {{'targets': {args.length}}}",
+              f"EVAL_PERIOD = {args.steps}", f"CHECKPOINT_PERIOD = {args.steps}"]
+  if VARIANTS[name] is not None:
+    bindings += VARIANTS[name] + [f"CHUNK = {CHUNK}", f"COMPRESSION_RATIO = {RATIO}"]
+  return files, bindings
+
+
+def run(name: str, args, work: pathlib.Path) -> dict:
+  import gin
+  from decal_jax import gin_utils, trainer
+  import decal_jax.tasks  # noqa: F401  (registers decal_builtin_lm)
+  done = work / name / "result.json"
+  if done.exists():
+    print(f"{name}: finished before ({done}); reusing it.")
+    return json.loads(done.read_text())
+  files, bindings = gin_setup(name, args, work / name / "model")
+  print(f"{name}: python -m decal_jax.train " + " ".join(f"--gin_file={f}" for f in files) +
+        " " + " ".join(f'--gin_bindings="{b}"' for b in bindings), flush=True)
+  gin_utils.parse(files, [], bindings)
+  start = time.time()
+  metrics = gin.get_configurable(trainer.train)(gin_config_text=gin.config_str(),
+                                                show_example=False)
+  seconds = round(time.time() - start, 1)
+  note = ""
+  if name == "dodo":  # evaluate with the inference rule: a fixed, calibrated threshold
+    metrics, note = _calibrated_eval(files, bindings, work / name / "model")
+  result = {"name": name, "perplexity": float(metrics["perplexity"]),
+            "accuracy": float(metrics["accuracy"]), "loss": float(metrics["loss"]),
+            "seconds": seconds, "states": states_read(name, args.length), "note": note}
+  done.parent.mkdir(parents=True, exist_ok=True)
+  tmp = done.with_suffix(".tmp")
+  tmp.write_text(json.dumps(result, indent=1))
+  os.replace(tmp, done)
+  return result
+
+
+def _calibrated_eval(files, bindings, model_dir):
+  import gin
+  from decal_jax import gin_utils, partitioning, trainer
+  sys.path.insert(0, str(REPO / "tools"))
+  import calibrate_nuggets
+  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  train_cfg = gin.get_configurable("train/trainer.DatasetConfig")()
+  eval_cfg = gin.get_configurable("validation/trainer.DatasetConfig")()
+  params, _ = trainer.restore_params(model, str(model_dir), train_cfg,
+                                     partitioning.Partitioner())
+  found = calibrate_nuggets.calibrate(model, params, train_cfg, eval_cfg)
+  calibrate_nuggets.write_binding(str(model_dir), found["threshold"])
+  gin_utils.parse(files, [], list(bindings) + [f"NUGGET_THRESHOLD = {found['threshold']!r}"])
+  metrics = gin.get_configurable(trainer.evaluate)(model=gin.query_parameter("%MODEL")
+                                                  .scoped_configurable_fn(),
+                                                  model_dir=str(model_dir))
+  note = (f"Λ = {found['threshold']:.4g} calibrated on training text: "
+          f"{100 * found['validation_fraction']:.1f} % of validation tokens are nuggets "
+          f"(target {100 * found['target_fraction']:.0f} %)")
+  return metrics, note
+
+
+def table(results, args) -> str:
+  lines = [f"| model | states read by the last token | validation perplexity | token accuracy "
+           f"| train wall (s) |", "|---|---|---|---|---|"]
+  for r in results:
+    lines.append(f"| {r['name']} | {r['states']} | {r['perplexity']:.2f} | "
+                 f"{100 * r['accuracy']:.1f} % | {r['seconds']:.0f} |")
+  notes = [f"- {r['name']}: {r['note']}" for r in results if r.get("note")]
+  return "\n".join(lines + [""] + notes)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--length", type=int, default=256)
+  parser.add_argument("--work", default="runs/lm_table")
+  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--out", default=None, help="markdown file for the table")
+  args = parser.parse_args(argv)
+  names = [n.strip() for n in args.variants.split(",") if n.strip()]
+  unknown = [n for n in names if n not in VARIANTS]
+  if unknown:
+    sys.exit(f"Unknown variants {unknown}; choose from {list(VARIANTS)}.")
+  if args.length <= 2 * WINDOW:
+    sys.exit(f"--length must exceed {2 * WINDOW} tokens, or nothing is ever compressed.")
+  work = (REPO / args.work).resolve() if not os.path.isabs(args.work) else pathlib.Path(args.work)
+  work = work / f"steps{args.steps}_batch{args.batch}_len{args.length}"
+  results = [run(name, args, work) for name in names]
+  text = table(results, args)
+  print(text)
+  if args.out:
+    out = pathlib.Path(args.out)
+    out = out if out.is_absolute() else REPO / out
+    out.write_text(text + "\n")
+    print(f"table written to {out}")
+
+
+if __name__ == "__main__":
+  main()
