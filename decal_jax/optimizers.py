@@ -1,4 +1,5 @@
 """Optimizers and learning-rate schedules (T5 defaults), built on optax."""
+import math
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -17,6 +18,31 @@ def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000,
     step = jnp.maximum(jnp.asarray(step, jnp.float32) - offset, 0.0)
     warm = jnp.minimum(step / max(warmup_steps, 1), 1.0)
     return base_learning_rate * warm / jnp.sqrt(jnp.maximum(step, float(warmup_steps)))
+  return schedule
+
+
+def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
+                    decay_steps: int = 150_000, final_fraction: float = 0.0) -> Callable:
+  """Linear warm-up, then one half-cosine (Loshchilov & Hutter's annealing, no restarts).
+
+  lr(step) = base * step / warmup for step < warmup; then, with t = min(step - warmup,
+  decay_steps) / decay_steps, base * (f + (1 - f) * (1 + cos(pi * t)) / 2), f =
+  `final_fraction`: from base down to f * base over `decay_steps`, flat afterwards.
+  Dodo's recipe (dodo.md appendix B): base 1e-4, 2,000 warm-up steps, period 150k steps.
+  """
+  if warmup_steps < 0 or decay_steps < 1:
+    raise ValueError(f"cosine_schedule needs warmup_steps >= 0 and decay_steps >= 1, got "
+                     f"{warmup_steps} and {decay_steps}.")
+  if not 0.0 <= final_fraction <= 1.0:
+    raise ValueError(f"final_fraction must lie in [0, 1], got {final_fraction}.")
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = base_learning_rate * step / max(warmup_steps, 1)
+    t = jnp.clip((step - warmup_steps) / decay_steps, 0.0, 1.0)
+    cosine = 0.5 * (1.0 + jnp.cos(math.pi * t))
+    decayed = base_learning_rate * (final_fraction + (1.0 - final_fraction) * cosine)
+    return jnp.where(step < warmup_steps, warm, decayed)
   return schedule
 
 

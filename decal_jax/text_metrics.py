@@ -6,6 +6,8 @@
 * `squad`: exact match and token F1 after SQuAD answer normalisation (lower case, no
   punctuation, no articles a/an/the, single spaces); each prediction takes its best score
   over the reference answers. x 100.
+* `bleu`: corpus BLEU (sacrebleu's defaults: 13a tokenisation, exponential smoothing),
+  0-100; the reconstruction score of Dodo's autoencoding.
 
 A target may be one string or a sequence of reference strings (QA tasks pass every answer).
 """
@@ -15,6 +17,7 @@ import string
 from typing import Dict, List, Sequence, Union
 
 import numpy as np
+import sacrebleu
 from rouge_score import rouge_scorer
 
 Target = Union[str, Sequence[str]]
@@ -85,3 +88,15 @@ def squad(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, fl
   em = [max(exact_match(r, p) for r in _references(t)) for t, p in zip(targets, predictions)]
   f1 = [max(token_f1(r, p) for r in _references(t)) for t, p in zip(targets, predictions)]
   return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
+
+
+def bleu(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:
+  """{'bleu': corpus BLEU x 100} of the predictions against their reference(s).
+
+  Examples may have different numbers of references; the missing ones are left out."""
+  _check_lengths(targets, predictions)
+  references = [_references(t) for t in targets]
+  streams = [[refs[i] if i < len(refs) else None for refs in references]
+             for i in range(max(len(refs) for refs in references))]  # [refs][examples]
+  score = sacrebleu.corpus_bleu([str(p) for p in predictions], streams)
+  return {"bleu": float(score.score)}

@@ -58,7 +58,7 @@ class Dataset:
   local_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-class LocalOrTfdsSource(seqio.DataSource):
+class LocalOrTfdsSource(local_files.DeferredSource):
   """Reads local JSONL files when `<local dir>/<name>/` exists, else the TFDS dataset.
   The choice is made each time data is read, so gin bindings made after import count."""
 
@@ -92,16 +92,6 @@ class LocalOrTfdsSource(seqio.DataSource):
           f"{list(text_to_text.KINDS[self.dataset.kind])}; tools/prepare_jsonl.py converts the "
           "official release) and set DECAL_LOCAL_DATA_DIR or downstream_tasks.local_data.directory.")
     return self._tfds
-
-  @property
-  def supports_arbitrary_sharding(self) -> bool:
-    return False
-
-  def list_shards(self, split: str):
-    return self._source().list_shards(split)
-
-  def num_input_examples(self, split: str) -> Optional[int]:
-    return self._source().num_input_examples(split)
 
   def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
                   shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs):

@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 import seqio
 import tensorflow as tf
 
-from decal_jax.data import corpus, vocabularies
+from decal_jax.data import corpus, local_files, vocabularies
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
 
@@ -69,7 +69,7 @@ def register_text_lm_task(name: str, split_files: Mapping[str, str],
                    vocabulary or vocabularies.DeferredVocabulary(), lines=True)
 
 
-class _LocalTextLines(seqio.DataSource):
+class _LocalTextLines(local_files.DeferredSource):
   """`<local dir>/text_lm/<split>.txt`, looked up when read (the directory may be bound in
   gin or $DECAL_LOCAL_DATA_DIR after import)."""
 
@@ -88,19 +88,6 @@ class _LocalTextLines(seqio.DataSource):
           "downstream_tasks.local_data.directory) and put the files there.")
     return seqio.TextLineDataSource(files)
 
-  @property
-  def supports_arbitrary_sharding(self) -> bool:
-    return False
-
-  def list_shards(self, split: str):
-    return self._source().list_shards(split)
-
-  def num_input_examples(self, split: str) -> Optional[int]:
-    return self._source().num_input_examples(split)
-
-  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
-                  shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs):
-    return self._source().get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info)
 
 
 _register("decal_builtin_lm", corpus.data_source(), vocabularies.builtin_vocabulary())

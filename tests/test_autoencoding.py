@@ -65,3 +65,84 @@ def test_autoencoding_with_short_targets_is_refused():
                               {"inputs": 64, "targets": 16})
   with pytest.raises(ValueError, match="autoencodes.*Set 'targets' >= 'inputs'"):
     trainer.check_feature_lengths(cfg, model)
+
+
+# --------------------------------------------------------------------------- metrics, own text
+@pytest.fixture
+def model_vocabulary(monkeypatch):
+  """Tasks of 'the model's' vocabulary read the built-in one, as a tiny model's gin binds."""
+  import gin
+  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
+  vocab = vocabularies.builtin_vocabulary()
+  with gin.unlock_config():
+    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", vocab)
+  yield vocab
+  gin.clear_config()
+
+
+def test_autoencoding_tasks_report_bleu_and_carry_their_text():
+  from decal_jax import text_metrics
+  for name in ("decal_builtin_autoencode", "decal_c4_autoencode", "decal_text_autoencode"):
+    assert seqio.get_mixture_or_task(name).predict_metric_fns == [text_metrics.bleu], name
+  assert not seqio.get_mixture_or_task("decal_builtin_continuation").predict_metric_fns
+  vocab = vocabularies.builtin_vocabulary()
+  ds = seqio.get_mixture_or_task("decal_builtin_autoencode").get_dataset(
+      {"inputs": 32, "targets": 32}, split="validation", shuffle=False)
+  for ex in ds.take(3).as_numpy_iterator():
+    # the text is the chunk's ids decoded (EOS dropped), for inputs and targets alike
+    assert vocab.decode(ex["targets"].tolist()[:-1]) == ex["targets_pretokenized"].decode()
+    assert ex["inputs_pretokenized"] == ex["targets_pretokenized"]
+
+
+def test_c4_autoencoding_tokenizes_with_the_models_vocabulary(model_vocabulary):
+  task = seqio.get_mixture_or_task("decal_c4_autoencode")
+  assert task.output_features["targets"].vocabulary == model_vocabulary
+
+
+TEXTS = ["The pass statement does nothing.", "A for loop repeats a block.",
+         "Names are bound by assignment."]
+
+
+def _write_jsonl(path, texts, field="text"):
+  import json
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join(json.dumps({field: t}) + "\n" for t in texts))
+
+
+def _stream_of(task_name, lengths):
+  ds = seqio.get_mixture_or_task(task_name).get_dataset(lengths, split="train", shuffle=False,
+                                                        num_epochs=1)
+  examples = list(ds.as_numpy_iterator())
+  for ex in examples:
+    np.testing.assert_array_equal(ex["inputs"], ex["targets"])  # the target is the input
+    assert ex["inputs"][-1] == 1 and len(ex["inputs"]) <= lengths["inputs"]
+  return examples, [t for ex in examples for t in ex["inputs"][:-1].tolist()]
+
+
+def test_register_text_autoencode_task_reads_your_file(tmp_path, model_vocabulary):
+  from decal_jax.tasks import autoencoding_tasks
+  _write_jsonl(tmp_path / "mine.jsonl", TEXTS, field="body")
+  autoencoding_tasks.register_text_autoencode_task(
+      "my_autoencode", {"train": str(tmp_path / "mine.jsonl")}, field="body")
+  try:
+    lengths = {"inputs": 8, "targets": 8}
+    examples, stream = _stream_of("my_autoencode", lengths)
+    # the texts back to back, tokenized in Python, cut into chunks of 7 tokens + EOS
+    want = [t for text in TEXTS for t in model_vocabulary.encode(text)]
+    assert stream == want
+    assert [len(ex["inputs"]) - 1 for ex in examples[:-1]] == [7] * (len(examples) - 1)
+    wide = {"inputs": 64, "targets": 64}  # everything in one chunk: its text is all texts
+    (only,), _ = _stream_of("my_autoencode", wide)
+    assert only["targets_pretokenized"].decode() == model_vocabulary.decode(want)
+  finally:
+    seqio.TaskRegistry.remove("my_autoencode")
+
+
+def test_text_autoencode_task_reads_the_local_folder(tmp_path, monkeypatch, model_vocabulary):
+  lengths = {"inputs": 64, "targets": 64}
+  monkeypatch.setenv("DECAL_LOCAL_DATA_DIR", str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="text_autoencode.*DECAL_LOCAL_DATA_DIR"):
+    _stream_of("decal_text_autoencode", lengths)
+  _write_jsonl(tmp_path / "text_autoencode" / "train.jsonl", TEXTS)
+  _, stream = _stream_of("decal_text_autoencode", lengths)
+  assert stream == [t for text in TEXTS for t in model_vocabulary.encode(text)]

@@ -2,7 +2,6 @@
 the parallel pass against a numpy re-derivation of its attention pattern, the compressed
 cache against the parallel pass, threshold calibration on held-out text, generation."""
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,8 @@
-"""Text metrics: SQuAD EM / F1 on hand-worked cases; ROUGE against the rouge-score package."""
+"""Text metrics: SQuAD EM / F1 on hand-worked cases; ROUGE against the rouge-score package;
+BLEU against a plain-python re-derivation of its definition."""
+import collections
+import math
+
 import pytest
 from rouge_score import rouge_scorer
 
@@ -59,3 +63,69 @@ def test_metric_errors_name_the_problem():
     text_metrics.squad(["a", "b"], ["a"])
   with pytest.raises(ValueError, match="no reference"):
     text_metrics.squad([[]], ["a"])
+
+
+# --------------------------------------------------------------------------- BLEU
+def _ngrams(words, n):
+  return collections.Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+
+
+def _reference_bleu(references, hypotheses):
+  """Corpus BLEU x 100 from its definition (Papineni et al.): clipped n-gram counts summed
+  over the corpus for n = 1..4, their geometric mean, times the brevity penalty
+  exp(1 - r / c) when the hypotheses (c words) are shorter than the references (r words).
+  Whitespace words: the test texts are already tokenised, so sacrebleu's tokeniser keeps
+  them as they are. One reference per example; every order must have a match."""
+  matches, totals, hyp_len, ref_len = [0] * 4, [0] * 4, 0, 0
+  for ref, hyp in zip(references, hypotheses):
+    ref, hyp = ref.split(), hyp.split()
+    hyp_len, ref_len = hyp_len + len(hyp), ref_len + len(ref)
+    for n in range(1, 5):
+      hyp_counts, ref_counts = _ngrams(hyp, n), _ngrams(ref, n)
+      matches[n - 1] += sum(min(c, ref_counts[g]) for g, c in hyp_counts.items())
+      totals[n - 1] += max(len(hyp) - n + 1, 0)
+  log_precision = sum(math.log(m / t) for m, t in zip(matches, totals)) / 4
+  brevity = 1.0 if hyp_len >= ref_len else math.exp(1 - ref_len / hyp_len)
+  return 100 * brevity * math.exp(log_precision)
+
+
+def test_bleu_of_identical_text_is_100():
+  texts = ["the with statement wraps a block", "a b c d e f g"]
+  assert text_metrics.bleu(texts, texts)["bleu"] == pytest.approx(100.0)
+
+
+def test_bleu_hand_worked():
+  ref, hyp = "the cat sat on the mat today", "the cat sat on a mat"
+  # clipped matches / hypothesis n-grams: 1-grams 5/6 ('a' misses), 2-grams 3/5
+  # (the cat, cat sat, sat on), 3-grams 2/4, 4-grams 1/3 (the cat sat on);
+  # 6 words against 7: brevity penalty exp(1 - 7/6).
+  want = 100 * math.exp(1 - 7 / 6) * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25
+  assert _reference_bleu([ref], [hyp]) == pytest.approx(want)
+  assert text_metrics.bleu([ref], [hyp])["bleu"] == pytest.approx(want, abs=1e-9)
+
+
+def test_bleu_is_a_corpus_score_not_a_mean_of_sentences():
+  refs = ["the cat sat on the mat today", "a quick brown fox jumps over the lazy dog",
+          "we read the docs"]
+  hyps = ["the cat sat on a mat", "a quick brown fox jumped over a lazy dog and a cat",
+          "we read the docs"]
+  want = _reference_bleu(refs, hyps)
+  assert text_metrics.bleu(refs, hyps)["bleu"] == pytest.approx(want, abs=1e-9)
+  sentence_mean = sum(_reference_bleu([r], [h]) for r, h in zip(refs, hyps)) / 3
+  assert abs(want - sentence_mean) > 1.0  # the two really differ on this example
+
+
+def test_bleu_errors_name_the_problem():
+  with pytest.raises(ValueError, match="2 targets but 1 predictions"):
+    text_metrics.bleu(["a", "b"], ["a"])
+  with pytest.raises(ValueError, match="No examples"):
+    text_metrics.bleu([], [])
+
+
+def test_bleu_takes_several_references_per_example():
+  # Each hypothesis equals one of its references: every n-gram is matched and the closest
+  # reference length equals the hypothesis length, so BLEU is 100 even though the examples
+  # have different numbers of references.
+  targets = [["the cat sat on the mat today", "the cat sat on a mat"], "we read the docs"]
+  assert text_metrics.bleu(targets, ["the cat sat on a mat", "we read the docs"])["bleu"] == \
+      pytest.approx(100.0)

@@ -5,6 +5,7 @@ at CPU scale): the same tiny decoder trained on the built-in corpus as
   window-64   only the last <= 64 tokens (FULL with 64 states)
   compressive the last <= 32 tokens + mean-pooled 10-token segments before them
   dodo        the last <= 32 tokens + nuggets (1 in 10 tokens, by score) before them
+  dodo-random-scorer  the same with the scorer frozen at initialisation (a diagnostic)
   full        all previous tokens (no limit: the upper bound)
 
 and reports validation perplexity per subword:
@@ -28,6 +29,11 @@ VARIANTS = {
     "window-64": ["SELECTION = 'window'", f"WINDOW = {2 * WINDOW}"],
     "compressive": ["SELECTION = 'compressive'", f"WINDOW = {WINDOW}"],
     "dodo": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}"],
+    # diagnostic: the same, with the scorer left at its random initialisation
+    "dodo-random-scorer": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
+                           "trainer.train.optimizer = @optimizers.partially_frozen()",
+                           "optimizers.partially_frozen.optimizer = @optimizers.adamw()",
+                           "optimizers.partially_frozen.trainable = ('stack',)"],
     "full": None,  # the plain decoder
 }
 
@@ -36,7 +42,7 @@ def states_read(name: str, length: int) -> str:
   """How many states the last token of a sequence attends to (per layer)."""
   if name == "full":
     return str(length)
-  if name.startswith("window"):
+  if name.startswith("window-"):
     return name.split("-")[1]
   distant = length - WINDOW  # tokens before the last token's split point
   return f"{WINDOW} + ~{distant // RATIO}"
@@ -70,7 +76,7 @@ def run(name: str, args, work: pathlib.Path) -> dict:
                                                 show_example=False)
   seconds = round(time.time() - start, 1)
   note = ""
-  if name == "dodo":  # evaluate with the inference rule: a fixed, calibrated threshold
+  if name.startswith("dodo"):  # evaluate with the inference rule: a fixed, calibrated threshold
     metrics, note = _calibrated_eval(files, bindings, work / name / "model")
   result = {"name": name, "perplexity": float(metrics["perplexity"]),
             "accuracy": float(metrics["accuracy"]), "loss": float(metrics["loss"]),
@@ -105,8 +111,8 @@ def _calibrated_eval(files, bindings, model_dir):
 
 
 def table(results, args) -> str:
-  lines = [f"| model | states read by the last token | validation perplexity | token accuracy "
-           f"| train wall (s) |", "|---|---|---|---|---|"]
+  lines = ["| model | states read by the last token | validation perplexity | token accuracy "
+           "| train wall (s) |", "|---|---|---|---|---|"]
   for r in results:
     lines.append(f"| {r['name']} | {r['states']} | {r['perplexity']:.2f} | "
                  f"{100 * r['accuracy']:.1f} % | {r['seconds']:.0f} |")

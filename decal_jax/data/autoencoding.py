@@ -8,8 +8,14 @@ chunks, with EOS appended after (`seqio.preprocessors.append_eos_after_trim`):
 - `continuation`: chunks of (inputs_length - 1) + (targets_length - 1) tokens; the input is
   the first inputs_length - 1 tokens, the target the rest. A short final chunk of L tokens
   gives its last up to targets_length - 1 tokens to the target and at least one to the input.
+
+A chunk is token ids cut from the stream, so it has no source text of its own;
+`add_pretokenized` decodes each chunk back to text (`inputs_pretokenized`,
+`targets_pretokenized`) for the metrics (BLEU of the reconstruction) and predictions files.
 """
 from typing import Mapping
+
+import seqio
 
 import tensorflow as tf
 
@@ -36,3 +42,14 @@ def continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
     return {"inputs": chunk[:cut], "targets": chunk[cut:]}
 
   return chunks.filter(lambda c: tf.size(c) >= 2).map(split)
+
+
+def add_pretokenized(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]
+                     ) -> tf.data.Dataset:
+  """seqio preprocessor: adds '<key>_pretokenized', the text of the 'inputs' / 'targets'
+  token ids (each key decoded with its feature's vocabulary)."""
+  def fn(ex):
+    texts = {f"{key}_pretokenized": output_features[key].vocabulary.decode_tf(ex[key])
+             for key in ("inputs", "targets")}
+    return dict(ex, **texts)
+  return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)

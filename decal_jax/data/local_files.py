@@ -174,3 +174,25 @@ class JsonlSource(seqio.DataSource):
     if shuffle:
       ds = ds.shuffle(min(self.num_input_examples(split), 10_000), seed=seed)
     return ds
+
+
+class DeferredSource(seqio.DataSource):
+  """A seqio source that picks the real source (`_source()`) each time data is read, so a
+  local directory bound in gin or the environment after the task is registered counts."""
+
+  def _source(self) -> seqio.DataSource:
+    raise NotImplementedError
+
+  @property
+  def supports_arbitrary_sharding(self) -> bool:
+    return False
+
+  def list_shards(self, split: str):
+    return self._source().list_shards(split)
+
+  def num_input_examples(self, split: str) -> Optional[int]:
+    return self._source().num_input_examples(split)
+
+  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
+                  shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs):
+    return self._source().get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info)

@@ -7,10 +7,9 @@ two adapters on one base (compressing and decoding) and reads its scorer feature
 no adapter active (dodo.md §3).
 """
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Sequence, Tuple, Union
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from decal_jax.layers.core import Array, DType, default_kernel_init, param_with_axes
