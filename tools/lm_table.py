@@ -31,6 +31,9 @@ VARIANTS = {
     "dodo": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}"],
     # diagnostic: the same, with the scorer left at its random initialisation
     "dodo-random-scorer": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
+                           "from __gin__ import dynamic_registration",
+                           "from decal_jax import optimizers",
+                           "from decal_jax import trainer",
                            "trainer.train.optimizer = @optimizers.partially_frozen()",
                            "optimizers.partially_frozen.optimizer = @optimizers.adamw()",
                            "optimizers.partially_frozen.trainable = ('stack',)"],
@@ -110,6 +113,24 @@ def _calibrated_eval(files, bindings, model_dir):
   return metrics, note
 
 
+def header(args) -> str:
+  import datetime
+  import platform
+  import jax
+  cores = os.cpu_count()
+  return "\n".join([
+      "# Compressed-history language modelling at a fixed state budget (built-in corpus)", "",
+      f"- command: `python tools/lm_table.py --steps {args.steps} --batch {args.batch} "
+      f"--length {args.length} --out {args.out}`",
+      f"- date: {datetime.date.today()}; machine: {platform.machine()} {platform.system()}, "
+      f"{cores} CPU cores, jax {jax.__version__} on {jax.devices()[0].platform}",
+      f"- model: models/decoder_tiny.gin (4 layers, emb 128, GQA 4/2 heads), trained from "
+      f"scratch for {args.steps} steps of batch {args.batch} x {args.length} tokens "
+      f"(runs/lm_builtin.gin: AdamW, cosine 3e-3); Dodo / compressive: r = {RATIO}, "
+      f"τ = {WINDOW}, c = {CHUNK}, scorer on layer ι = 3; perplexity per subword on the "
+      "validation split (teacher-forced).", ""])
+
+
 def table(results, args) -> str:
   lines = ["| model | states read by the last token | validation perplexity | token accuracy "
            "| train wall (s) |", "|---|---|---|---|---|"]
@@ -138,7 +159,7 @@ def main(argv=None):
   work = (REPO / args.work).resolve() if not os.path.isabs(args.work) else pathlib.Path(args.work)
   work = work / f"steps{args.steps}_batch{args.batch}_len{args.length}"
   results = [run(name, args, work) for name in names]
-  text = table(results, args)
+  text = header(args) + "\n" + table(results, args)
   print(text)
   if args.out:
     out = pathlib.Path(args.out)
