@@ -86,3 +86,27 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
 
   return optax.multi_transform({"train": optimizer or adamw(), "freeze": optax.set_to_zero()},
                                labels)
+
+
+def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
+                   scales: Optional[dict] = None) -> optax.GradientTransformation:
+  """`optimizer` (default adamw) for every parameter, with the updates of parameters whose
+  path contains a key of `scales` multiplied by its value: a per-part learning-rate factor,
+  e.g. {'scorer': 0.01} slows Dodo's scorer relative to the LM it selects for."""
+  scales = dict(scales or {})
+  optimizer = optimizer or adamw()
+  if not scales:
+    return optimizer
+  if any(not value > 0 for value in scales.values()):
+    raise ValueError(f"scaled_updates factors must be positive, got {scales}.")
+
+  def labels(params):
+    def label(path, _):
+      name = jax.tree_util.keystr(path)
+      return next((fragment for fragment in scales if fragment in name), "__rest__")
+    return jax.tree_util.tree_map_with_path(label, params)
+
+  transforms = {fragment: optax.chain(optimizer, optax.scale(factor))
+                for fragment, factor in scales.items()}
+  transforms["__rest__"] = optimizer
+  return optax.multi_transform(transforms, labels)

@@ -290,3 +290,16 @@ def _get(tree, path):
   for key in path:
     tree = tree[key.key]
   return tree
+
+
+def test_scaled_updates_multiply_only_the_named_part():
+  params = {"scorer": {"w": jnp.ones(3)}, "stack": {"w": jnp.ones(3)}}
+  grads = {"scorer": {"w": jnp.array([0.1, -2.0, 3.0])}, "stack": {"w": jnp.array([1., 2., -3.])}}
+  base = optax.adam(1e-2)
+  plain, _ = base.update(grads, base.init(params), params)
+  scaled_opt = optimizers.scaled_updates(base, {"scorer": 0.01})
+  scaled, _ = scaled_opt.update(grads, scaled_opt.init(params), params)
+  np.testing.assert_allclose(scaled["scorer"]["w"], 0.01 * plain["scorer"]["w"], rtol=1e-6)
+  np.testing.assert_allclose(scaled["stack"]["w"], plain["stack"]["w"], rtol=1e-6)
+  with pytest.raises(ValueError, match="positive"):
+    optimizers.scaled_updates(base, {"scorer": 0.0})

@@ -53,11 +53,13 @@ def _reference_logits(cfg, params, tokens, threshold):
   window = np.array([[split[t] <= i <= t for i in range(n)] for t in range(n)])
   x = stack["token_embedder"]["embedding"][tokens]
   positions = np.arange(n)
-  h = x
-  for layer in range(cfg.scorer_layer):
-    h = model.block(layer, h, positions, window, None)
-  scores = numpy_llama.scorer(jax.tree_util.tree_map(np.asarray, params["scorer"]), h)
-  nugget = scores > threshold
+  nugget = np.zeros(n, bool)
+  if np.isfinite(threshold):  # (the window-only model has no scorer)
+    h = x
+    for layer in range(cfg.scorer_layer):
+      h = model.block(layer, h, positions, window, None)
+    scores = numpy_llama.scorer(jax.tree_util.tree_map(np.asarray, params["scorer"]), h)
+    nugget = scores > threshold
   allowed = window | np.array([[nugget[i] and i < split[t] for i in range(n)]
                                for t in range(n)])
   for layer in range(cfg.decoder.num_layers):

@@ -7,6 +7,7 @@ at CPU scale): the same tiny decoder trained on the built-in corpus as
   compressive the last <= 32 tokens + mean-pooled 10-token segments before them
   dodo        the last <= 32 tokens + nuggets (1 in 10 tokens, by score) before them
   dodo-random-scorer  the same with the scorer frozen at initialisation (a diagnostic)
+  dodo-slow-scorer    the same with the scorer's updates at 1/100 of the LM's (a diagnostic)
   full        all previous tokens (no limit: the upper bound)
 
 and reports validation perplexity per subword:
@@ -38,6 +39,14 @@ VARIANTS = {
                            "trainer.train.optimizer = @optimizers.partially_frozen()",
                            "optimizers.partially_frozen.optimizer = @optimizers.adamw()",
                            "optimizers.partially_frozen.trainable = ('stack',)"],
+    # diagnostic: the scorer's updates at 1/100 of the LM's learning rate
+    "dodo-slow-scorer": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
+                         "from __gin__ import dynamic_registration",
+                         "from decal_jax import optimizers",
+                         "from decal_jax import trainer",
+                         "trainer.train.optimizer = @optimizers.scaled_updates()",
+                         "optimizers.scaled_updates.optimizer = @optimizers.adamw()",
+                         "optimizers.scaled_updates.scales = {'scorer': 0.01}"],
     "full": None,  # the plain decoder
 }
 
