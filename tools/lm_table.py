@@ -6,8 +6,9 @@ at CPU scale): the same tiny decoder trained on the built-in corpus as
   window-64   only the last <= 64 tokens (FULL with 64 states)
   compressive the last <= 32 tokens + mean-pooled 10-token segments before them
   dodo        the last <= 32 tokens + nuggets (1 in 10 tokens, by score) before them
+              (the scorer's updates at 1/100 of the LM's: runs/lm_builtin.gin)
   dodo-random-scorer  the same with the scorer frozen at initialisation (a diagnostic)
-  dodo-slow-scorer    the same with the scorer's updates at 1/100 of the LM's (a diagnostic)
+  dodo-scorer-lr-x1   the same with one AdamW for everything (a diagnostic)
   full        all previous tokens (no limit: the upper bound)
 
 and reports validation perplexity per subword:
@@ -30,8 +31,8 @@ VARIANTS = {
     "window-32": ["SELECTION = 'window'", f"WINDOW = {WINDOW}"],
     "window-64": ["SELECTION = 'window'", f"WINDOW = {2 * WINDOW}"],
     "compressive": ["SELECTION = 'compressive'", f"WINDOW = {WINDOW}"],
-    "dodo": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}"],
-    # diagnostic: the same, with the scorer left at its random initialisation
+    "dodo": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}"],  # scorer lr x 0.01 (the run file)
+    # diagnostics: the scorer frozen at initialisation; the scorer at the LM's learning rate
     "dodo-random-scorer": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
                            "from __gin__ import dynamic_registration",
                            "from decal_jax import optimizers",
@@ -39,14 +40,11 @@ VARIANTS = {
                            "trainer.train.optimizer = @optimizers.partially_frozen()",
                            "optimizers.partially_frozen.optimizer = @optimizers.adamw()",
                            "optimizers.partially_frozen.trainable = ('stack',)"],
-    # diagnostic: the scorer's updates at 1/100 of the LM's learning rate
-    "dodo-slow-scorer": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
-                         "from __gin__ import dynamic_registration",
-                         "from decal_jax import optimizers",
-                         "from decal_jax import trainer",
-                         "trainer.train.optimizer = @optimizers.scaled_updates()",
-                         "optimizers.scaled_updates.optimizer = @optimizers.adamw()",
-                         "optimizers.scaled_updates.scales = {'scorer': 0.01}"],
+    "dodo-scorer-lr-x1": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
+                          "from __gin__ import dynamic_registration",
+                          "from decal_jax import optimizers",
+                          "from decal_jax import trainer",
+                          "trainer.train.optimizer = @optimizers.adamw()"],
     "full": None,  # the plain decoder
 }
 
