@@ -38,15 +38,8 @@ def cache_map(fn: Callable[[Array], Array], cache: Any) -> Any:
 
 def flat_batch_beam_expand(x: Any, beam_size: int) -> Any:
   """`[batch, ...]` -> `[batch * beam_size, ...]`, each example repeated beam_size times.
-
-  `x` may be a pytree (Dodo's nuggets): every leaf with a leading batch axis is expanded;
-  nugget keys/values carry the batch second, after the layer axis.
-  """
-  def expand(path, leaf):
-    name = getattr(path[-1], "name", None) if path else None
-    axis = 1 if name in ("keys", "values") else 0
-    return jnp.repeat(leaf, beam_size, axis=axis)
-  return jax.tree_util.tree_map_with_path(expand, x)
+  `x` may be a pytree whose leaves all lead with the batch axis (Dodo's nuggets)."""
+  return jax.tree_util.tree_map(lambda leaf: jnp.repeat(leaf, beam_size, axis=0), x)
 
 
 def _shift_in(sequences: Array) -> Array:

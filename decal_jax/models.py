@@ -22,6 +22,16 @@ class _TokenLoss:
   """Loss / eval / score over `decoder_target_tokens`, shared by both model kinds; the
   subclass provides `_compute_logits(params, batch, dropout_rng)`."""
 
+  def __init__(self, module, input_vocabulary, output_vocabulary, z_loss, label_smoothing,
+               loss_normalizing_factor, decode_fn):
+    self.module = module
+    self.input_vocabulary = input_vocabulary
+    self.output_vocabulary = output_vocabulary
+    self.z_loss = z_loss
+    self.label_smoothing = label_smoothing
+    self.loss_normalizing_factor = loss_normalizing_factor
+    self._decode_fn = decode_fn
+
   def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
     """(optimised loss, aux sums) — see docs/CONTRACTS.md for the aux keys."""
     logits = self._compute_logits(params, batch, dropout_rng)  # [batch, t, vocab]
@@ -62,13 +72,8 @@ class EncoderDecoderModel(_TokenLoss):
                output_vocabulary: seqio.Vocabulary, z_loss: float = 1e-4,
                label_smoothing: float = 0.0, loss_normalizing_factor: Optional[float] = None,
                decode_fn: Callable[..., Tuple[Array, Array]] = decoding.beam_search):
-    self.module = module
-    self.input_vocabulary = input_vocabulary
-    self.output_vocabulary = output_vocabulary
-    self.z_loss = z_loss
-    self.label_smoothing = label_smoothing
-    self.loss_normalizing_factor = loss_normalizing_factor
-    self._decode_fn = decode_fn
+    super().__init__(module, input_vocabulary, output_vocabulary, z_loss, label_smoothing,
+                     loss_normalizing_factor, decode_fn)
 
   # ------------------------------------------------------------------------- init
   def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]],
@@ -163,12 +168,8 @@ class DecoderOnlyModel(_TokenLoss):
   def __init__(self, module: nn.Module, vocabulary: seqio.Vocabulary, z_loss: float = 1e-4,
                label_smoothing: float = 0.0, loss_normalizing_factor: Optional[float] = None,
                decode_fn: Callable[..., Tuple[Array, Array]] = decoding.temperature_sample):
-    self.module = module
-    self.input_vocabulary = self.output_vocabulary = vocabulary
-    self.z_loss = z_loss
-    self.label_smoothing = label_smoothing
-    self.loss_normalizing_factor = loss_normalizing_factor
-    self._decode_fn = decode_fn
+    super().__init__(module, vocabulary, vocabulary, z_loss, label_smoothing,
+                     loss_normalizing_factor, decode_fn)
 
   def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]],
                             input_types: Optional[Mapping[str, Any]] = None):

@@ -22,7 +22,6 @@ Their targets are the whole input, so they want TASK_FEATURE_LENGTHS with 'targe
 chunks of inputs_length - 1 tokens (see decal_jax/data/autoencoding.py).
 """
 import functools
-import pathlib
 from typing import Dict, Mapping, Optional, Tuple
 
 import seqio
@@ -90,19 +89,16 @@ class LocalTextSource(local_files.DeferredSource):
     super().__init__(splits=downstream_tasks.SPLITS)
 
   def _source(self) -> local_files.JsonlSource:
-    directory, bad_lines = downstream_tasks.local_data()
-    folder = pathlib.Path(directory).expanduser() / self.folder if directory else None
-    files = ({s: str(folder / f"{s}.jsonl") for s in downstream_tasks.SPLITS
-              if (folder / f"{s}.jsonl").exists()} if folder else {})
+    folder, files = downstream_tasks.local_split_files(self.folder, ".jsonl")
     if not files:
       raise FileNotFoundError(
           f"{TEXT_AUTOENCODE_TASK} reads train.jsonl / validation.jsonl (one JSON object per "
           f"line with a \"text\" field) from <dir>/{self.folder}/, but "
           f"{folder or '<dir>'} has none: set DECAL_LOCAL_DATA_DIR=<dir> (or gin "
           "downstream_tasks.local_data.directory) and put the files there.")
-    key = (str(folder), bad_lines)
+    key = (str(folder), downstream_tasks.local_data()[1])
     if key not in self._sources:
-      self._sources[key] = _text_source(files, "text", bad_lines)
+      self._sources[key] = _text_source(files, "text", key[1])
     return self._sources[key]
 
 

@@ -46,6 +46,15 @@ def local_data(directory: Optional[str] = None, bad_lines: Optional[str] = None)
           bad_lines or os.environ.get("DECAL_BAD_LINES") or "fail")
 
 
+def local_split_files(folder_name: str, suffix: str):
+  """(<local dir>/<folder_name> or None, {split: path} of the `<split><suffix>` files there)."""
+  directory, _ = local_data()
+  folder = pathlib.Path(directory).expanduser() / folder_name if directory else None
+  files = ({s: str(folder / f"{s}{suffix}") for s in SPLITS if (folder / f"{s}{suffix}").exists()}
+           if folder else {})
+  return folder, files
+
+
 @dataclasses.dataclass(frozen=True)
 class Dataset:
   """Where one downstream dataset comes from, mapped to the task kind's record layout."""

@@ -12,7 +12,6 @@ Evaluation reports perplexity per subword (teacher-forced; `metrics.summarize`).
 (one line per record, e.g. WikiText's raw files; blank lines are skipped).
 """
 import functools
-import pathlib
 from typing import Mapping, Optional
 
 import seqio
@@ -77,10 +76,7 @@ class _LocalTextLines(local_files.DeferredSource):
     super().__init__(splits=downstream_tasks.SPLITS)
 
   def _source(self) -> seqio.DataSource:
-    directory, _ = downstream_tasks.local_data()
-    folder = pathlib.Path(directory).expanduser() / TEXT_LM_FOLDER if directory else None
-    files = ({s: str(folder / f"{s}.txt") for s in downstream_tasks.SPLITS
-              if (folder / f"{s}.txt").exists()} if folder else {})
+    folder, files = downstream_tasks.local_split_files(TEXT_LM_FOLDER, ".txt")
     if not files:
       raise FileNotFoundError(
           f"{TEXT_LM_TASK} reads train.txt / validation.txt from <dir>/{TEXT_LM_FOLDER}/, but "

@@ -8,7 +8,7 @@ For every context length n, in one process and one run, with one fixed model:
   * full cache: a plain LLaMA-style `Decoder` prefills the n context tokens into a KV cache
     sized n + new_tokens, then greedily decodes one token per jitted step;
   * nugget cache: `Dodo` encodes the same context into k = ceil(n / r) nuggets per layer
-    (`Nuggets.keys` / `.values` [layers, batch, k, kv_heads, head_dim]) and decodes one
+    (`Nuggets.keys` / `.values` [batch, layers, k, kv_heads, head_dim]) and decodes one
     token per jitted step from the nuggets plus a cache of its own generated tokens.
 Both networks share the decoder weights (Dodo's params['stack'] is the Decoder's
 params['stack']; Dodo's scorer and soft prompt are random), so the comparison is about the

@@ -10,6 +10,7 @@ logs how many were skipped per file.
 
 The files are checked once, when the split is first read, and then streamed.
 """
+import abc
 import dataclasses
 import glob
 import json
@@ -180,8 +181,9 @@ class DeferredSource(seqio.DataSource):
   """A seqio source that picks the real source (`_source()`) each time data is read, so a
   local directory bound in gin or the environment after the task is registered counts."""
 
+  @abc.abstractmethod
   def _source(self) -> seqio.DataSource:
-    raise NotImplementedError
+    """The source to read now."""
 
   @property
   def supports_arbitrary_sharding(self) -> bool:

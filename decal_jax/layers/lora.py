@@ -66,9 +66,10 @@ class LoraDense(nn.Module):
                           jnp.float32, axes=("lora_rank", "embed_out"))
       deltas[name] = (a, b)
 
+    if adapter is None or not deltas:  # none active, or a projection outside lora_targets
+      return y.reshape(y.shape[:-1] + features)
+
     def delta(name):  # [..., out]
-      if not deltas:  # a projection without adapters (not among DecoderConfig.lora_targets)
-        return jnp.zeros_like(y)
       if name not in deltas:
         raise ValueError(f"Adapter {name!r} is not one of this layer's adapters "
                          f"{self.adapters}; set DecoderConfig.lora_rank > 0 to create them.")
@@ -79,6 +80,6 @@ class LoraDense(nn.Module):
     if isinstance(adapter, PerToken):
       mask = adapter.mask.reshape(adapter.mask.shape + (1,) * (y.ndim - adapter.mask.ndim))
       y = y + jnp.where(mask, delta(adapter.on), delta(adapter.off))
-    elif adapter is not None:
+    else:
       y = y + delta(adapter)
     return y.reshape(y.shape[:-1] + features)

@@ -287,7 +287,7 @@ class Decoder(nn.Module):
     is the same length: pad prompts on the left).
     """
     del decoder_target_tokens, max_decode_length
-    if decoder_causal_attention is not None and bool(jnp.any(decoder_causal_attention)):
+    if decoder_causal_attention is not None:  # (a traced array: its values cannot be read)
       raise ValueError("This decoder is causal; prefix-LM (decoder_causal_attention) inputs "
                        "are not supported. Use the LM feature converter without "
                        "bidirectional inputs.")

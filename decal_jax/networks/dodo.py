@@ -4,7 +4,7 @@ through a learned subset of that context's token states — nuggets — at every
 encode: the context runs causally through the decoder (compressing adapter ϕ); a scorer on
   layer-ι features (base model, adapters off) picks k = ceil(n / r) tokens (the last always);
   their hidden states at every layer, projected by the decoding adapter's keys/values, are
-  the whole compressed context: `Nuggets` holds `[layers, batch, k, kv_heads, head_dim]`
+  the whole compressed context: `Nuggets` holds `[batch, layers, k, kv_heads, head_dim]`
   keys and values, which is also the KV cache generation starts from.
 decode: target tokens (decoding adapter θ) attend at every layer to [that layer's nuggets;
   earlier targets]; logits toward nugget i get `s_i - stop_gradient(s_i)` (§2.4).
@@ -62,8 +62,8 @@ class DodoConfig:
 
 class Nuggets(NamedTuple):
   """A compressed context: per-layer nugget keys/values and where they came from."""
-  keys: Array       # [layers, batch, k, kv_heads, head_dim]
-  values: Array     # [layers, batch, k, kv_heads, head_dim]
+  keys: Array       # [batch, layers, k, kv_heads, head_dim] (batch first, like every leaf)
+  values: Array     # [batch, layers, k, kv_heads, head_dim]
   valid: Array      # [batch, k] bool
   positions: Array  # [batch, k] int32 token positions (RoPE)
   scores: Array     # [batch, k] float32 scorer output of each kept token (0: compressive)
@@ -131,7 +131,8 @@ class Dodo(nn.Module):
       k, v = layer.memory_kv(z, kept_positions, self._adapter("decode"))
       keys.append(k)
       values.append(v)
-    return Nuggets(jnp.stack(keys), jnp.stack(values), valid, kept_positions, scores, indices)
+    return Nuggets(jnp.stack(keys, axis=1), jnp.stack(values, axis=1), valid, kept_positions,
+                   scores, indices)
 
   # ------------------------------------------------------------------------- decode
   def decode(self, encoded: Nuggets, encoder_input_tokens, decoder_input_tokens,
@@ -166,7 +167,8 @@ class Dodo(nn.Module):
       y = jnp.where(first, jnp.asarray(self.soft_prompt, y.dtype), y)
     memory_bias = (attn.mask_to_bias(encoded.valid.astype(jnp.float32), cfg.decoder.dtype)
                    + nug.straight_through(encoded.scores))[:, None, None, :]  # [b, 1, 1, k]
-    memories = [MemoryKV(k, v, memory_bias) for k, v in zip(encoded.keys, encoded.values)]
+    memories = [MemoryKV(encoded.keys[:, i], encoded.values[:, i], memory_bias)
+                for i in range(encoded.keys.shape[1])]
     positions = context_length[:, None] + offsets  # targets follow the context
     y = self.stack(y, positions, self_bias, memories, self._adapter("decode"), decode=decode,
                    cache_index=index, deterministic=not enable_dropout)

@@ -24,7 +24,7 @@ Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus
 """
 import dataclasses
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -94,24 +94,31 @@ def split_points(positions: Array, config: DodoLMConfig) -> Array:
 
 
 # ------------------------------------------------------------------------ decode caches
+# Each cache module declares its variables from `batch` alone, so the cache-creation pass
+# calls it with just that; a decode step also passes the token's values.
 class RingCache(nn.Module):
   """The last τ tokens' keys/values of one layer (slot = position mod τ)."""
   size: int
+  kv_heads: int
+  head_dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, keys, values, position, split):
+  def __call__(self, batch, keys=None, values=None, position=None, split=None):
     """keys/values `[b, 1, kv, d]` of the token at `position` -> ring keys, values and its
     validity `[b, size]` for a query whose split point is `split`."""
-    b, _, kv, d = keys.shape
-    ring_k = self.variable("cache", "keys", jnp.zeros, (b, self.size, kv, d), keys.dtype)
-    ring_v = self.variable("cache", "values", jnp.zeros, (b, self.size, kv, d), values.dtype)
-    ring_pos = self.variable("cache", "positions", lambda: jnp.full((b, self.size), -1,
-                                                                     jnp.int32))
+    shape = (batch, self.size, self.kv_heads, self.head_dim)
+    ring_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
+    ring_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
+    ring_pos = self.variable("cache", "positions",
+                             lambda: jnp.full((batch, self.size), -1, jnp.int32))
+    if keys is None:
+      return None
     slot = position % self.size
     ring_k.value = jax.lax.dynamic_update_slice(ring_k.value, keys, (0, slot, 0, 0))
     ring_v.value = jax.lax.dynamic_update_slice(ring_v.value, values, (0, slot, 0, 0))
     ring_pos.value = jax.lax.dynamic_update_slice(
-        ring_pos.value, jnp.full((b, 1), position, jnp.int32), (0, slot))
+        ring_pos.value, jnp.full((batch, 1), position, jnp.int32), (0, slot))
     valid = (ring_pos.value >= split) & (ring_pos.value <= position)  # [b, size]
     return ring_k.value, ring_v.value, valid
 
@@ -119,17 +126,22 @@ class RingCache(nn.Module):
 class NuggetCache(nn.Module):
   """The nuggets' keys/values of one layer: row b appends at its own count."""
   capacity: int
+  kv_heads: int
+  head_dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, keys, values, position, split, is_nugget):
+  def __call__(self, batch, keys=None, values=None, position=None, split=None,
+               is_nugget=None):
     """is_nugget `[b]` -> all nugget keys, values and validity `[b, capacity]`."""
-    b, _, kv, d = keys.shape
-    cache_k = self.variable("cache", "keys", jnp.zeros, (b, self.capacity, kv, d), keys.dtype)
-    cache_v = self.variable("cache", "values", jnp.zeros, (b, self.capacity, kv, d),
-                            values.dtype)
+    shape = (batch, self.capacity, self.kv_heads, self.head_dim)
+    cache_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
+    cache_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
     cache_pos = self.variable("cache", "positions",
-                              lambda: jnp.full((b, self.capacity), -1, jnp.int32))
-    count = self.variable("cache", "count", lambda: jnp.zeros((b,), jnp.int32))
+                              lambda: jnp.full((batch, self.capacity), -1, jnp.int32))
+    count = self.variable("cache", "count", lambda: jnp.zeros((batch,), jnp.int32))
+    if keys is None:
+      return None
     write = (jax.nn.one_hot(jnp.minimum(count.value, self.capacity - 1), self.capacity,
                             dtype=bool) & is_nugget[:, None])  # [b, capacity]
     cache_k.value = jnp.where(write[:, :, None, None], keys, cache_k.value)
@@ -145,26 +157,29 @@ class SegmentCache(nn.Module):
   the pooled keys/values of every finished segment."""
   ratio: int
   slots: int
+  config: DecoderConfig
 
   @nn.compact
-  def __call__(self, block, x, position, split, adapter):
-    b, _, e = x.shape
-    cfg = block.config
-    kv, d = cfg.kv_heads, cfg.head_dim
-    running = self.variable("cache", "running_sum", jnp.zeros, (b, e), jnp.float32)
-    pooled_k = self.variable("cache", "keys", jnp.zeros, (b, self.slots, kv, d), cfg.dtype)
-    pooled_v = self.variable("cache", "values", jnp.zeros, (b, self.slots, kv, d), cfg.dtype)
+  def __call__(self, batch, block=None, x=None, position=None, split=None, adapter=None):
+    cfg = self.config
+    shape = (batch, self.slots, cfg.kv_heads, cfg.head_dim)
+    running = self.variable("cache", "running_sum", jnp.zeros, (batch, cfg.emb_dim),
+                            jnp.float32)
+    pooled_k = self.variable("cache", "keys", jnp.zeros, shape, cfg.dtype)
+    pooled_v = self.variable("cache", "values", jnp.zeros, shape, cfg.dtype)
+    if x is None:
+      return None
     total = running.value + x[:, 0].astype(jnp.float32)
     finished = (position + 1) % self.ratio == 0
     mean = (total / self.ratio).astype(x.dtype)[:, None]  # [b, 1, e]
-    keys, values = block.memory_kv(mean, jnp.full((b, 1), position, jnp.int32), adapter)
+    keys, values = block.memory_kv(mean, jnp.full((batch, 1), position, jnp.int32), adapter)
     slot = position // self.ratio
     write = (jnp.arange(self.slots) == slot)[None, :, None, None] & finished
     pooled_k.value = jnp.where(write, keys, pooled_k.value)
     pooled_v.value = jnp.where(write, values, pooled_v.value)
     running.value = jnp.where(finished, 0.0, total)
     valid = (jnp.arange(self.slots) + 1) * self.ratio <= split  # [slots]
-    return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (b, self.slots))
+    return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (batch, self.slots))
 
 
 # ----------------------------------------------------------------------------- network
@@ -178,13 +193,16 @@ class DodoLM(nn.Module):
     self.scorer = nug.Scorer(cfg.scorer_hidden_dim or cfg.decoder.emb_dim)
     self.step_counter = StepCounter()
     layers = cfg.decoder.num_layers
-    self.scorer_rings = [RingCache(cfg.window) for _ in range(cfg.scorer_layer)]
-    self.rings = [RingCache(cfg.window) for _ in range(layers)]
+    dec = cfg.decoder
+    shape = (dec.kv_heads, dec.head_dim, dec.dtype)
+    self.scorer_rings = [RingCache(cfg.window, *shape) for _ in range(cfg.scorer_layer)]
+    self.rings = [RingCache(cfg.window, *shape) for _ in range(layers)]
+    self.nugget_caches, self.segment_caches = [], []
     if cfg.selection == "nuggets":
-      self.nugget_caches = [NuggetCache(cfg.capacity) for _ in range(layers)]
+      self.nugget_caches = [NuggetCache(cfg.capacity, *shape) for _ in range(layers)]
     elif cfg.selection == "compressive":
-      slots = math.ceil(cfg.decoder.max_length / cfg.compression_ratio)
-      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots)
+      slots = math.ceil(dec.max_length / cfg.compression_ratio)
+      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots, dec)
                              for _ in range(layers)]
 
   def _lora(self) -> bool:
@@ -282,31 +300,12 @@ class DodoLM(nn.Module):
 
   # ---------------------------------------------------------------- cached decoding
   def _create_caches(self, tokens):
-    """Creates every cache variable by running one step's worth of cache modules."""
-    cfg = self.config
+    """Declares every cache variable (sizes come from the config, not from `tokens`)."""
     batch = tokens.shape[0]
     self.step_counter(batch, advance=0)
-    zeros = jnp.zeros((batch, 1, cfg.decoder.kv_heads, cfg.decoder.head_dim), cfg.decoder.dtype)
-    for ring in list(self.scorer_rings) + list(self.rings):
-      ring(zeros, zeros, -1, 0)
-    if cfg.selection == "nuggets":
-      for cache in self.nugget_caches:
-        cache(zeros, zeros, -1, 0, jnp.zeros((batch,), bool))
-    elif cfg.selection == "compressive":
-      x = jnp.zeros((batch, 1, cfg.decoder.emb_dim), cfg.decoder.dtype)
-      for block, cache in zip(self.stack.layers, self.segment_caches):
-        cache(block, x, -1, 0, None)
-    # the -1 writes above are placeholders: reset counters so decoding starts clean
-    for ring in list(self.scorer_rings) + list(self.rings):
-      ring.put_variable("cache", "positions", jnp.full((batch, cfg.window), -1, jnp.int32))
-    if cfg.selection == "nuggets":
-      for cache in self.nugget_caches:
-        cache.put_variable("cache", "count", jnp.zeros((batch,), jnp.int32))
-        cache.put_variable("cache", "positions", jnp.full((batch, cfg.capacity), -1, jnp.int32))
-    elif cfg.selection == "compressive":
-      for cache in self.segment_caches:
-        cache.put_variable("cache", "running_sum",
-                           jnp.zeros((batch, cfg.decoder.emb_dim), jnp.float32))
+    for cache in (list(self.scorer_rings) + list(self.rings) + list(self.nugget_caches) +
+                  list(self.segment_caches)):
+      cache(batch)
 
   def _step(self, tokens):
     cfg = self.config
@@ -320,7 +319,7 @@ class DodoLM(nn.Module):
 
     def ring_hook(ring):
       def hook(keys, values, bias):
-        k, v, valid = ring(keys, values, position, split)
+        k, v, valid = ring(batch, keys, values, position, split)
         return k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32))
       return hook
 
@@ -328,7 +327,7 @@ class DodoLM(nn.Module):
       adapter = "decode" if self._lora() else None
 
       def memory(index, block, h):
-        k, v, valid = self.segment_caches[index](block, h, position, split, adapter)
+        k, v, valid = self.segment_caches[index](batch, block, h, position, split, adapter)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,
                      adapter, kv_hooks=[ring_hook(r) for r in self.rings])
@@ -343,8 +342,8 @@ class DodoLM(nn.Module):
 
     def nugget_hook(index):
       def hook(keys, values, bias):
-        rk, rv, ring_valid = self.rings[index](keys, values, position, split)
-        nk, nv, nugget_valid = self.nugget_caches[index](keys, values, position, split,
+        rk, rv, ring_valid = self.rings[index](batch, keys, values, position, split)
+        nk, nv, nugget_valid = self.nugget_caches[index](batch, keys, values, position, split,
                                                          is_nugget)
         valid = jnp.concatenate([nugget_valid, ring_valid], axis=1)  # [b, capacity + τ]
         return (jnp.concatenate([nk, rk], 1), jnp.concatenate([nv, rv], 1),
