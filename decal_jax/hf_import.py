@@ -40,6 +40,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")  # RoPE buffers some exports keep
 TOKENIZER_ENV = "DECAL_LLAMA_TOKENIZER"
+HF_TOKENIZER_ENV = "DECAL_HF_TOKENIZER"  # a tokenizer.json (Qwen2: byte-level BPE)
 
 
 # ------------------------------------------------------------------------------ config
@@ -407,3 +408,192 @@ def checkpoint_vocabulary(path: Optional[str] = None):
   eos 2; seqio pads with 0 (LLaMA's <unk>, which text never produces).
   """
   return _vocabulary_class()(path or os.environ.get(TOKENIZER_ENV, ""), extra_ids=0)
+
+
+# ------------------------------------------------------------------------------ tokenizer.json
+def _token_content(token) -> Optional[str]:
+  """tokenizer_config.json names a token as a string or as {'content': string, ...}."""
+  if isinstance(token, Mapping):
+    return token.get("content")
+  return token
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_vocabulary_class():
+  """Defined on first use, like CheckpointVocabulary (seqio imports TensorFlow)."""
+  import seqio  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  class HfTokenizerVocabulary(seqio.Vocabulary):
+    """A Hugging Face `tokenizer.json` (e.g. Qwen2's byte-level BPE) as a seqio Vocabulary.
+
+    Ids are the tokenizer's own (extra_ids=0), so they index the checkpoint's embeddings.
+    encode adds no special tokens (no BOS, no EOS: seqio appends EOS itself); decode stops
+    at the first EOS, skips special tokens and ids past the tokenizer's last one (a
+    checkpoint's embedding table is often padded beyond it: Qwen2-0.5B has 151,936 rows for
+    151,665 tokens). The TensorFlow versions (`encode_tf` / `decode_tf`, used by seqio's
+    preprocessors and metrics) run the same Rust tokenizer through `tf.numpy_function`.
+
+    EOS: the `eos_token` argument, else `eos_token` of the `tokenizer_config.json` beside
+    the file (Qwen2 base models: '<|endoftext|>'). A missing file is reported when the
+    vocabulary is first used, so gin files parse and models build without it.
+
+    Padding: seqio and every model here pad with id 0 and read "id > 0" as "a real token".
+    That id is a real token in most byte-level BPE vocabularies: in Qwen2's it is '!'.
+    Wherever a '!' is tokenised on its own (e.g. 'Hello!' -> 'Hello', '!'), id 0 is
+    indistinguishable from padding downstream: seqio's loss weights (targets != 0) never
+    train it, Squid's compressor masks it out of the context and counts one real token
+    fewer (so the memory tokens' positions shift), the query loses it, and decoded
+    predictions drop it (`inference.token_text` keeps ids > 0 only). Encoding and decoding
+    here are exact; the loss of '!' happens in the pipeline around them. Text without a
+    standalone '!' is unaffected. (Tokens that merely contain '!', like '!\n', have other
+    ids.) Check a task's texts before relying on it; a checkpoint whose id 0 is a real
+    token needs that id remapped (with its embedding rows) to be exact, which is not done.
+    """
+
+    def __init__(self, path: str, eos_token: Optional[str] = None):
+      self._path = str(path or "")
+      self._eos_token = eos_token
+      self._loaded = None  # (tokenizer, {token: id}, tokenizer_config dict)
+      super().__init__(extra_ids=0)
+
+    # -------------------------------------------------------------------- loading
+    def _load(self):
+      if self._loaded is None:
+        import tokenizers  # pylint: disable=import-outside-toplevel
+        path = pathlib.Path(self._path)
+        if not self._path or not path.is_file():
+          raise FileNotFoundError(
+              f"tokenizer.json {self._path!r} not found. Bind QWEN2_TOKENIZER (gin: "
+              f"--gin.QWEN2_TOKENIZER=\"'/ckpt/Qwen2-0.5B/tokenizer.json'\") or set "
+              f"${HF_TOKENIZER_ENV} to the checkpoint's tokenizer.json.")
+        tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        config_path = path.parent / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self._loaded = (tokenizer, tokenizer.get_vocab(with_added_tokens=True), config)
+      return self._loaded
+
+    def _token_id(self, token: Optional[str], what: str) -> Optional[int]:
+      if token is None:
+        return None
+      token_id = self._load()[1].get(token)
+      if token_id is None:
+        raise ValueError(f"The {what} token {token!r} is not in {self._path}: give one of "
+                         "its tokens (gin: hf_import.tokenizer_vocabulary.eos_token).")
+      return token_id
+
+    # -------------------------------------------------------------------- special ids
+    @property
+    def eos_id(self) -> int:
+      token = self._eos_token or _token_content(self._load()[2].get("eos_token"))
+      if token is None:
+        raise ValueError(f"{self._path} names no EOS token (no eos_token in a "
+                         "tokenizer_config.json beside it): pass eos_token, e.g. gin "
+                         "hf_import.tokenizer_vocabulary.eos_token = '<|endoftext|>'.")
+      return self._token_id(token, "EOS")
+
+    @property
+    def bos_id(self) -> Optional[int]:
+      return self._token_id(_token_content(self._load()[2].get("bos_token")), "BOS")
+
+    @property
+    def unk_id(self) -> Optional[int]:
+      """The BPE model's unknown token, if any (byte-level BPE needs none: Qwen2 has none)."""
+      return self._token_id(getattr(self._load()[0].model, "unk_token", None), "UNK")
+
+    @property
+    def _base_vocab_size(self) -> int:
+      """One past the largest id, added tokens included (the ids encode can return)."""
+      return max(self._load()[1].values()) + 1
+
+    # -------------------------------------------------------------------- python
+    def _encode(self, s: str) -> List[int]:
+      return self._load()[0].encode(s, add_special_tokens=False).ids
+
+    def _decode(self, ids) -> str:
+      ids = [int(i) for i in ids]
+      eos = self.eos_id
+      if eos in ids:
+        ids = ids[:ids.index(eos)]
+      size = self._base_vocab_size
+      return self._load()[0].decode([i for i in ids if 0 <= i < size],
+                                    skip_special_tokens=True)
+
+    # -------------------------------------------------------------------- tensorflow
+    def _encode_rows(self, texts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+      rows = [self._encode(t.decode("utf-8")) for t in texts]
+      flat = np.array([i for row in rows for i in row], np.int32)
+      return flat, np.array([len(row) for row in rows], np.int64)
+
+    def _encode_tf(self, s):
+      """String scalar -> int32 `[t]`; string vector `[b]` -> ragged int32 `[b, (t)]`."""
+      s = tf.convert_to_tensor(s, tf.string)
+      if s.shape.rank not in (0, 1):
+        raise ValueError(f"encode_tf takes a string scalar or vector, got shape {s.shape}.")
+      flat, lengths = tf.numpy_function(self._encode_rows, [tf.reshape(s, [-1])],
+                                        (tf.int32, tf.int64), stateful=False)
+      flat.set_shape([None])
+      if s.shape.rank == 0:
+        return flat  # [t]
+      lengths.set_shape(s.shape)
+      return tf.RaggedTensor.from_row_lengths(flat, lengths)  # [b, (t)]
+
+    def _decode_rows(self, flat: np.ndarray, splits: np.ndarray) -> np.ndarray:
+      return np.array([self._decode(flat[a:b]).encode("utf-8")
+                       for a, b in zip(splits[:-1], splits[1:])], dtype=object)
+
+    def _decode_tf(self, ids):
+      """Ids `[..., t]` (dense or ragged) -> strings `[...]`: one per last-axis row."""
+      if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank > 1 or ids.values.shape.rank != 1:
+          return ids.with_values(self._decode_tf(ids.values))  # rows of rows
+        return self._decode_splits(ids.values, ids.row_splits)  # [rows]
+      ids = tf.convert_to_tensor(ids)
+      if ids.shape.rank == 0:
+        raise ValueError("decode_tf takes ids [..., length], got a scalar.")
+      shape = tf.shape(ids)
+      rows = tf.reshape(ids, [-1, shape[-1]])  # [rows, t]
+      splits = tf.range(tf.shape(rows)[0] + 1, dtype=tf.int64) * tf.cast(shape[-1], tf.int64)
+      text = self._decode_splits(tf.reshape(rows, [-1]), splits)  # [rows]
+      text = tf.reshape(text, shape[:-1])
+      text.set_shape(ids.shape[:-1])
+      return text  # [...]: a scalar for one sequence `[t]`
+
+    def _decode_splits(self, flat, splits):
+      text = tf.numpy_function(self._decode_rows, [tf.cast(flat, tf.int64),
+                                                   tf.cast(splits, tf.int64)],
+                               tf.string, stateful=False)
+      text.set_shape([splits.shape[0] - 1 if splits.shape[0] is not None else None])
+      return text
+
+    # -------------------------------------------------------------------- identity
+    def _key(self):
+      return (os.path.abspath(self._path) if self._path else "", self._eos_token)
+
+    def __eq__(self, other):
+      return type(other) is type(self) and other._key() == self._key()  # pylint: disable=protected-access
+
+    def __hash__(self):
+      return hash(self._key())
+
+    def __repr__(self):
+      return f"HfTokenizerVocabulary({self._path!r}, eos_token={self._eos_token!r})"
+
+  return HfTokenizerVocabulary
+
+
+def tokenizer_vocabulary(path: Optional[str] = None, eos_token: Optional[str] = None):
+  """A Hugging Face `tokenizer.json` as a seqio vocabulary (`HfTokenizerVocabulary`).
+
+  Path: the argument, else `$DECAL_HF_TOKENIZER`. Qwen2 (gin/models/squid_qwen2.gin) uses
+  this; read the class's note on padding (Qwen2's id 0 is '!') before training with it.
+  """
+  return _tokenizer_vocabulary_class()(path or os.environ.get(HF_TOKENIZER_ENV, ""),
+                                       eos_token)
+
+
+def __getattr__(name: str):
+  """`hf_import.HfTokenizerVocabulary`: the class, defined (and seqio imported) on use."""
+  if name == "HfTokenizerVocabulary":
+    return _tokenizer_vocabulary_class()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

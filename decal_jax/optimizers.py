@@ -82,7 +82,13 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
     def label(path, _):
       name = jax.tree_util.keystr(path)
       return "train" if any(fragment in name for fragment in trainable) else "freeze"
-    return jax.tree_util.tree_map_with_path(label, params)
+    tree = jax.tree_util.tree_map_with_path(label, params)
+    if "train" not in jax.tree_util.tree_leaves(tree):
+      raise ValueError(f"partially_frozen: no parameter path contains any of {list(trainable)}, "
+                       "so nothing would train. Name parts that exist (e.g. 'projector', "
+                       "'lora_'); top-level parts here: "
+                       f"{sorted(params) if isinstance(params, dict) else type(params)}.")
+    return tree
 
   return optax.multi_transform({"train": optimizer or adamw(), "freeze": optax.set_to_zero()},
                                labels)

@@ -116,6 +116,8 @@ def _input_shapes(cfg: DatasetConfig):
   shapes = {"decoder_input_tokens": (1, lengths["targets"])}
   if "inputs" in lengths:
     shapes["encoder_input_tokens"] = (1, lengths["inputs"])
+  if "query" in lengths:  # Squid's query feature
+    shapes["query_tokens"] = (1, lengths["query"])
   return shapes
 
 
@@ -226,9 +228,11 @@ def decode_example(params, model, cfg: DatasetConfig, partitioner) -> Dict[str, 
   def text(ids):
     return vocab.decode([int(t) for t in ids if t > 0])
 
-  return {"inputs": text(batch.get("encoder_input_tokens", np.zeros((1, 0), int))[0]),
-          "targets": text(batch["decoder_target_tokens"][0]),
-          "prediction": text(np.asarray(tokens)[0])}
+  example = {"inputs": text(batch.get("encoder_input_tokens", np.zeros((1, 0), int))[0])}
+  if "query_tokens" in batch:  # Squid: what the large decoder reads after the context
+    example["query"] = text(batch["query_tokens"][0])
+  return dict(example, targets=text(batch["decoder_target_tokens"][0]),
+              prediction=text(np.asarray(tokens)[0]))
 
 
 # ------------------------------------------------------------------------------ train
@@ -268,6 +272,8 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
                   dynamic_ncols=True, disable=jax.process_index() != 0)
   for step in bar:
     batch = next(batches)
+    if hasattr(model, "check_batch"):  # host-side input checks, before any state changes
+      model.check_batch(batch)
     consumed += 1
     state, aux = step_fn(state, to_global(batch, partitioner), rng)
     window.add(aux, num_tokens=int(np.sum(batch.get("encoder_input_tokens", 0) > 0) +
@@ -329,8 +335,8 @@ def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], s
   if example is None:
     return
   print("Validation example, decoded from the compressed encoding:")
-  for key in ("inputs", "targets", "prediction"):
-    print(f"  {key:>10}: {example[key]}")
+  for key, value in example.items():
+    print(f"  {key:>10}: {value}")
 
 
 # ------------------------------------------------------------------------------ eval / infer

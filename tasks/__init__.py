@@ -17,3 +17,4 @@ from decal_jax.tasks import autoencoding_tasks  # noqa: F401  (registers the tas
 from decal_jax.tasks import downstream_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import lm_tasks  # noqa: F401  (registers the tasks)
 from decal_jax.tasks import span_corruption_tasks  # noqa: F401  (registers the tasks)
+from decal_jax.tasks import squid_tasks  # noqa: F401  (registers the tasks)

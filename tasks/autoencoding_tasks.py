@@ -83,8 +83,8 @@ class LocalTextSource(local_files.DeferredSource):
   """`<local dir>/<folder>/<split>.jsonl` with a "text" field, looked up each time data is
   read (so the directory may be bound in gin after the task is registered)."""
 
-  def __init__(self, folder: str):
-    self.folder = folder
+  def __init__(self, folder: str, task_name: str = TEXT_AUTOENCODE_TASK):
+    self.folder, self.task_name = folder, task_name
     self._sources: Dict[Tuple[str, str], local_files.JsonlSource] = {}
     super().__init__(splits=downstream_tasks.SPLITS)
 
@@ -92,7 +92,7 @@ class LocalTextSource(local_files.DeferredSource):
     folder, files = downstream_tasks.local_split_files(self.folder, ".jsonl")
     if not files:
       raise FileNotFoundError(
-          f"{TEXT_AUTOENCODE_TASK} reads train.jsonl / validation.jsonl (one JSON object per "
+          f"{self.task_name} reads train.jsonl / validation.jsonl (one JSON object per "
           f"line with a \"text\" field) from <dir>/{self.folder}/, but "
           f"{folder or '<dir>'} has none: set DECAL_LOCAL_DATA_DIR=<dir> (or gin "
           "downstream_tasks.local_data.directory) and put the files there.")

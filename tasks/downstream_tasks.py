@@ -69,10 +69,11 @@ class Dataset:
 
 class LocalOrTfdsSource(local_files.DeferredSource):
   """Reads local JSONL files when `<local dir>/<name>/` exists, else the TFDS dataset.
-  The choice is made each time data is read, so gin bindings made after import count."""
+  The choice is made each time data is read, so gin bindings made after import count.
+  `task_name` (default decal_<name>) is the name its error messages give."""
 
-  def __init__(self, dataset: Dataset):
-    self.dataset = dataset
+  def __init__(self, dataset: Dataset, task_name: Optional[str] = None):
+    self.dataset, self.task_name = dataset, task_name or f"decal_{dataset.name}"
     self._tfds = (PreparedTfdsSource(dataset.tfds_name, splits=dict(dataset.tfds_splits))
                   if dataset.tfds_name else None)
     self._local: Dict[tuple, local_files.JsonlSource] = {}
@@ -96,7 +97,7 @@ class LocalOrTfdsSource(local_files.DeferredSource):
     if self._tfds is None:
       directory = local_data()[0] or "$DECAL_LOCAL_DATA_DIR"
       raise FileNotFoundError(
-          f"decal_{self.dataset.name} reads local files only (it is not in TFDS): put "
+          f"{self.task_name} reads local files only (it is not in TFDS): put "
           f"train.jsonl / validation.jsonl in {directory}/{self.dataset.name}/ (fields "
           f"{list(text_to_text.KINDS[self.dataset.kind])}; tools/prepare_jsonl.py converts the "
           "official release) and set DECAL_LOCAL_DATA_DIR or downstream_tasks.local_data.directory.")

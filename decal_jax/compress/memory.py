@@ -10,7 +10,7 @@ after its text, so the causal mask "key position <= query position" lets it read
 text and memory tokens 0..j, and lets no text token read any memory token. Memory j is real
 when j < ceil(length / C) (right-padded inputs), matching DeCAL's window validity.
 """
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -26,23 +26,28 @@ class Memory(NamedTuple):
 
 
 class MemoryTokens(nn.Module):
-  """m = ceil(n / C) learned memory embeddings (rows of a `max_tokens`-row table)."""
-  ratio: int
+  """m = ceil(n / C) learned memory embeddings (rows of a `max_tokens`-row table); with
+  `ratio=None`, all `max_tokens` of them for every input (Squid's fixed N)."""
+  ratio: Optional[int]
   max_tokens: int
   dtype: DType = jnp.float32
+  init_stddev: float = 1.0
+  limit_name: str = "T5Config.max_memory_tokens"  # the setting the error message names
 
   @nn.compact
   def __call__(self, tokens: Array, embed_dim: int) -> Memory:
     """tokens `[batch, n]` (right-padded) -> `Memory` for m = ceil(n / C) memory tokens."""
     batch, n = tokens.shape
-    m = -(-n // self.ratio)
+    m = self.max_tokens if self.ratio is None else -(-n // self.ratio)
     if m > self.max_tokens:
       raise ValueError(f"{n} input tokens at compression ratio {self.ratio} need {m} memory "
                        f"tokens but the model has {self.max_tokens}; bind "
-                       f"T5Config.max_memory_tokens >= {m}.")
-    table = param_with_axes("memory_embeddings", nn.initializers.normal(stddev=1.0),
+                       f"{self.limit_name} >= {m}.")
+    table = param_with_axes("memory_embeddings", nn.initializers.normal(self.init_stddev),
                             (self.max_tokens, embed_dim), jnp.float32, axes=("length", "embed"))
     memory = jnp.broadcast_to(jnp.asarray(table[:m], self.dtype), (batch, m, embed_dim))
     length = jnp.sum(tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
     positions = length[:, None] + jnp.arange(m, dtype=jnp.int32)[None, :]  # [batch, m]
-    return Memory(memory, fixed_window_validity(tokens, self.ratio), positions)
+    valid = (jnp.ones((batch, m), bool) if self.ratio is None
+             else fixed_window_validity(tokens, self.ratio))  # [batch, m]
+    return Memory(memory, valid, positions)

@@ -9,6 +9,10 @@ chunks, with EOS appended after (`seqio.preprocessors.append_eos_after_trim`):
   the first inputs_length - 1 tokens, the target the rest. A short final chunk of L tokens
   gives its last up to targets_length - 1 tokens to the target and at least one to the input.
 
+With `reserve_eos=False` no room is kept for EOS (chunks of inputs_length, and of
+inputs_length + targets_length): Squid's tasks (tasks/squid_tasks.py) read the context
+without EOS.
+
 A chunk is token ids cut from the stream, so it has no source text of its own;
 `add_pretokenized` decodes each chunk back to text (`inputs_pretokenized`,
 `targets_pretokenized`) for the metrics (BLEU of the reconstruction) and predictions files.
@@ -24,17 +28,22 @@ def _token_stream(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.map(lambda ex: ex["targets"]).unbatch()  # scalar ids, documents back to back
 
 
-def autoencode(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
-  """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'inputs': c, 'targets': c}."""
-  chunks = _token_stream(dataset).batch(sequence_length["inputs"] - 1)  # [<= inputs - 1]
+def autoencode(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+               reserve_eos: bool = True) -> tf.data.Dataset:
+  """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'inputs': c, 'targets': c},
+  chunks of inputs_length - 1 tokens (inputs_length without `reserve_eos`)."""
+  room = 1 if reserve_eos else 0
+  chunks = _token_stream(dataset).batch(sequence_length["inputs"] - room)  # [<= inputs - room]
   return chunks.map(lambda c: {"inputs": c, "targets": c})
 
 
-def continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
-                 ) -> tf.data.Dataset:
+def continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                 reserve_eos: bool = True) -> tf.data.Dataset:
   """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'inputs': first part,
-  'targets': the next part}."""
-  prefix, rest = sequence_length["inputs"] - 1, sequence_length["targets"] - 1
+  'targets': the next part}; each part keeps one token of its length free for EOS unless
+  `reserve_eos` is False."""
+  room = 1 if reserve_eos else 0
+  prefix, rest = sequence_length["inputs"] - room, sequence_length["targets"] - room
   chunks = _token_stream(dataset).batch(prefix + rest)  # [<= prefix + rest]
 
   def split(chunk):

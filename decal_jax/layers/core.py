@@ -116,7 +116,7 @@ class MlpBlock(nn.Module):
     for i, act in enumerate(self.activations):
       h = DenseGeneral(self.intermediate_dim, kernel_axes=("embed", "mlp"), dtype=self.dtype,
                        name=f"wi_{i}" if len(self.activations) > 1 else "wi")(x)
-      h = _activation(act)(h)  # [batch, length, mlp]
+      h = activation(act)(h)  # [batch, length, mlp]
       hidden = h if hidden is None else hidden * h
     hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic)
     hidden = with_sharding_constraint(hidden, ("batch", "length", "mlp"))
@@ -125,7 +125,7 @@ class MlpBlock(nn.Module):
     return out
 
 
-def _activation(name: str) -> Callable[[Array], Array]:
+def activation(name: str) -> Callable[[Array], Array]:
   table = {"linear": lambda x: x, "gelu": nn.gelu, "relu": nn.relu, "silu": nn.silu,
            "swish": nn.silu}
   if name not in table:

@@ -73,6 +73,13 @@ class MemoryKV(NamedTuple):
   bias: Array    # [batch, 1, 1 | q, k]: validity (0 / NEG_INF) + straight-through term
 
 
+def check_tokens(tokens: Array, name: str) -> Array:
+  """Token ids must be `[batch, length]`; returns them."""
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
+  return tokens
+
+
 def check_positions(config: DecoderConfig, needed: int, what: str) -> None:
   if needed > config.max_length:
     raise ValueError(f"{what} needs {needed} positions but the model accepts "

@@ -25,7 +25,7 @@ from decal_jax.compress import nuggets as nug
 from decal_jax.layers import attention as attn
 from decal_jax.layers.core import Array, param_with_axes
 from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
-                                        check_positions, StepCounter)
+                                        check_positions, check_tokens, StepCounter)
 
 ADAPTERS = ("compress", "decode")
 
@@ -102,7 +102,7 @@ class Dodo(nn.Module):
              encoder_positions=None, *, enable_dropout: bool = True) -> Nuggets:
     """Right-padded context `[batch, n]` -> `Nuggets` (k = ceil(n / r) slots)."""
     del encoder_positions  # contexts are unpacked; positions are 0..n-1
-    tokens = _check_tokens(encoder_input_tokens, "encoder_input_tokens")
+    tokens = check_tokens(encoder_input_tokens, "encoder_input_tokens")
     if encoder_segment_ids is not None:
       raise ValueError("Dodo compresses one context per row: packed inputs "
                        "(encoder_segment_ids) are not supported; use pack=False.")
@@ -188,8 +188,3 @@ class Dodo(nn.Module):
                        max_decode_length=max_decode_length, prefill=prefill,
                        prefill_lengths=prefill_lengths)
 
-
-def _check_tokens(tokens: Array, name: str) -> Array:
-  if tokens.ndim != 2:
-    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
-  return tokens
