@@ -9,6 +9,10 @@ A checkpoint directory holds `config.json` and its weights as safetensors: one
   init = Dodo(dodo_config).init(...)["params"]              # a fresh Dodo
   params, report = hf_import.merge_base_params(init, params)  # base <- checkpoint
 
+Byte-level BPE checkpoints (Qwen2) whose id 0 is a real token ('!') are made to fit our
+"id 0 is padding" convention by moving that token to an unused id R, in the vocabulary
+(`tokenizer_vocabulary(..., zero_id_to=R)`) and in the weights (`remap_zero_row`).
+
 `tools/import_hf.py` wraps this into an Orbax checkpoint the trainer starts from. What we do
 not implement (RoPE scaling, a sliding window that actually binds, biases on LLaMA's
 projections, activations other than SiLU) is refused with a ValueError, never approximated.
@@ -20,6 +24,7 @@ Both use the "rotate half" RoPE layout, so q/k need no permutation.
 import dataclasses
 import functools
 import json
+import operator
 import os
 import pathlib
 import re
@@ -377,6 +382,71 @@ def merge_base_params(init_params: Mapping[str, Any], base: Mapping[str, Any]
   return flax.traverse_util.unflatten_dict(merged, sep="/"), report
 
 
+# ------------------------------------------------------------------------------ id 0
+def checked_zero_id_to(zero_id_to) -> Optional[int]:
+  """`zero_id_to` as an int (None stays None); refuses ids that cannot stand for token 0."""
+  if zero_id_to is None:
+    return None
+  if isinstance(zero_id_to, bool):
+    raise ValueError(f"zero_id_to={zero_id_to!r} is not a token id: give an int, e.g. 151935 "
+                     "for Qwen2, or None for no remapping.")
+  try:
+    zero_id_to = operator.index(zero_id_to)
+  except TypeError:
+    raise ValueError(f"zero_id_to={zero_id_to!r} is not a token id: give an int, e.g. 151935 "
+                     "for Qwen2, or None for no remapping.") from None
+  if zero_id_to <= 0:
+    raise ValueError(f"zero_id_to={zero_id_to} must be a positive id (id 0 is what it "
+                     "replaces, and is padding): give an id the tokenizer never produces.")
+  return zero_id_to
+
+
+def check_zero_id_in_table(zero_id_to: int, rows: int, what: str = "the embedding table") -> None:
+  """Refuses an R outside a vocab table of `rows` rows (R must index both Squid tables)."""
+  if checked_zero_id_to(zero_id_to) >= rows:
+    raise ValueError(f"zero_id_to={zero_id_to} is beyond {what} ({rows} rows, ids 0..{rows - 1})"
+                     f": choose an id below {rows} that the tokenizer never produces (Qwen2: "
+                     "151935, the last row of Qwen2-0.5B's table).")
+
+
+def remap_zero_row(params: Mapping[str, Any], zero_id_to: int) -> Dict[str, Any]:
+  """Moves token 0 of an imported decoder ({'stack': ...}, as `load_hf_params` returns) to id
+  `zero_id_to` (R), for a vocabulary built with `tokenizer_vocabulary(..., zero_id_to=R)`.
+
+  Row R of token_embedder/embedding `[vocab, embed]` becomes the checkpoint's row 0 and row 0
+  becomes zeros; an untied head's logits_dense/kernel `[embed, vocab]` gets column 0 in
+  column R and zeros in column 0. The checkpoint's row / column R is overwritten: R must be
+  an id its tokenizer never produces (a padding row, e.g. 151935 in Qwen2's tables;
+  `HfTokenizerVocabulary` checks that on use). Then ids through the remapping vocabulary give
+  exactly the logits the checkpoint gives on the tokenizer's ids, with logit R standing for
+  token 0's and logit 0 (of the padding id, never a target) a constant 0: greedy decoding
+  picks id 0 only where every real logit is negative, and it decodes to nothing.
+
+  Id 0 is then the zero vector: padding, and the start token (BOS = 0) that our decoders
+  put before every target. The checkpoint never saw either: Qwen2 has no BOS (text begins
+  with its first token), and without the remap our BOS-0 was the embedding of '!' instead.
+  A zero row is not a no-op: RMSNorm keeps it zero, but the position still takes part in
+  attention (with Qwen2's q/k/v biases as its query, key and value), so fine-tuning learns
+  what the start token means, as it had to for '!'. The inputs are not modified (the
+  tables are copied).
+  """
+  stack = dict(params["stack"])
+  check_zero_id_in_table(zero_id_to, np.shape(stack["token_embedder"]["embedding"])[0],
+                         "token_embedder/embedding")
+  embedding = np.array(stack["token_embedder"]["embedding"], copy=True)  # [vocab, embed]
+  embedding[zero_id_to] = embedding[0]
+  embedding[0] = 0.0
+  stack["token_embedder"] = dict(stack["token_embedder"], embedding=embedding)
+  if "logits_dense" in stack:
+    check_zero_id_in_table(zero_id_to, np.shape(stack["logits_dense"]["kernel"])[1],
+                           "logits_dense/kernel's columns")
+    kernel = np.array(stack["logits_dense"]["kernel"], copy=True)  # [embed, vocab]
+    kernel[:, zero_id_to] = kernel[:, 0]
+    kernel[:, 0] = 0.0
+    stack["logits_dense"] = dict(stack["logits_dense"], kernel=kernel)
+  return dict(params, stack=stack)
+
+
 # ------------------------------------------------------------------------------ vocabulary
 @functools.lru_cache(maxsize=None)
 def _vocabulary_class():
@@ -427,33 +497,38 @@ def _tokenizer_vocabulary_class():
   class HfTokenizerVocabulary(seqio.Vocabulary):
     """A Hugging Face `tokenizer.json` (e.g. Qwen2's byte-level BPE) as a seqio Vocabulary.
 
-    Ids are the tokenizer's own (extra_ids=0), so they index the checkpoint's embeddings.
-    encode adds no special tokens (no BOS, no EOS: seqio appends EOS itself); decode stops
-    at the first EOS, skips special tokens and ids past the tokenizer's last one (a
-    checkpoint's embedding table is often padded beyond it: Qwen2-0.5B has 151,936 rows for
-    151,665 tokens). The TensorFlow versions (`encode_tf` / `decode_tf`, used by seqio's
-    preprocessors and metrics) run the same Rust tokenizer through `tf.numpy_function`.
+    Ids are the tokenizer's own (extra_ids=0; id 0 aside when remapped, see Padding), so
+    they index the checkpoint's embeddings. encode adds no special tokens (no BOS, no EOS:
+    seqio appends EOS itself); decode stops at the first EOS, skips special tokens and ids
+    past the tokenizer's last one (a checkpoint's embedding table is often padded beyond
+    it: Qwen2-0.5B has 151,936 rows for 151,646 tokens). The TensorFlow versions
+    (`encode_tf` / `decode_tf`, used by seqio's preprocessors and metrics) run the same
+    Rust tokenizer, and the same remapping, through `tf.numpy_function`.
 
     EOS: the `eos_token` argument, else `eos_token` of the `tokenizer_config.json` beside
     the file (Qwen2 base models: '<|endoftext|>'). A missing file is reported when the
     vocabulary is first used, so gin files parse and models build without it.
 
-    Padding: seqio and every model here pad with id 0 and read "id > 0" as "a real token".
-    That id is a real token in most byte-level BPE vocabularies: in Qwen2's it is '!'.
-    Wherever a '!' is tokenised on its own (e.g. 'Hello!' -> 'Hello', '!'), id 0 is
-    indistinguishable from padding downstream: seqio's loss weights (targets != 0) never
-    train it, Squid's compressor masks it out of the context and counts one real token
-    fewer (so the memory tokens' positions shift), the query loses it, and decoded
-    predictions drop it (`inference.token_text` keeps ids > 0 only). Encoding and decoding
-    here are exact; the loss of '!' happens in the pipeline around them. Text without a
-    standalone '!' is unaffected. (Tokens that merely contain '!', like '!\n', have other
-    ids.) Check a task's texts before relying on it; a checkpoint whose id 0 is a real
-    token needs that id remapped (with its embedding rows) to be exact, which is not done.
+    Padding: seqio and every model here pad with id 0 and read "id > 0" as "a real token"
+    (masks, loss weights targets != 0, BOS = 0, `inference.token_text` keeps ids > 0). In
+    GPT-2-style byte-level BPE vocabularies (Qwen2's, GPT-2's) id 0 is a real token, '!',
+    which would vanish wherever it is tokenised on its own ('Hello!' -> 'Hello', '!').
+    `zero_id_to=R` fixes that exactly: encode writes the tokenizer's id 0 as R and decode
+    reads R back as it, so text never yields id 0, and decode skips id 0 as padding (the
+    TensorFlow paths too). R must be an id the tokenizer never produces (checked on first
+    use: a ValueError names the token R already is) and a row of every embedding table the
+    ids index; import the checkpoint with `remap_zero_row(params, R)` (tools/import_hf.py
+    does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's tokenizer ends at
+    id 151645 (Qwen2.5's at 151664) and its tables have 151,936 (0.5B) and 152,064 (7B)
+    rows: R = 151935 (gin/models/squid_qwen2.gin); vocab_size is then R + 1. The default
+    zero_id_to=None keeps the tokenizer's ids, '!' = 0 included (and lost downstream).
     """
 
-    def __init__(self, path: str, eos_token: Optional[str] = None):
+    def __init__(self, path: str, eos_token: Optional[str] = None,
+                 zero_id_to: Optional[int] = None):
       self._path = str(path or "")
       self._eos_token = eos_token
+      self._zero_id_to = checked_zero_id_to(zero_id_to)
       self._loaded = None  # (tokenizer, {token: id}, tokenizer_config dict)
       super().__init__(extra_ids=0)
 
@@ -468,10 +543,40 @@ def _tokenizer_vocabulary_class():
               f"--gin.QWEN2_TOKENIZER=\"'/ckpt/Qwen2-0.5B/tokenizer.json'\") or set "
               f"${HF_TOKENIZER_ENV} to the checkpoint's tokenizer.json.")
         tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        self._check_zero_id_unused(tokenizer, vocab)
         config_path = path.parent / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        self._loaded = (tokenizer, tokenizer.get_vocab(with_added_tokens=True), config)
+        self._loaded = (tokenizer, vocab, config)
       return self._loaded
+
+    def _check_zero_id_unused(self, tokenizer, vocab: Mapping[str, int]) -> None:
+      """zero_id_to must be an id the tokenizer never produces (else two tokens share it)."""
+      if self._zero_id_to is None or self._zero_id_to not in set(vocab.values()):
+        return
+      raise ValueError(
+          f"zero_id_to={self._zero_id_to} is the id of the token "
+          f"{tokenizer.id_to_token(self._zero_id_to)!r} in {self._path}: it must be an id "
+          f"the tokenizer never produces, e.g. one past its last ({max(vocab.values()) + 1}) "
+          "and below the embedding tables' rows (Qwen2: 151935). Bind another "
+          "hf_import.tokenizer_vocabulary.zero_id_to.")
+
+    @property
+    def zero_id_to(self) -> Optional[int]:
+      """The id that stands for the tokenizer's id 0 (None: no remapping)."""
+      return self._zero_id_to
+
+    def _from_tokenizer(self, ids: List[int]) -> List[int]:
+      """Tokenizer ids -> ours: 0 becomes zero_id_to."""
+      if self._zero_id_to is None:
+        return list(ids)
+      return [self._zero_id_to if i == 0 else i for i in ids]
+
+    def _to_tokenizer(self, ids: List[int]) -> List[int]:
+      """Our ids -> the tokenizer's: 0 (padding, BOS) dropped, zero_id_to back to 0."""
+      if self._zero_id_to is None:
+        return list(ids)
+      return [0 if i == self._zero_id_to else i for i in ids if i != 0]
 
     def _token_id(self, token: Optional[str], what: str) -> Optional[int]:
       if token is None:
@@ -480,7 +585,7 @@ def _tokenizer_vocabulary_class():
       if token_id is None:
         raise ValueError(f"The {what} token {token!r} is not in {self._path}: give one of "
                          "its tokens (gin: hf_import.tokenizer_vocabulary.eos_token).")
-      return token_id
+      return self._from_tokenizer([token_id])[0]
 
     # -------------------------------------------------------------------- special ids
     @property
@@ -502,21 +607,26 @@ def _tokenizer_vocabulary_class():
       return self._token_id(getattr(self._load()[0].model, "unk_token", None), "UNK")
 
     @property
-    def _base_vocab_size(self) -> int:
-      """One past the largest id, added tokens included (the ids encode can return)."""
+    def _tokenizer_size(self) -> int:
+      """One past the tokenizer's largest id, added tokens included."""
       return max(self._load()[1].values()) + 1
+
+    @property
+    def _base_vocab_size(self) -> int:
+      """One past the largest id encode can return (zero_id_to included)."""
+      return max(self._tokenizer_size, (self._zero_id_to or 0) + 1)
 
     # -------------------------------------------------------------------- python
     def _encode(self, s: str) -> List[int]:
-      return self._load()[0].encode(s, add_special_tokens=False).ids
+      return self._from_tokenizer(self._load()[0].encode(s, add_special_tokens=False).ids)
 
     def _decode(self, ids) -> str:
       ids = [int(i) for i in ids]
       eos = self.eos_id
       if eos in ids:
         ids = ids[:ids.index(eos)]
-      size = self._base_vocab_size
-      return self._load()[0].decode([i for i in ids if 0 <= i < size],
+      size = self._tokenizer_size
+      return self._load()[0].decode([i for i in self._to_tokenizer(ids) if 0 <= i < size],
                                     skip_special_tokens=True)
 
     # -------------------------------------------------------------------- tensorflow
@@ -568,28 +678,35 @@ def _tokenizer_vocabulary_class():
 
     # -------------------------------------------------------------------- identity
     def _key(self):
-      return (os.path.abspath(self._path) if self._path else "", self._eos_token)
+      return (os.path.abspath(self._path) if self._path else "", self._eos_token,
+              self._zero_id_to)
 
-    def __eq__(self, other):
-      return type(other) is type(self) and other._key() == self._key()  # pylint: disable=protected-access
+    def __eq__(self, other):  # the same file, EOS and remap: gin builds one per reference
+      return type(other) is type(self) and other._key() == self._key()  # pylint: disable=W0212
 
     def __hash__(self):
       return hash(self._key())
 
     def __repr__(self):
-      return f"HfTokenizerVocabulary({self._path!r}, eos_token={self._eos_token!r})"
+      return (f"HfTokenizerVocabulary({self._path!r}, eos_token={self._eos_token!r}, "
+              f"zero_id_to={self._zero_id_to!r})")
+
+    def __reduce__(self):  # pickle / deepcopy through the module-level factory
+      return tokenizer_vocabulary, (self._path, self._eos_token, self._zero_id_to)
 
   return HfTokenizerVocabulary
 
 
-def tokenizer_vocabulary(path: Optional[str] = None, eos_token: Optional[str] = None):
+def tokenizer_vocabulary(path: Optional[str] = None, eos_token: Optional[str] = None,
+                         zero_id_to: Optional[int] = None):
   """A Hugging Face `tokenizer.json` as a seqio vocabulary (`HfTokenizerVocabulary`).
 
-  Path: the argument, else `$DECAL_HF_TOKENIZER`. Qwen2 (gin/models/squid_qwen2.gin) uses
-  this; read the class's note on padding (Qwen2's id 0 is '!') before training with it.
+  Path: the argument, else `$DECAL_HF_TOKENIZER`. zero_id_to: the id that stands for the
+  tokenizer's id 0 (None: none), so that id 0 stays padding; see the class's note on
+  padding. Qwen2 (gin/models/squid_qwen2.gin) binds path and zero_id_to = 151935.
   """
   return _tokenizer_vocabulary_class()(path or os.environ.get(HF_TOKENIZER_ENV, ""),
-                                       eos_token)
+                                       eos_token, zero_id_to)
 
 
 def __getattr__(name: str):

@@ -46,6 +46,11 @@ def test_all_gin_files_are_covered_here():
              {"runs/dodo_autoencode_builtin.gin", "runs/dodo_autoencode.gin",
               "models/dodo_tiny.gin"} |  # built by the dodo_autoencode tests below
              {"models/dodo_llama2_7b.gin", "models/dodo.gin"} |
+             {"models/squid.gin", "models/squid_tiny.gin", "models/squid_qwen2.gin"} |
+             {"runs/squid.gin", "runs/squid_restore.gin", "runs/squid_continue.gin",
+              "runs/squid_instruct.gin"} |  # test_squid_stage_files_train_named_parts...
+             {"runs/squid_restore_builtin.gin", "runs/squid_continue_builtin.gin",
+              "runs/squid_instruct_builtin.gin"} |  # run in order by tests/test_squid_train.py
              {"models/decoder.gin", "models/decoder_tiny.gin", "models/dodo_lm.gin",
               "runs/lm_builtin.gin"} |  # test_language_model_files_build_what_they_name
              # tests/test_ablation.py loads every budget and variant and trains with mini.gin
@@ -313,3 +318,98 @@ def test_language_model_files_build_what_they_name(files, network):
   assert set(shapes) == ({"stack"} if network == "Decoder" else {"stack", "scorer"})
   assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_builtin_lm"
   gin.clear_config()
+
+
+# --------------------------------------------------------------------------- Squid
+def _squid_shapes(model):
+  """Squid's params by name (eval_shape: nothing is materialised)."""
+  import flax
+  shapes = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 16), "decoder_input_tokens": (1, 4),
+                              "query_tokens": (1, 4)}))["params"]
+  return flax.traverse_util.flatten_dict(shapes, sep="/")
+
+
+def test_squid_qwen2_decoders_are_qwen2_0_5b_and_7b(monkeypatch):
+  """The small decoder has Qwen2-0.5B's 494,032,768 parameters (tied embeddings), the large
+  one Qwen2-7B's 7,615,616,512 (Qwen/Qwen2-0.5B, Qwen/Qwen2-7B); the projector maps 896 ->
+  3584 (Linear-GELU-Linear) and there are 64 memory tokens."""
+  monkeypatch.delenv("DECAL_HF_TOKENIZER", raising=False)
+  _parse("models/squid_qwen2.gin")
+  model = _build_model()
+  flat = _squid_shapes(model)
+  def count(prefix):
+    return sum(v.size for k, v in flat.items() if k.startswith(prefix))
+  assert count("small_decoder/") == 494_032_768
+  assert count("large_decoder/") == 7_615_616_512
+  assert "logits_dense" not in str(list(k for k in flat if k.startswith("small_decoder/")))
+  assert flat["memory_tokens/memory_embeddings"].shape == (64, 896)
+  assert (flat["projector/dense_0/kernel"].shape, flat["projector/dense_1/kernel"].shape) == \
+      ((896, 3584), (3584, 3584))
+  config = model.module.config
+  assert (config.small.rope_theta, config.small.norm_epsilon, config.large.qkv_bias) == \
+      (1e6, 1e-6, True)
+  with pytest.raises(FileNotFoundError, match="QWEN2_TOKENIZER"):
+    _ = model.output_vocabulary.vocab_size  # no tokenizer.json bound: a clear error on use
+  gin.clear_config()
+
+
+def test_squid_qwen2_vocabulary_moves_token_0_into_both_tables(monkeypatch):
+  """Qwen2's id 0 ('!') is read as padding here, so the vocabulary writes it as 151935:
+  past the tokenizer's last id (151645, Qwen/Qwen2-0.5B tokenizer.json), a row of both
+  tables (151,936 and 152,064 rows). tools/import_hf.py reads the same binding."""
+  monkeypatch.delenv("DECAL_HF_TOKENIZER", raising=False)
+  _parse("models/squid_qwen2.gin")
+  model = _build_model()
+  config = model.module.config
+  assert model.input_vocabulary.zero_id_to == model.output_vocabulary.zero_id_to == 151935
+  assert 151645 < 151935 < min(config.small.vocab_size, config.large.vocab_size)
+  gin.clear_config()
+
+
+def test_squid_tiny_builds_a_small_and_a_larger_decoder():
+  _parse("models/squid_tiny.gin")
+  model = _build_model()
+  config = model.module.config
+  assert type(model.module).__name__ == "Squid" and config.memory_tokens == 8
+  assert (config.small.emb_dim, config.small.num_layers) == (64, 2)
+  assert (config.large.emb_dim, config.large.num_layers) == (128, 4)
+  flat = _squid_shapes(model)
+  assert flat["projector/dense_0/kernel"].shape == (64, 128)
+  assert flat["large_decoder/token_embedder/embedding"].shape == (4224, 128)
+  gin.clear_config()
+
+
+SQUID_STAGES = {  # stage run file -> (task, parts it trains)
+    "runs/squid_restore.gin": ("decal_c4_squid_restore",
+                               {"small_decoder", "memory_tokens", "projector"}),
+    "runs/squid_continue.gin": ("decal_c4_squid_continue",
+                                {"small_decoder", "memory_tokens", "projector", "large_decoder"}),
+    "runs/squid_instruct.gin": ("decal_squad_squid", {"projector", "large_decoder"}),
+}
+
+
+@pytest.mark.parametrize("run_file", sorted(SQUID_STAGES))
+def test_squid_stage_files_train_named_parts_of_the_model(run_file):
+  """Each imported-checkpoint stage reads its task and trains exactly the parts it names,
+  every one of which exists in the Squid it configures (runs/squid.gin's optimizer)."""
+  import flax
+  task, parts = SQUID_STAGES[run_file]
+  _parse("models/squid_tiny.gin", run_file, bindings=["MODEL_DIR = '/tmp/unused'",
+                                                      "TRAIN_STEPS = 10", "WARMUP_STEPS = 0",
+                                                      "INITIAL_CHECKPOINT_PATH = '/ckpt'"])
+  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == task
+  assert set(gin.query_parameter("%TRAIN_PARTS")) == parts
+  model = _build_model()
+  optimizer = gin.query_parameter("decal_jax.trainer.train.optimizer").scoped_configurable_fn()
+  gin.clear_config()
+  params = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 16), "decoder_input_tokens": (1, 4),
+                              "query_tokens": (1, 4)}))["params"]
+  assert parts <= set(params)
+  params = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype), params)
+  grads = jax.tree_util.tree_map(jnp.ones_like, params)
+  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  moved = {path.split("/")[0] for path, u in
+           flax.traverse_util.flatten_dict(updates, sep="/").items() if jnp.any(u != 0)}
+  assert moved == parts

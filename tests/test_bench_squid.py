@@ -1,0 +1,166 @@
+"""tools/bench_squid.py on its tiny preset: the Markdown has a row per (L, ρ) whose ratios
+are the measured medians' and the analytical FLOPs' quotients, and both sides decode what an
+uncached greedy loop over the same weights decodes."""
+import importlib.util
+import math
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from decal_jax import flops
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_squid", REPO / "tools" / "bench_squid.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+CONTEXT, RATIOS, QUERY, ANSWER, REPEATS = 24, (4, 8), 3, 4, 2
+PARAM_SCALE = 10.0  # weights of std 0.2: peaked logits, so greedy decoding is not degenerate
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench_squid")
+  built = []
+  real_build = bench.build
+
+  def scaled_build(config, seed=0):
+    models = real_build(config, seed)
+    params = jax.tree.map(lambda x: x * PARAM_SCALE, models.squid_params)
+    models = models._replace(squid_params=params,
+                             decoder_params={"stack": params["large_decoder"]})
+    built.append(models)
+    return models
+
+  argv = ["--preset", "tiny", "--contexts", str(CONTEXT), "--ratios",
+          ",".join(map(str, RATIOS)), "--query_length", str(QUERY), "--answer_length",
+          str(ANSWER), "--repeats", str(REPEATS), "--warmup", "0",
+          "--out", str(out / "squid.md"), "--plot", str(out / "squid.png")]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(bench, "build", scaled_build)
+    rows = bench.main(argv)
+  return rows, built[0], (out / "squid.md").read_text(), out / "squid.png"
+
+
+def _table_rows(text):
+  """{(L, ρ): [cells]} of the results table."""
+  rows = {}
+  for line in text.splitlines():
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if line.startswith("|") and cells[0].isdigit():
+      rows[int(cells[0]), int(cells[1])] = cells
+  return rows
+
+
+def test_markdown_has_the_run_description_and_a_row_per_ratio(result):
+  rows, _, text, plot = result
+  assert "- command: `python" in text and "--preset tiny" in text
+  assert f"jax {jax.__version__}" in text and f"JAX backend: {jax.default_backend()}" in text
+  assert "## Reading" in text and "![latency and FLOPs" in text
+  table = _table_rows(text)
+  assert set(table) == {(CONTEXT, r) for r in RATIOS}
+  for r in RATIOS:
+    assert int(table[CONTEXT, r][2]) == math.ceil(CONTEXT / r)  # N = L / ρ
+  assert plot.stat().st_size > 10_000  # a PNG with two panels was written
+
+
+def test_ratios_are_the_quotients_of_the_measured_medians_and_the_flops(result):
+  rows, models, text, _ = result
+  table = _table_rows(text)
+  for row in rows:
+    cells = table[row.context, row.ratio]
+    base_totals = [sum(run.seconds.values()) for run in row.baseline.runs]
+    squid_totals = [sum(run.seconds.values()) for run in row.squid.runs]
+    assert len(base_totals) == len(squid_totals) == REPEATS
+    assert all(t > 0 for run in row.squid.runs for t in run.seconds.values())
+    base_ms, squid_ms = np.median(base_totals) * 1e3, np.median(squid_totals) * 1e3
+    assert cells[4] == (f"{base_ms:.1f} ({min(base_totals) * 1e3:.1f}-"
+                        f"{max(base_totals) * 1e3:.1f})")
+    assert cells[6].split()[0] == f"{squid_ms:.1f}"
+    assert cells[7] == f"{base_ms / squid_ms:.2f}"
+    # FLOPs: the large decoder reads L + q tokens vs N + q, counted by decal_jax.flops
+    # (itself checked against XLA in tests/test_flops.py).
+    config = models.config
+    large = flops.answer_flops(config.large, CONTEXT + QUERY, ANSWER).total
+    squid = flops.squid_flops(bench.squid_with_memory(models, row.memory)[0].config,
+                              CONTEXT, QUERY, ANSWER)
+    assert cells[9] == f"{large / squid.large_decoder:.1f}"
+    assert cells[11] == f"{large / squid.total:.1f}"
+    xla_base, xla_squid = (float(v) for v in cells[12].split("/"))
+    assert xla_base == pytest.approx(large / 1e9, rel=0.25)  # elementwise work is
+    assert xla_squid == pytest.approx(squid.total / 1e9, rel=0.25)  # large at this size
+
+
+def _greedy_uncached(logits_of, tokens, start, count):
+  """Fills tokens[:, start:start+count] greedily, rerunning the whole model each time."""
+  tokens = np.array(tokens)
+  for t in range(start, start + count):
+    tokens[:, t] = np.asarray(logits_of(jnp.asarray(tokens)))[:, t - 1].argmax(-1)
+  return tokens[:, start:start + count]
+
+
+def test_both_sides_decode_what_uncached_greedy_decoding_gives(result):
+  rows, models, *_ = result
+  context, query = rows[0].inputs
+  prompt = np.concatenate([context, query], axis=1)
+  buffer = np.zeros((1, prompt.shape[1] + ANSWER), np.int32)
+  buffer[:, :prompt.shape[1]] = prompt
+  forward = jax.jit(lambda t: models.decoder.apply({"params": models.decoder_params}, t,
+                                                   enable_dropout=False))
+  want = _greedy_uncached(forward, buffer, prompt.shape[1], ANSWER)
+  assert len(set(want.ravel().tolist())) > 1  # not a degenerate repetition
+  for row in rows:
+    for run in row.baseline.runs:
+      np.testing.assert_array_equal(run.tokens, want)
+  row = rows[0]  # one ρ is enough: the others differ only in N
+  squid, params = bench.squid_with_memory(models, row.memory)
+  teacher_forced = jax.jit(lambda answer_in: squid.apply(
+      {"params": params}, jnp.asarray(context), answer_in, answer_in,
+      query_tokens=jnp.asarray(query), enable_dropout=False))
+  answer_in = np.zeros((1, ANSWER + 1), np.int32)  # BOS = 0, then the answer so far
+  squid_want = _greedy_uncached(teacher_forced, answer_in, 1, ANSWER)
+  assert len(set(squid_want.ravel().tolist())) > 1
+  for run in row.squid.runs:
+    np.testing.assert_array_equal(run.tokens, squid_want)
+
+
+def test_a_baseline_that_does_not_fit_is_reported_not_run(result, monkeypatch):
+  models = result[1]
+  def never_fits(compiled, what):
+    raise bench.DoesNotFit(f"{what} needs too much")
+  monkeypatch.setattr(bench, "check_fits", never_fits)
+  monkeypatch.setattr(bench, "build", lambda config, seed: models)
+  args = bench.parse_args(["--preset", "tiny", "--contexts", str(CONTEXT), "--ratios", "8",
+                           "--query_length", str(QUERY), "--answer_length", "2"])
+  (row,) = bench.run(args)
+  assert row.squid is None and row.note.startswith("baseline did not fit: the baseline's "
+                                                   "prefill of 27 tokens needs too much")
+  assert re.search(r"\| 24 \| 8 \| 3 \| baseline did not fit", bench.markdown(args, [row]))
+
+
+def test_weights_that_do_not_fit_stop_before_initialising(monkeypatch):
+  monkeypatch.setattr(bench, "available_bytes", lambda: 1024)
+  args = bench.parse_args(["--preset", "tiny", "--contexts", "16"])
+  with pytest.raises(bench.DoesNotFit, match="the weights need"):
+    bench.build(bench.squid_config(args))
+
+
+def test_qwen2_shapes_are_qwen2s(monkeypatch):
+  monkeypatch.setattr(bench, "QWEN2_GIN", REPO / "no_such.gin")  # the hard-coded shapes
+  small, large = bench._qwen2_hard_coded()  # pylint: disable=protected-access
+  ratio = flops.decoder_flops(large, 1) / flops.decoder_flops(small, 1)
+  assert 14 < ratio < 17  # 7B / 0.5B: about 2 * 7.6e9 / (2 * 0.49e9) per token
+  config = bench.squid_config(bench.parse_args(["--preset", "qwen2", "--contexts", "8192"]))
+  assert config.large.dtype == jnp.bfloat16 and config.memory_tokens == 8192 // 4
+  assert config.small.max_length >= 8192 + 2048 and config.large.max_length >= 8192 + 64
+
+
+@pytest.mark.parametrize("argv", [["--contexts", "1k"], ["--ratios", "0"],
+                                  ["--answer_length", "0"], ["--preset", "huge"]])
+def test_bad_arguments_are_rejected(argv):
+  with pytest.raises(SystemExit):
+    bench.parse_args(argv)
