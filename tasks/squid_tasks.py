@@ -23,13 +23,13 @@ Every task gives three features, tokenized with one vocabulary and read through
   targets  what the large decoder must produce
 
 Stage 1 (restoration): documents are tokenized, read back to back and cut into chunks of
-inputs_length tokens (`autoencoding.autoencode`); inputs = the chunk, query = RESTORE_PROMPT,
-targets = the chunk + EOS. Targets therefore need 'targets' >= 'inputs' + 1 (a shorter length
+inputs_length tokens (`autoencoding.autoencode`; the stream's shorter tail is dropped);
+inputs = the chunk, query = RESTORE_PROMPT, targets = the chunk + EOS. Targets therefore need 'targets' >= 'inputs' + 1 (a shorter length
 is refused with a ValueError). Evaluation reports BLEU of the reconstruction.
 
 Stage 2 (continuation): chunks of inputs_length + targets_length tokens are cut into C1 ->
-inputs and C2 -> targets (`autoencoding.continuation`; a short final chunk keeps at least one
-token on each side, and a one-token chunk is dropped). Neither part ends in EOS: C2 goes on,
+inputs and C2 -> targets (`autoencoding.continuation`; a tail too short for a whole C1 is
+dropped). Neither part ends in EOS: C2 goes on,
 it does not end. The query is CONTINUE_PROMPT, empty, as the paper's continuation stage has
 no prompt.
 
@@ -113,7 +113,7 @@ def restoration(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
                      f"{inputs} tokens) plus EOS, but TASK_FEATURE_LENGTHS['targets'] = "
                      f"{targets}: set TASK_FEATURE_LENGTHS['targets'] >= {inputs + 1}.")
   chunks = autoencoding.autoencode(dataset, sequence_length, reserve_eos=False)
-  return _with_prompt(chunks, output_features, RESTORE_PROMPT)
+  return _with_prompt(_full_contexts(chunks, inputs), output_features, RESTORE_PROMPT)
 
 
 def continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
@@ -122,7 +122,14 @@ def continuation(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
   tokens), 'query': CONTINUE_PROMPT, 'targets': C2 (<= targets_length tokens)}, no EOS."""
   _check_lengths(sequence_length, output_features, CONTINUE_PROMPT)
   parts = autoencoding.continuation(dataset, sequence_length, reserve_eos=False)
+  parts = _full_contexts(parts, sequence_length["inputs"])
   return _with_prompt(parts, output_features, CONTINUE_PROMPT)
+
+
+def _full_contexts(dataset: tf.data.Dataset, length: int) -> tf.data.Dataset:
+  """Keeps examples whose context is exactly `length` tokens: only the stream's short tail
+  is dropped, so a fixed number of memory tokens never meets a context shorter than N."""
+  return dataset.filter(lambda ex: tf.size(ex["inputs"]) == length)
 
 
 def qa_fields(dataset: tf.data.Dataset) -> tf.data.Dataset:
