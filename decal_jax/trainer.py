@@ -376,7 +376,8 @@ def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitio
         eval_dataset_cfg.task_feature_lengths, eval_dataset_cfg.split, local_batch,
         max_predict_examples)
     scores = dict(scores, num_examples=len(rows), step=step,
-                  compression_ratio=_compression_ratio(model))
+                  compression_ratio=_compression_ratio(model,
+                                                       eval_dataset_cfg.task_feature_lengths))
     if jax.process_index() == 0:
       paths = inference.write_results(model_dir, task.name, eval_dataset_cfg.split, step,
                                       scores, rows)
@@ -394,8 +395,11 @@ def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitio
   return result
 
 
-def _compression_ratio(model) -> int:
-  return int(getattr(getattr(model.module, "config", None), "compression_ratio", 1))
+def _compression_ratio(model, lengths: Mapping[str, int]):
+  config = getattr(model.module, "config", None)
+  if hasattr(config, "memory_count") and "inputs" in lengths:  # Squid: tokens per vector
+    return lengths["inputs"] / config.memory_count(lengths["inputs"])
+  return int(getattr(config, "compression_ratio", 1))
 
 
 def infer(*, model, model_dir: str, task_feature_lengths, inputs: Sequence[str] = (),

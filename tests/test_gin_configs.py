@@ -385,7 +385,8 @@ SQUID_STAGES = {  # stage run file -> (task, parts it trains)
                                {"small_decoder", "memory_tokens", "projector"}),
     "runs/squid_continue.gin": ("decal_c4_squid_continue",
                                 {"small_decoder", "memory_tokens", "projector", "large_decoder"}),
-    "runs/squid_instruct.gin": ("decal_squad_squid", {"projector", "large_decoder"}),
+    "runs/squid_instruct.gin": ("decal_squad_squid", {"small_decoder", "memory_tokens",
+                                                      "projector", "large_decoder"}),
 }
 
 

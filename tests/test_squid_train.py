@@ -1,6 +1,7 @@
 """Squid's three built-in stages run in sequence from their gin files (tiny sizes, a few
-steps): each stage starts from the one before, and stage 3's frozen parts (small decoder,
-memory tokens) are bitwise the stage-2 values while the parts it trains moved."""
+steps): each stage starts from the one before, and with stage 3 told to train only the
+projector and the large decoder (its TRAIN_PARTS switch), the frozen parts (small decoder,
+memory tokens) are bitwise the stage-2 values while the trained parts moved."""
 import functools
 
 import gin
@@ -24,6 +25,8 @@ def _run(stage, model_dir, previous=None):
           f"--gin.MODEL_DIR='{model_dir}'"] + [f"--gin.{b.replace(' = ', '=')}" for b in SMALLER]
   if previous is not None:
     argv.append(f"--gin.INITIAL_CHECKPOINT_PATH='{previous}'")
+  if stage == "instruct":
+    argv.append("--gin.TRAIN_PARTS=['projector', 'large_decoder']")
   train.main(argv)
 
 
