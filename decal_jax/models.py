@@ -238,6 +238,27 @@ class DecoderOnlyModel(_TokenLoss):
                               eos_id=self.output_vocabulary.eos_id, **decoder_kwargs)
     return seqs[:, -1, :]
 
+  def generate_uncached(self, params, prompt: Array, max_new_tokens: int) -> Array:
+    """Greedy continuation that reruns the whole network over everything so far at every
+    step (no cache): the reference cached `generate` must match, and the paper-style
+    "GPT without a KV cache" baseline. `[batch, P]` -> `[batch, max_new_tokens]`."""
+    prompt = jnp.asarray(prompt, jnp.int32)
+    batch, length = prompt.shape
+    eos = self.output_vocabulary.eos_id
+    tokens = jnp.zeros((batch, length + max_new_tokens), jnp.int32).at[:, :length].set(prompt)
+
+    def step(i, carry):
+      tokens, ended = carry
+      inputs = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]  # BOS + everything so far
+      logits = self.module.apply({"params": params}, inputs, enable_dropout=False)
+      next_logits = logits[:, length + i]  # predicts tokens[length + i]
+      token = jnp.where(ended, 0, jnp.argmax(next_logits, axis=-1))
+      tokens = tokens.at[:, length + i].set(token.astype(jnp.int32))
+      return tokens, ended | (token == eos)
+
+    init = (tokens, jnp.zeros((batch,), bool))
+    return jax.lax.fori_loop(0, max_new_tokens, step, init)[0][:, length:]
+
   def predict_batch(self, params, batch: Batch, rng: Optional[Array] = None,
                     **kwargs) -> Array:
     """Unconditional samples as long as `decoder_input_tokens` (LM tasks have no inputs)."""

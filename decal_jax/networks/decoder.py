@@ -230,8 +230,8 @@ class DecoderStack(nn.Module):
   def __call__(self, x: Array, positions: Array, bias: Array, memories=None, adapter=None,
                decode=False, prefill=False, cache_index=None, deterministic=True,
                upto: Optional[int] = None, return_layer_inputs: bool = False,
-               kv_hooks=None):
-    """Runs blocks [0, upto) over embedded x `[batch, t, embed]`.
+               kv_hooks=None, start: int = 0):
+    """Runs blocks [start, upto) over x `[batch, t, embed]` (embedded, or block start's input).
 
     memories: per-layer `MemoryKV`, or a function `(layer index, block, block input) ->
     MemoryKV` for memories made from this very pass (None: no memory). kv_hooks: per-layer
@@ -239,7 +239,8 @@ class DecoderStack(nn.Module):
     input, stacked `[layers, batch, t, embed]` (Dodo's nugget states).
     """
     inputs = []
-    for i, layer in enumerate(self.layers[:upto]):
+    for i in range(start, len(self.layers) if upto is None else upto):
+      layer = self.layers[i]
       inputs.append(x)
       memory = memories(i, layer, x) if callable(memories) else (
           None if memories is None else memories[i])
