@@ -30,9 +30,10 @@ setuptools.setup(
         "tokenizers>=0.19,<1",      # Hugging Face tokenizer.json vocabularies (Qwen2; hf_import)
     ],
     extras_require={
-        # tests draw the ablation plot and compare the LLaMA import with transformers (PyTorch)
-        "test": ["pytest>=8,<10", "matplotlib>=3.8,<4", "torch>=2.4,<3",
-                 "transformers>=4.45,<6"],
+        # tests draw the ablation plot and compare the LLaMA import with transformers (PyTorch);
+        # pytest-xdist runs test files on both cores (-n 2 --dist loadfile)
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "matplotlib>=3.8,<4",
+                 "torch>=2.4,<3", "transformers>=4.45,<6"],
         "hf": ["torch>=2.4,<3", "transformers>=4.45,<6"],
         "plot": ["matplotlib>=3.8,<4"],
         # T5X is not on the package index; users with network access can add it from git.

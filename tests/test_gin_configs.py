@@ -51,6 +51,9 @@ def test_all_gin_files_are_covered_here():
               "runs/squid_instruct.gin"} |  # test_squid_stage_files_train_named_parts...
              {"runs/squid_restore_builtin.gin", "runs/squid_continue_builtin.gin",
               "runs/squid_instruct_builtin.gin"} |  # run in order by tests/test_squid_train.py
+             {"models/gpthf.gin", "models/gpthf_tiny.gin", "runs/gpthf_lm_builtin.gin",
+              "models/gpthf_16_8.gin", "models/gpthf_8_4.gin", "models/gpt_baseline_24.gin",
+              "models/gpt_baseline_12.gin"} |  # the GPTHF tests at the end
              {"models/decoder.gin", "models/decoder_tiny.gin", "models/dodo_lm.gin",
               "runs/lm_builtin.gin"} |  # test_language_model_files_build_what_they_name
              # tests/test_ablation.py loads every budget and variant and trains with mini.gin
@@ -408,9 +411,65 @@ def test_squid_stage_files_train_named_parts_of_the_model(run_file):
       jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 16), "decoder_input_tokens": (1, 4),
                               "query_tokens": (1, 4)}))["params"]
   assert parts <= set(params)
-  params = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype), params)
-  grads = jax.tree_util.tree_map(jnp.ones_like, params)
-  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  @jax.jit
+  def first_update(params):  # one step with every gradient 1
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    return jax.tree_util.tree_map(lambda u: jnp.any(u != 0), updates)
+
+  moved_leaves = first_update(jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype),
+                                                     params))
   moved = {path.split("/")[0] for path, u in
-           flax.traverse_util.flatten_dict(updates, sep="/").items() if jnp.any(u != 0)}
+           flax.traverse_util.flatten_dict(moved_leaves, sep="/").items() if u}
   assert moved == parts
+
+
+# --------------------------------------------------------------------------- GPTHF
+def _decoder_only_param_count(model):
+  shapes = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), {"decoder_input_tokens": (1, 16)}))["params"]
+  return sum(x.size for x in jax.tree_util.tree_leaves(shapes))
+
+
+# 24 blocks x (4 * 1024^2 attention + 3 * 1024 * 4096 SwiGLU + 2 * 1024 norms) + 32,128 x 1024
+# tied embedding + 1024 final norm; 12 blocks at width 768 likewise (hand-worked).
+GPTHF_SIZES = {("models/gpthf_16_8.gin", "models/gpt_baseline_24.gin"): (16, 24, 435_602_432),
+               ("models/gpthf_8_4.gin", "models/gpt_baseline_12.gin"): (8, 12, 137_939_712)}
+
+
+@pytest.mark.parametrize("files", sorted(GPTHF_SIZES))
+def test_gpthf_paper_sizes_match_their_gpt_baselines(files, monkeypatch):
+  """GPTHF-16-8 / -8-4 have exactly the parameters of Baseline-24 / -12 (one stack, split
+  into word- and sentence-level blocks); ends of sentences are the T5 top sentinel."""
+  import os
+  data = pathlib.Path(os.environ.get("DECAL_DATA_DIR", REPO.parent / "shared" / "data"))
+  t5_vocab = data / "vocab" / "t5_spiece.model"
+  if not t5_vocab.exists():
+    pytest.skip(f"{t5_vocab} not found: set DECAL_DATA_DIR to the shared data folder")
+  monkeypatch.setenv("DECAL_T5_VOCAB", str(t5_vocab))  # the end id comes from its size
+  encoder, layers, count = GPTHF_SIZES[files]
+  _parse(files[0])
+  model = _build_model()
+  cfg = model.module.config
+  assert type(model.module).__name__ == "Gpthf"
+  assert (cfg.encoder_layers, cfg.decoder.num_layers, cfg.sentence_end_id) == (encoder, layers,
+                                                                                32099)
+  assert _decoder_only_param_count(model) == count
+  gin.clear_config()
+  _parse(files[1])
+  baseline = _build_model()
+  assert type(baseline.module).__name__ == "Decoder"
+  assert _decoder_only_param_count(baseline) == count
+  gin.clear_config()
+
+
+def test_gpthf_tiny_and_its_run_file():
+  _parse("models/gpthf_tiny.gin", "runs/gpthf_lm_builtin.gin",
+         bindings=["MODEL_DIR = '/tmp/unused'"])
+  model = _build_model()
+  cfg = model.module.config
+  assert (cfg.encoder_layers, cfg.decoder.num_layers, cfg.decoder.emb_dim) == (4, 6, 128)
+  assert cfg.sentence_end_id == model.output_vocabulary.vocab_size - 1
+  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_builtin_sentence_lm"
+  assert gin.query_parameter("%MAX_SENTENCE_LENGTH") == cfg.max_sentence_length == 64
+  gin.clear_config()

@@ -1,0 +1,56 @@
+"""Sentence-segmented language-modelling tasks (GPTHF's data): like lm_tasks, but every
+sentence is followed by the end-of-sentence token (`data.sentences.sentences_lm`).
+
+| name | source | vocabulary |
+|---|---|---|
+| decal_builtin_sentence_lm | the built-in corpus (no download) | built-in |
+| decal_c4_sentence_lm | TFDS c4/en:3.1.0 | the model's |
+| decal_text_sentence_lm | plain-text files `<local dir>/text_lm/<split>.txt` (decal_text_lm's) | the model's |
+
+`register_text_sentence_lm_task(name, {split: path or glob})` makes a task of any plain-text
+files (one paragraph per line; blank lines are skipped).
+
+Features: 'targets' (add_eos=False; the end id is the vocabulary's top sentinel, see
+`sentences.sentence_end_id`) and 'sentence_ids' (each position's sentence index within its
+chunk; seqio's DecoderFeatureConverter ignores it; it is there for inspection and tests).
+Sentences longer than `sentences_lm.max_sentence_length` (which must equal
+GpthfConfig.max_sentence_length) are cut and counted (`sentences.sentence_split_counts()`).
+Evaluation reports perplexity from the teacher-forced loss; there is no metric function.
+"""
+import functools
+from typing import Mapping, Optional
+
+import seqio
+
+from decal_jax.data import corpus, sentences, vocabularies
+from decal_jax.tasks import lm_tasks
+from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
+
+TEXT_SENTENCE_LM_TASK = "decal_text_sentence_lm"
+
+
+def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
+              lines: bool = False) -> seqio.Task:
+  if name in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(name)
+  return seqio.TaskRegistry.add(
+      name, source=source,
+      output_features={"targets": seqio.Feature(vocabulary, add_eos=False, required=True)},
+      preprocessors=([lm_tasks.text_lines] if lines else []) + [
+          functools.partial(sentences.sentences_lm, task_name=name)],
+      metric_fns=[])
+
+
+def register_text_sentence_lm_task(name: str, split_files: Mapping[str, str],
+                                   vocabulary: Optional[seqio.Vocabulary] = None) -> seqio.Task:
+  """Sentence LM task over your plain-text files, {split: path or glob}; tokenized with
+  `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read)."""
+  return _register(name, lm_tasks._text_source(split_files),  # pylint: disable=protected-access
+                   vocabulary or vocabularies.DeferredVocabulary(), lines=True)
+
+
+_register("decal_builtin_sentence_lm", corpus.data_source(), vocabularies.builtin_vocabulary())
+_register("decal_c4_sentence_lm", PreparedTfdsSource(C4_TFDS_NAME),
+          vocabularies.DeferredVocabulary())
+_register(TEXT_SENTENCE_LM_TASK, lm_tasks._LocalTextLines(),  # pylint: disable=protected-access
+          vocabularies.DeferredVocabulary(), lines=True)
