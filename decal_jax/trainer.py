@@ -20,7 +20,7 @@ import tensorflow as tf
 import tqdm
 
 from decal_jax import checkpoints, inference, metrics, optimizers, partitioning
-from decal_jax.data import autoencoding, span_corruption, text_to_text
+from decal_jax.data import autoencoding, sentences, span_corruption, text_to_text
 
 Batch = Dict[str, np.ndarray]
 
@@ -299,6 +299,7 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   example = (decode_example(state["params"], model, eval_cfg, partitioner)
              if show_example and not _decoder_only(model) else None)
   _report(result, example, total_steps)
+  _data_notes()
   return result
 
 
@@ -386,13 +387,23 @@ def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitio
           if k not in ("step", "num_examples", "compression_ratio")) +
             f"\n  predictions: {paths['predictions']}\n  metrics:     {paths['metrics']}")
     result.update({f"{task.name}/{k}": float(v) for k, v in scores.items() if k != "step"})
-  for name, count in text_to_text.truncation_counts().items():
-    print(f"note: {name}: {count} sequences cut to TASK_FEATURE_LENGTHS in this run (each pass "
-          "over the data counts).")
+  _data_notes()
   writer = metrics.MetricsWriter(model_dir)
   writer.write("eval", step, result)
   writer.close()
   return result
+
+
+def _data_notes() -> None:
+  """What the input pipeline cut in this process: sequences and long sentences."""
+  if jax.process_index() != 0:
+    return
+  for name, count in text_to_text.truncation_counts().items():
+    print(f"note: {name}: {count} sequences cut to TASK_FEATURE_LENGTHS in this run (each pass "
+          "over the data counts).")
+  for name, count in sentences.sentence_split_counts().items():
+    print(f"note: {name}: {count} sentences longer than the maximum sentence length were "
+          "split in this run (each pass over the data counts).")
 
 
 def _compression_ratio(model, lengths: Mapping[str, int]):

@@ -104,6 +104,15 @@ def test_long_sentences_close_at_the_length_bound():
   np.testing.assert_array_equal(layout.closes[0], [0, 0, 1, 0, 0, 1, 0, 1, 0])
 
 
+def test_layout_matches_a_left_to_right_loop_on_random_text():
+  rng = np.random.default_rng(0)
+  tokens = rng.choice([5, 6, 7, END], size=(4, 40), p=[0.3, 0.3, 0.3, 0.1])
+  layout = gpthf.sentence_layout(jnp.asarray(tokens), END, 5)
+  for row, got in zip(tokens, zip(*layout)):
+    for want, value in zip(numpy_layout(list(row), END, 5), got):
+      np.testing.assert_array_equal(value, want)
+
+
 # ------------------------------------------------------------------------------ network
 def test_parallel_pass_equals_the_position_by_position_definition():
   params = _params()

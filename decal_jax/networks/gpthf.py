@@ -64,18 +64,17 @@ class SentenceLayout(NamedTuple):
 
 
 def sentence_layout(tokens: Array, end_id: int, max_length: int) -> SentenceLayout:
-  """Token ids `[batch, n]` -> their `SentenceLayout`, scanning left to right."""
+  """Token ids `[batch, n]` -> their `SentenceLayout`. After the last end token before t,
+  places run 0, 1, .. and wrap at `max_length` (a bound-closed sentence restarts at 0)."""
+  batch, n = tokens.shape
+  index = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
   is_end = tokens == end_id  # [b, n]
-
-  def step(carry, end):
-    place, sentence = carry  # [b]
-    closes = end | (place == max_length - 1)
-    new = (jnp.where(closes, 0, place + 1), sentence + closes.astype(jnp.int32))
-    return new, (place, sentence, closes)
-
-  zeros = jnp.zeros(tokens.shape[:1], jnp.int32)
-  _, (place, sentence, closes) = jax.lax.scan(step, (zeros, zeros), is_end.T)
-  return SentenceLayout(place.T, sentence.T, closes.T)
+  last_end = jax.lax.cummax(jnp.where(is_end, index, -1), axis=1)  # [b, n] (inclusive)
+  before = jnp.pad(last_end, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # exclusive
+  place = (index - before - 1) % max_length
+  closes = is_end | (place == max_length - 1)
+  sentence = jnp.cumsum(closes, axis=1, dtype=jnp.int32) - closes.astype(jnp.int32)
+  return SentenceLayout(place, sentence, closes)
 
 
 def encoder_mask(layout: SentenceLayout) -> Array:
