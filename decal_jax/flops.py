@@ -20,12 +20,20 @@ steps) and `squid_flops` (small decoder / projector / large decoder). Attention 
 as the dense masked product the code computes (every query against every key it is shown,
 including a preallocated cache's empty slots) unless `causal=True`, which counts only the
 keys each position may see (what a causal-aware kernel would do).
+
+GPTHF (`networks/gpthf.py`) and its GPT baselines are counted per example by
+`gpthf_generation_flops` (cached generation, `models.DecoderOnlyModel.generate` on a
+`Gpthf`), `gpthf_forward_flops` (one parallel pass), `gpthf_step_flops` (one cached step) and
+`gpt_generation_flops` (`generate` on a `Decoder`, with or without a parallel prefill, or
+`generate_uncached`): see their docstrings for exactly which keys each counts.
 """
 import dataclasses
 import math
-from typing import Optional
+import numbers
+from typing import List, Optional, Sequence, Tuple, Union
 
 from decal_jax.networks.decoder import DecoderConfig
+from decal_jax.networks.gpthf import GpthfConfig
 from decal_jax.networks.squid import SquidConfig
 from decal_jax.networks.t5 import T5Config
 
@@ -199,3 +207,166 @@ def squid_flops(config: SquidConfig, context_length: int, query_length: int,
                                keys_values_only=True),
       large_generation=decode_steps_flops(config.large, prefix, answer_length,
                                           cache_slots=answer_length, causal=causal))
+
+
+# ----------------------------------------------------------------------------- GPTHF
+# Generation as `models.DecoderOnlyModel.generate` runs it: P + K one-token steps, fed BOS,
+# prompt[:-1] (the prompt steps: no LM head, and XLA drops the last layer's queries, attention
+# and MLP, whose only reader is the unused logits), then prompt[-1] and the new tokens but the
+# last (the generation steps: logits each). Sentence layouts below are those of the fed tokens.
+SentenceLengths = Union[None, float, Sequence[int]]
+
+
+def _layer(cfg: DecoderConfig, positions: int, pairs: int) -> float:
+  """One decoder block over `positions` new positions scoring `pairs` (query, key) pairs."""
+  query_inner, kv_inner = cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+  projections = 2 * positions * cfg.emb_dim * (2 * query_inner + 2 * kv_inner)  # q, out; k, v
+  attention = 2 * 2 * pairs * query_inner  # q k^T and weights @ v
+  return projections + attention + 2 * positions * cfg.emb_dim * cfg.mlp_dim * 3  # SwiGLU
+
+
+def _keys_values(cfg: DecoderConfig, positions: int) -> float:
+  """A block whose only live outputs are its keys / values (a cache write)."""
+  return 2 * positions * cfg.emb_dim * 2 * cfg.kv_heads * cfg.head_dim
+
+
+def _head(cfg: DecoderConfig, positions: int) -> float:
+  return 2 * positions * cfg.emb_dim * cfg.vocab_size
+
+
+def _bounded(lengths: Sequence[int], max_sentence_length: int) -> List[int]:
+  """Sentence lengths as the network closes them: one of more than the bound S is cut into
+  pieces of S (`gpthf.sentence_layout` closes at place S - 1)."""
+  out = []
+  for length in lengths:
+    if length < 1:
+      raise ValueError(f"sentence lengths must be >= 1, got {length}.")
+    out += [max_sentence_length] * (length // max_sentence_length)
+    if length % max_sentence_length:
+      out.append(length % max_sentence_length)
+  return out
+
+
+def sentence_places(length: int, sentence_lengths: SentenceLengths,
+                    max_sentence_length: int) -> Tuple[List[int], List[int]]:
+  """(place in its sentence, sentence index) of each of `length` consecutive positions.
+
+  sentence_lengths: the lengths (end token included) of the consecutive sentences covering
+  the positions; a number: sentences of that mean length (sentence j spans positions
+  [round(j * mean), round((j + 1) * mean))); None: no end token at all, every sentence runs
+  to the bound (random weights' generation). Lengths past the bound are cut as the network
+  cuts them.
+  """
+  if sentence_lengths is None:
+    lengths = [max_sentence_length] * (length // max_sentence_length + 1)
+  elif isinstance(sentence_lengths, numbers.Real):
+    mean = float(sentence_lengths)
+    if mean < 1:
+      raise ValueError(f"the mean sentence length must be >= 1, got {mean}.")
+    bounds = [round(j * mean) for j in range(int(length / mean) + 2)]
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+  else:
+    lengths = list(sentence_lengths)
+  lengths = _bounded(lengths, max_sentence_length)
+  if sum(lengths) < length:
+    raise ValueError(f"sentence lengths summing to {sum(lengths)} do not cover the {length} "
+                     "positions: give lengths for every fed position (the last sentence may "
+                     "run past the end).")
+  place, sentence = [], []
+  for index, size in enumerate(lengths):
+    place += range(size)
+    sentence += [index] * size
+  return place[:length], sentence[:length]
+
+
+def gpthf_step_flops(config: GpthfConfig, place: int = 0, sentence: int = 0,
+                     logits: bool = True, causal: bool = False) -> float:
+  """One cached GPTHF step (`Gpthf` with decode=True) for the token at `place` of sentence
+  `sentence`: the encoder blocks attend to the sentence cache, the body blocks to the body
+  cache plus the token's own row, then the LM head.
+
+  Dense (`causal=False`, as the code computes): every encoder block scores all
+  `max_sentence_length` slots and every body block all `decoder.max_length` slots plus its
+  own row, whatever the sentence structure. Causal: `place + 1` and `sentence + 1` keys (the
+  finished sentences and the token itself). `logits=False`: a prompt step, whose logits
+  nobody reads (no head; the last body block only writes its keys / values).
+  """
+  cfg = config.decoder
+  body = cfg.num_layers - config.encoder_layers
+  sentence_keys = place + 1 if causal else config.max_sentence_length
+  body_keys = sentence + 1 if causal else cfg.max_length + 1
+  encoder = config.encoder_layers * _layer(cfg, 1, sentence_keys)
+  if logits:
+    return encoder + body * _layer(cfg, 1, body_keys) + _head(cfg, 1)
+  return encoder + (body - 1) * _layer(cfg, 1, body_keys) + _keys_values(cfg, 1)
+
+
+def gpthf_generation_flops(config: GpthfConfig, prompt_length: int, new_tokens: int,
+                           sentence_lengths: SentenceLengths = None,
+                           causal: bool = False) -> AnswerFlops:
+  """Cached GPTHF generation of one example (`DecoderOnlyModel.generate` on a `Gpthf`):
+  `prompt_length` prompt steps then `new_tokens` generation steps, each `gpthf_step_flops`
+  at its fed token's place and sentence (`sentence_places` of the P + K fed tokens: BOS,
+  the prompt, the new tokens but the last). Dense counting does not depend on the sentence
+  structure (every step scores all slots); causal counting does."""
+  if prompt_length < 0 or new_tokens < 1:
+    raise ValueError(f"need prompt_length >= 0 and new_tokens >= 1, got {prompt_length} and "
+                     f"{new_tokens}.")
+  total = prompt_length + new_tokens
+  place, sentence = sentence_places(total, sentence_lengths, config.max_sentence_length)
+  steps = [gpthf_step_flops(config, p, s, logits=i >= prompt_length, causal=causal)
+           for i, (p, s) in enumerate(zip(place, sentence))]
+  return AnswerFlops(sum(steps[:prompt_length]), sum(steps[prompt_length:]))
+
+
+def gpthf_forward_flops(config: GpthfConfig, length: int,
+                        sentence_lengths: SentenceLengths = None, causal: bool = False) -> float:
+  """One parallel GPTHF pass over `length` tokens (training, or one step of uncached
+  generation), logits at every position. Dense (as computed): both the block-causal encoder
+  and the body score all length x length pairs (the masks zero most of them). Causal: the
+  encoder scores each token against the earlier tokens of its sentence and itself, the body
+  each token against the sentences finished before it and itself."""
+  cfg = config.decoder
+  body = cfg.num_layers - config.encoder_layers
+  if causal:
+    place, sentence = sentence_places(length, sentence_lengths, config.max_sentence_length)
+    encoder_pairs, body_pairs = sum(p + 1 for p in place), sum(s + 1 for s in sentence)
+  else:
+    encoder_pairs = body_pairs = length * length
+  return (config.encoder_layers * _layer(cfg, length, encoder_pairs)
+          + body * _layer(cfg, length, body_pairs) + _head(cfg, length))
+
+
+def gpt_generation_flops(cfg: DecoderConfig, prompt_length: int, new_tokens: int,
+                         cached: bool, prefill: bool = False, causal: bool = False
+                         ) -> AnswerFlops:
+  """A plain `Decoder` generating `new_tokens` after `prompt_length` tokens (one example).
+
+  cached (`DecoderOnlyModel.generate`): a KV cache of T = P + K slots (the length of the
+  cache-creation call); P prompt steps (no head, the last block keys / values only) then K
+  generation steps with logits; dense, every step scores all T slots; causal, step i scores
+  i + 1. With `prefill`, the P fed prompt tokens instead go through one causal pass that
+  attends within them (dense P x P; no head, last block keys / values only), then the same K
+  steps. Not cached (`generate_uncached`): each of the K steps reruns the whole network over
+  the T-position buffer with logits at every position (`prompt` is 0: there is no separate
+  prompt phase).
+  """
+  if prompt_length < 0 or new_tokens < 1:
+    raise ValueError(f"need prompt_length >= 0 and new_tokens >= 1, got {prompt_length} and "
+                     f"{new_tokens}.")
+  total = prompt_length + new_tokens
+  if not cached:
+    if prefill:
+      raise ValueError("prefill fills a KV cache: pass cached=True with prefill=True.")
+    return AnswerFlops(0.0, new_tokens * decoder_flops(cfg, total, causal=causal))
+  layers = cfg.num_layers
+  keys = lambda step: step + 1 if causal else total  # noqa: E731  (step: 0-based fed index)
+  if prefill:
+    prompt = decoder_flops(cfg, prompt_length, logits_positions=0, causal=causal,
+                           keys_values_only=True) if prompt_length else 0.0
+  else:
+    prompt = sum((layers - 1) * _layer(cfg, 1, keys(i)) + _keys_values(cfg, 1)
+                 for i in range(prompt_length))
+  generation = sum(layers * _layer(cfg, 1, keys(i)) + _head(cfg, 1)
+                   for i in range(prompt_length, total))
+  return AnswerFlops(prompt, generation)

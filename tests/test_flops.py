@@ -177,3 +177,124 @@ def test_answer_and_squid_flops_add_up_as_derived():
   # that sees everything.
   assert flops.squid_flops(config, length, query, answer, causal=True).total < squid.total
   assert flops.decoder_flops(large, 1, 99, causal=True) == flops.decoder_flops(large, 1, 99)
+
+
+# ----------------------------------------------------------------------------- GPTHF
+from decal_jax.networks.gpthf import Gpthf, GpthfConfig  # noqa: E402
+
+# 2 word-level + 1 sentence-level block of DEC's sizes; a body cache of SLOTS slots.
+GPTHF = GpthfConfig(decoder=dataclasses.replace(DEC, num_layers=3, max_length=SLOTS),
+                    encoder_layers=2, sentence_end_id=500, max_sentence_length=64)
+
+
+def test_gpthf_flops_match_xla_for_cached_steps_and_a_parallel_pass():
+  model = Gpthf(GPTHF)
+  tokens = jnp.ones((BATCH, PROMPT), jnp.int32)
+  params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens[:, :8],
+                                             enable_dropout=False))["params"]
+  cache = jax.eval_shape(lambda p: model.apply(
+      {"params": p}, tokens[:, :8], decode=True, enable_dropout=False,
+      mutable=["cache"])[1]["cache"], params)
+  forward = lambda p, t: model.apply({"params": p}, t, enable_dropout=False)  # noqa: E731
+  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,  # noqa: E731
+                                     enable_dropout=False, mutable=["cache"])
+  prompt_step = lambda p, c, t: step(p, c, t)[1]  # noqa: E731  (logits unread)
+  # One step scores all 64 sentence slots and all SLOTS body slots + its own row, densely.
+  assert flops.gpthf_step_flops(GPTHF) == pytest.approx(
+      _xla_flops(step, params, cache, tokens[:, :1]) / BATCH, rel=0.10)
+  assert flops.gpthf_step_flops(GPTHF, logits=False) == pytest.approx(
+      _xla_flops(prompt_step, params, cache, tokens[:, :1]) / BATCH, rel=0.10)
+  assert flops.gpthf_forward_flops(GPTHF, PROMPT) == pytest.approx(
+      _xla_flops(forward, params, tokens) / BATCH, rel=0.10)
+
+
+def test_gpt_generation_steps_match_xla_as_generate_and_generate_uncached_run_them():
+  """A prompt step whose logits nobody reads, a generation step, and one uncached step
+  (the whole buffer, one position's logits read): what `gpt_generation_flops` sums."""
+  model, params, cache = _decoder_variables(DEC, SLOTS)
+  tokens = jnp.ones((BATCH, SLOTS), jnp.int32)
+  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,  # noqa: E731
+                                     enable_dropout=False, mutable=["cache"])
+  prompt_step = lambda p, c, t: step(p, c, t)[1]  # noqa: E731
+  prompt, new = SLOTS - 20, 20
+  want = flops.gpt_generation_flops(DEC, prompt, new, cached=True)
+  assert want.prompt / prompt == pytest.approx(
+      _xla_flops(prompt_step, params, cache, tokens[:, :1]) / BATCH, rel=0.10)
+  assert want.generation / new == pytest.approx(
+      _xla_flops(step, params, cache, tokens[:, :1]) / BATCH, rel=0.10)
+  # The LM head runs at every buffer position though one is read: with a vocabulary this
+  # large, counting only that one would fall a third short.
+  wide = dataclasses.replace(DEC, vocab_size=4096)
+  wide_model, params, _ = _decoder_variables(wide, SLOTS)
+  uncached_step = lambda p, t, i: jnp.argmax(  # noqa: E731
+      wide_model.apply({"params": p}, t, enable_dropout=False)[:, i], axis=-1)
+  uncached = flops.gpt_generation_flops(wide, prompt, new, cached=False)
+  assert uncached.prompt == 0
+  assert uncached.generation / new == pytest.approx(
+      _xla_flops(uncached_step, params, tokens, jnp.int32(prompt)) / BATCH, rel=0.10)
+
+
+# 1 word-level + 1 sentence-level block: emb 4, 2 query heads / 1 kv head of 2, mlp 8,
+# vocab 10, 8 body slots, sentences of at most 3 tokens. Per block and position: q + out
+# 2*4*(4 + 4) = 64, k + v 2*4*(2 + 2) = 32, SwiGLU 3 * 2*4*8 = 192 (288 in all), plus
+# 2*2*4 = 16 per scored key; LM head 2*4*10 = 80; a keys / values-only block 32.
+HAND = GpthfConfig(decoder=DecoderConfig(vocab_size=10, emb_dim=4, num_heads=2,
+                                         num_kv_heads=1, head_dim=2, mlp_dim=8, num_layers=2,
+                                         max_length=8),
+                   encoder_layers=1, sentence_end_id=9, max_sentence_length=3)
+
+
+def test_sentence_places_hand_worked():
+  assert flops.sentence_places(5, [2, 3], 3) == ([0, 1, 0, 1, 2], [0, 0, 1, 1, 1])
+  # A 5-token sentence is cut at the 3-token bound, as `gpthf.sentence_layout` cuts it.
+  assert flops.sentence_places(5, [5], 3) == ([0, 1, 2, 0, 1], [0, 0, 0, 1, 1])
+  assert flops.sentence_places(5, None, 3) == ([0, 1, 2, 0, 1], [0, 0, 0, 1, 1])
+  assert flops.sentence_places(5, 2.0, 3) == ([0, 1, 0, 1, 0], [0, 0, 1, 1, 2])
+  with pytest.raises(ValueError, match="do not cover"):
+    flops.sentence_places(5, [2, 2], 3)
+  with pytest.raises(ValueError, match=">= 1"):
+    flops.sentence_places(5, [2, 0, 3], 3)
+
+
+def test_gpthf_generation_flops_hand_worked():
+  """2 prompt steps, then 3 generation steps. Dense: the word-level block scores 3 slots
+  (288 + 48 = 336), the sentence-level block 8 + 1 (288 + 144 = 432); a prompt step has no
+  head and its last block writes keys / values only: 336 + 32 = 368; a generation step
+  336 + 432 + 80 = 848. Causal, sentences [2, 3]: (place, sentence) = (0, 0) (1, 0) (0, 1)
+  (1, 1) (2, 1), keys place + 1 and sentence + 1."""
+  dense = flops.gpthf_generation_flops(HAND, 2, 3)
+  assert (dense.prompt, dense.generation) == (2 * 368, 3 * 848)
+  # Dense counting ignores the sentence structure: every step scores every slot.
+  assert flops.gpthf_generation_flops(HAND, 2, 3, [1, 1, 1, 1, 1]) == dense
+  causal = flops.gpthf_generation_flops(HAND, 2, 3, [2, 3], causal=True)
+  assert causal.prompt == (288 + 16 + 32) + (288 + 32 + 32)
+  assert causal.generation == ((288 + 16) + (288 + 32) + 80 + (288 + 32) + (288 + 32) + 80
+                               + (288 + 48) + (288 + 32) + 80)
+  # One parallel pass over the 5 tokens: dense 25 pairs per block; causal, the word-level
+  # block 1 + 2 + 1 + 2 + 3 = 9 pairs, the sentence-level one 1 + 1 + 2 + 2 + 2 = 8.
+  assert flops.gpthf_forward_flops(HAND, 5) == 2 * (5 * 288 + 16 * 25) + 5 * 80
+  assert flops.gpthf_forward_flops(HAND, 5, [2, 3], causal=True) == (
+      5 * 288 + 16 * 9 + 5 * 288 + 16 * 8 + 5 * 80)
+
+
+def test_gpt_generation_flops_add_up_as_derived():
+  """Cached: P prompt steps (keys / values only at the last block, no head) and K steps,
+  all over P + K slots; prefill: the prompt in one causal pass; no cache: K whole passes
+  over the P + K buffer."""
+  cfg, prompt, new = DEC, 100, 20
+  slots = prompt + new
+  cached = flops.gpt_generation_flops(cfg, prompt, new, cached=True)
+  assert cached.prompt == prompt * flops.decoder_flops(cfg, 1, slots - 1, logits_positions=0,
+                                                       keys_values_only=True)
+  assert cached.generation == new * flops.decoder_flops(cfg, 1, slots - 1)
+  prefill = flops.gpt_generation_flops(cfg, prompt, new, cached=True, prefill=True)
+  assert prefill.prompt == flops.decoder_flops(cfg, prompt, logits_positions=0,
+                                               keys_values_only=True)
+  assert prefill.generation == cached.generation
+  assert flops.gpt_generation_flops(cfg, prompt, new, cached=False).total == (
+      new * flops.decoder_flops(cfg, slots))
+  causal = flops.gpt_generation_flops(cfg, prompt, new, cached=True, causal=True)
+  assert causal.generation == sum(flops.decoder_flops(cfg, 1, i, causal=True)
+                                  for i in range(prompt, slots))
+  with pytest.raises(ValueError, match="prefill"):
+    flops.gpt_generation_flops(cfg, prompt, new, cached=False, prefill=True)

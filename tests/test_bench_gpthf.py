@@ -1,0 +1,192 @@
+"""tools/bench_gpthf.py on its tiny preset: a row per (n, k, batch), ratios that are the
+quotients of the recorded medians and FLOPs, sentence counts as a numpy scan gives them, and
+every side's tokens equal to its own network's uncached reference (GPTHF and GPT are
+different networks, so each is checked against itself)."""
+import importlib.util
+import pathlib
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from decal_jax import flops, models
+from decal_jax.networks import gpthf
+from decal_jax.networks.decoder import Decoder
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_gpthf", REPO / "tools" / "bench_gpthf.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+PROMPTS, NEW, BATCH, REPEATS = (10, 20), 6, 2, 2
+WORK = BATCH * NEW * (PROMPTS[0] + NEW)  # --max_batch_work: n = 10 runs, n = 20 is skipped
+
+
+def _main(tmp_path, monkeypatch, *extra):
+  """Runs main() on the tiny preset; returns (rows, params, markdown, plot path)."""
+  built = []
+  real_params = bench.random_params
+
+  def capture(*args, **kwargs):
+    built.append(real_params(*args, **kwargs))
+    return built[-1]
+
+  monkeypatch.setattr(bench, "random_params", capture)
+  argv = ["--preset", "tiny", "--new_tokens", str(NEW), "--repeats", str(REPEATS),
+          "--warmup", "0", "--out", str(tmp_path / "gpthf.md"),
+          "--plot", str(tmp_path / "gpthf.png"), *extra]
+  rows = bench.main(argv)
+  return rows, built[0], (tmp_path / "gpthf.md").read_text(), tmp_path / "gpthf.png"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+  with pytest.MonkeyPatch.context() as patch:
+    return _main(tmp_path_factory.mktemp("real"), patch, "--prompts",
+                 ",".join(map(str, PROMPTS)), "--batches", str(BATCH),
+                 "--max_batch_work", str(WORK))
+
+
+def _cells(text, header):
+  """{(n, k, batch): [cells]} of the table under `## header`."""
+  section = text.split(f"## {header}\n", 1)[1].split("\n## ", 1)[0]
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("|") and cells[0].isdigit():
+      rows[int(cells[0]), int(cells[1]), int(cells[2])] = cells
+  return rows
+
+
+def test_markdown_has_a_row_per_grid_point_and_says_what_ran(real):
+  rows, _, text, plot = real
+  assert "- command: `python tools/bench_gpthf.py --preset tiny" in text
+  assert f"jax {jax.__version__}" in text and "## Reading" in text and "![speedups" in text
+  times = _cells(text, "Wall clock")
+  assert set(times) == {(n, NEW, BATCH) for n in PROMPTS}
+  assert "skipped: batch x k x (n + k)" in times[PROMPTS[1], NEW, BATCH][3]
+  done = {(r.prompt, r.new, r.batch) for r in rows if r.done}
+  assert done == {(PROMPTS[0], NEW, BATCH)}
+  assert set(_cells(text, "FLOPs")) == done
+  assert plot.stat().st_size > 10_000
+
+
+def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
+  rows, _, text, _ = real
+  times, flop_cells = _cells(text, "Wall clock"), _cells(text, "FLOPs")
+  for row in (r for r in rows if r.done):
+    key = (row.prompt, row.new, row.batch)
+    medians = {}
+    for name in bench.SIDES:
+      seconds = [run.seconds for run in row.sides[name].runs]
+      assert len(seconds) == REPEATS and min(seconds) > 0
+      medians[name] = statistics.median(seconds)
+    assert times[key][3].split()[0] == f"{medians['GPTHF'] * 1e3:.1f}"
+    for cell, name in zip(times[key][7:10], bench.SIDES[1:]):
+      assert cell == f"{medians[name] / medians['GPTHF']:.2f}"
+    # The FLOPs are decal_jax.flops' (checked against XLA in tests/test_flops.py).
+    decoder, config = row.configs
+    n, k = row.prompt, row.new
+    want = [flops.gpthf_generation_flops(config, n, k).total,
+            flops.gpt_generation_flops(decoder, n, k, cached=False).total,
+            flops.gpt_generation_flops(decoder, n, k, cached=True).total,
+            flops.gpt_generation_flops(decoder, n, k, cached=True, prefill=True).total]
+    assert flop_cells[key][3] == " / ".join(f"{w / 1e9:.3g}" for w in want)
+    assert flop_cells[key][4] == " / ".join(f"{w / want[0]:.2f}" for w in want[1:])
+    causal = [float(c) for c in flop_cells[key][5].split("/")]
+    assert causal == [pytest.approx(row.causal_flops[s] / row.causal_flops["GPTHF"], abs=0.01)
+                      for s in bench.SIDES[1:]]
+    # Causal counting sees fewer keys than dense counting, on every side.
+    assert all(row.causal_flops[s] < row.flops[s] for s in bench.SIDES)
+
+
+def _numpy_counts(text, n, end, bound):
+  """(prompt end, prompt bound, new end, new bound) closes of [BOS, text] by GPTHF's rule."""
+  counts = np.zeros(4, int)
+  for row in text:
+    place = 0
+    for position, token in enumerate([0, *row.tolist()]):
+      closes = token == end or place == bound - 1
+      place = 0 if closes else place + 1
+      if closes and position >= 1:
+        counts[(0 if position <= n else 2) + (token != end)] += 1
+  return tuple(counts)
+
+
+def test_sentence_counts_follow_the_text(real):
+  rows, *_ = real
+  (row,) = [r for r in rows if r.done]
+  _, config = row.configs
+  want = _numpy_counts(row.text, row.prompt, config.sentence_end_id,
+                       config.max_sentence_length)
+  assert tuple(row.counts) == want
+  assert want[0] > 0 and want[2] > 0  # real text closes sentences by the end id
+
+
+def _forward_argmax(module, params, text, n):
+  """Teacher-forced reference: one parallel pass over BOS + text[:-1]; the argmax at the
+  positions that predict text[n:]."""
+  inputs = jnp.pad(jnp.asarray(text), ((0, 0), (1, 0)))[:, :-1]
+  logits = jax.jit(lambda p, t: module.apply({"params": p}, t, enable_dropout=False))(
+      params, inputs)
+  return np.asarray(jnp.argmax(logits[:, n:], axis=-1))
+
+
+def test_real_continuation_tokens_equal_each_networks_parallel_pass(real):
+  rows, params, *_ = real
+  for row in (r for r in rows if r.done):
+    decoder, config = row.configs
+    gpthf_want = _forward_argmax(gpthf.Gpthf(config), params, row.text, row.prompt)
+    gpt_want = _forward_argmax(Decoder(decoder), params, row.text, row.prompt)
+    assert len(set(gpthf_want.ravel().tolist())) > 1  # not a degenerate repetition
+    assert not np.array_equal(gpthf_want, gpt_want)  # two different networks
+    for run in row.sides["GPTHF"].runs:
+      np.testing.assert_array_equal(run.tokens, gpthf_want)
+    for name in bench.SIDES[1:]:
+      for run in row.sides[name].runs:
+        np.testing.assert_array_equal(run.tokens, gpt_want)
+
+
+def test_greedy_tokens_equal_each_networks_uncached_generation(real):
+  """--continuation greedy: the sides' own programs (`side_functions`) against uncached
+  greedy generation of their network (the no-cache GPT side is GPT's)."""
+  _, params, *_ = real
+  args = bench.parse_args(["--preset", "tiny", "--continuation", "greedy"])
+  prompt_length = 12
+  decoder, config = bench.row_configs(args, prompt_length, NEW)
+  text = bench.text_rows(2, prompt_length + NEW, config.max_sentence_length)
+  prompt, unused = jnp.asarray(text[:, :prompt_length]), jnp.asarray(text[:, prompt_length:])
+  functions = bench.side_functions(decoder, config, NEW, "greedy")
+  sides = {name: np.asarray(jax.jit(functions[name])(params, prompt, unused))
+           for name in ("GPTHF", "GPT no cache", "GPT cache")}  # prefill: as in real mode
+  model = models.DecoderOnlyModel(gpthf.Gpthf(config), bench.NoEos())
+  want = jax.jit(model.generate_uncached, static_argnums=2)(params, prompt, NEW)
+  np.testing.assert_array_equal(sides["GPTHF"], want)
+  assert len(set(np.asarray(want).ravel().tolist())) > 1
+  np.testing.assert_array_equal(sides["GPT cache"], sides["GPT no cache"])
+  counts, lengths = bench.sentence_stats(config, text[:, :prompt_length], sides["GPTHF"])
+  assert tuple(counts) == _numpy_counts(np.concatenate([text[:, :prompt_length],
+                                                        sides["GPTHF"]], axis=1),
+                                        prompt_length, config.sentence_end_id,
+                                        config.max_sentence_length)
+  assert [sum(row) for row in lengths] == [prompt_length + NEW] * 2  # BOS, prompt, new[:-1]
+
+
+@pytest.mark.parametrize("argv", [["--prompts", "1k"], ["--new_tokens", "0"],
+                                  ["--preset", "huge"], ["--continuation", "sampled"],
+                                  ["--repeats", "0"]])
+def test_bad_arguments_are_rejected(argv):
+  with pytest.raises(SystemExit):
+    bench.parse_args(argv)
+
+
+def test_paper_preset_has_the_papers_shapes():
+  args = bench.parse_args(["--preset", "paper"])
+  decoder, config = bench.row_configs(args, 500, 20)
+  assert (decoder.num_layers, decoder.emb_dim, decoder.num_heads, decoder.head_dim,
+          decoder.mlp_dim, decoder.vocab_size) == (24, 1024, 16, 64, 4096, 50304)
+  assert decoder.tie_embeddings and config.encoder_layers == 16
+  assert config.max_sentence_length == 64 and decoder.max_length == 520
+  assert 450e6 < bench.param_count(decoder) < 460e6  # 24 x 16.8 M + 51.5 M: the paper's 454 M
