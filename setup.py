@@ -33,7 +33,8 @@ setuptools.setup(
         # tests draw the ablation plot and compare the LLaMA import with transformers (PyTorch);
         # pytest-xdist runs test files on both cores (-n 2 --dist loadfile)
         "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "matplotlib>=3.8,<4",
-                 "torch>=2.4,<3", "transformers>=4.45,<6"],
+                 "torch>=2.4,<3", "transformers>=4.45,<6",
+                 "pytrec-eval-terrier>=0.5.6,<0.6"],  # NDCG / recall reference
         "hf": ["torch>=2.4,<3", "transformers>=4.45,<6"],
         "plot": ["matplotlib>=3.8,<4"],
         # T5X is not on the package index; users with network access can add it from git.

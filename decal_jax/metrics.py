@@ -2,7 +2,7 @@
 import math
 import os
 import time
-from typing import Dict, Mapping
+from typing import Callable, Dict, Mapping
 
 import jax
 import tensorflow as tf
@@ -24,7 +24,8 @@ def summarize(sums: Mapping[str, float]) -> Dict[str, float]:
 class Window:
   """Accumulates train-step aux values between two log points, and the throughput."""
 
-  def __init__(self):
+  def __init__(self, summarize_fn: Callable[[Mapping[str, float]], Dict[str, float]] = None):
+    self.summarize_fn = summarize_fn or summarize  # the model's, when it has its own aux
     self._reset()
 
   def _reset(self):
@@ -43,11 +44,12 @@ class Window:
     sums: Dict[str, float] = {}
     grad_norm = 0.0
     for aux in jax.device_get(self.pending):
-      for k in ("cross_ent_sum", "z_loss_sum", "correct_tokens", "target_tokens"):
-        sums[k] = sums.get(k, 0.0) + float(aux[k])
+      for k, v in aux.items():
+        if k not in ("loss", "grad_norm"):  # every other aux value is a sum over the batch
+          sums[k] = sums.get(k, 0.0) + float(v)
       grad_norm += float(aux["grad_norm"])
     elapsed = max(time.perf_counter() - self.start, 1e-9)
-    out = summarize(sums)
+    out = self.summarize_fn(sums)
     out.update(tokens_per_second=self.tokens / elapsed, steps_per_second=self.steps / elapsed,
                grad_norm=grad_norm / max(self.steps, 1))
     self._reset()

@@ -381,3 +381,8 @@ class SquidModel(EncoderDecoderModel):
                        batch["decoder_input_tokens"].shape[1], rng, num_decodes=num_decodes,
                        return_all_decodes=return_all_decodes, **decoder_kwargs)
 
+
+
+# The dual encoder (retrieval) lives with the rest of retrieval; gin names it models.*.
+from decal_jax.retrieval.model import (DualEncoderFeatureConverter,  # noqa: E402,F401
+                                       DualEncoderModel)

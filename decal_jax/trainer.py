@@ -111,8 +111,10 @@ def _decoder_only(model) -> bool:
   return bool(getattr(model, "DECODER_ONLY", False))
 
 
-def _input_shapes(cfg: DatasetConfig):
+def _input_shapes(cfg: DatasetConfig, model=None):
   lengths = cfg.task_feature_lengths
+  if hasattr(model, "input_shapes"):  # e.g. the dual encoder's left / right features
+    return model.input_shapes(lengths)
   shapes = {"decoder_input_tokens": (1, lengths["targets"])}
   if "inputs" in lengths:
     shapes["encoder_input_tokens"] = (1, lengths["inputs"])
@@ -123,7 +125,7 @@ def _input_shapes(cfg: DatasetConfig):
 
 def abstract_params(model, cfg: DatasetConfig, partitioner):
   """(params as ShapeDtypeStructs carrying their mesh shardings, those shardings)."""
-  shapes = _input_shapes(cfg)
+  shapes = _input_shapes(cfg, model)
   variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
   shardings = partitioner.params_shardings(variables["params_axes"])
   abstract = jax.tree_util.tree_map(
@@ -134,7 +136,7 @@ def abstract_params(model, cfg: DatasetConfig, partitioner):
 
 def init_state(model, optimizer, partitioner, cfg: DatasetConfig, seed: int):
   """Sharded {'params', 'opt_state', 'step'} built directly on the mesh."""
-  shapes = _input_shapes(cfg)
+  shapes = _input_shapes(cfg, model)
   _, params_sharding = abstract_params(model, cfg, partitioner)
 
   def make(rng):
@@ -213,7 +215,24 @@ def evaluate_params(params, model, cfg: DatasetConfig, partitioner, max_batches:
       sums[k] = sums.get(k, 0.0) + float(v)
   if not sums:
     raise ValueError(f"Split {cfg.split!r} of {cfg.mixture_or_task_name!r} gave no examples.")
-  return metrics.summarize(sums)
+  return _summarize_fn(model)(sums)
+
+
+def _summarize_fn(model):
+  """The model's own summary of summed aux values (the dual encoder's loss / in-batch
+  accuracy), else the token-level one (loss, accuracy, perplexity)."""
+  return getattr(model, "summarize", metrics.summarize)
+
+
+def _num_tokens(model, batch: Batch) -> int:
+  if hasattr(model, "num_tokens"):
+    return model.num_tokens(batch)
+  return int(np.sum(batch.get("encoder_input_tokens", 0) > 0) +
+             np.sum(batch["decoder_target_tokens"] > 0))
+
+
+def _can_decode(model) -> bool:
+  return hasattr(model, "predict_batch") and not _decoder_only(model)
 
 
 def decode_example(params, model, cfg: DatasetConfig, partitioner) -> Dict[str, str]:
@@ -267,7 +286,7 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   rng = jax.random.PRNGKey(seed + 1)
   eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
   result: Dict[str, float] = {}
-  window = metrics.Window()
+  window = metrics.Window(_summarize_fn(model))
   bar = tqdm.tqdm(range(start, total_steps), initial=start, total=total_steps, desc="train",
                   dynamic_ncols=True, disable=jax.process_index() != 0)
   for step in bar:
@@ -276,8 +295,7 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
       model.check_batch(batch)
     consumed += 1
     state, aux = step_fn(state, to_global(batch, partitioner), rng)
-    window.add(aux, num_tokens=int(np.sum(batch.get("encoder_input_tokens", 0) > 0) +
-                                   np.sum(batch["decoder_target_tokens"] > 0)))
+    window.add(aux, num_tokens=_num_tokens(model, batch))
     done = step + 1
     if done % log_period == 0 or done == total_steps:
       summary = window.flush()
@@ -297,7 +315,7 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   ckpt.close()
   # A decoder-only LM has no input to decode from; its report is the perplexity.
   example = (decode_example(state["params"], model, eval_cfg, partitioner)
-             if show_example and not _decoder_only(model) else None)
+             if show_example and _can_decode(model) else None)
   _report(result, example, total_steps)
   _data_notes()
   return result
@@ -330,9 +348,13 @@ def _start_from(path: str, params):
 def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], step: int) -> None:
   if jax.process_index() != 0:
     return
-  print(f"\nHeld-out (validation) at step {step}: loss {result['loss']:.4f}, "
-        f"token accuracy {result['accuracy']:.4f}, perplexity {result['perplexity']:.2f} "
-        f"over {int(result['target_tokens'])} target tokens.")
+  if "perplexity" in result:
+    print(f"\nHeld-out (validation) at step {step}: loss {result['loss']:.4f}, "
+          f"token accuracy {result['accuracy']:.4f}, perplexity {result['perplexity']:.2f} "
+          f"over {int(result['target_tokens'])} target tokens.")
+  else:  # a model with its own summary (the dual encoder: in-batch accuracy)
+    print(f"\nHeld-out (validation) at step {step}: " +
+          ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
   if example is None:
     return
   print("Validation example, decoded from the compressed encoding:")
@@ -365,10 +387,13 @@ def evaluate(*, model, eval_dataset_cfg: DatasetConfig, model_dir: str, partitio
   params, step = restore_params(model, model_dir, eval_dataset_cfg, partitioner)
   result = evaluate_params(params, model, eval_dataset_cfg, partitioner, eval_batches)
   print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
-  with partitioner.activate():
-    predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
+  tasks = (inference.tasks_with_metrics(eval_dataset_cfg.mixture_or_task_name)
+           if hasattr(model, "predict_batch") else [])  # the dual encoder: decal_jax.retrieve
+  if tasks:
+    with partitioner.activate():
+      predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
   local_batch = eval_dataset_cfg.batch_size // jax.process_count()
-  for task in inference.tasks_with_metrics(eval_dataset_cfg.mixture_or_task_name):
+  for task in tasks:
     def predict_fn(batch):
       with partitioner.activate():
         return jax.device_get(predict(params, to_global(batch, partitioner)))

@@ -148,9 +148,15 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, segment_ids: Optional[Array] = None,
-               positions: Optional[Array] = None, deterministic: bool = True):
-    """tokens `[batch, n]` -> (encoded `[batch, m, embed]`, encoded_valid `[batch, m]`)."""
+               positions: Optional[Array] = None, deterministic: bool = True,
+               compression_ratio: Optional[int] = None):
+    """tokens `[batch, n]` -> (encoded `[batch, m, embed]`, encoded_valid `[batch, m]`).
+
+    `compression_ratio` overrides the config's C with the same weights (no parameter
+    depends on C): the dual encoder reads queries and passages at different ratios."""
     cfg = self.config
+    if compression_ratio is not None:
+      cfg = dataclasses.replace(cfg, compression_ratio=compression_ratio)
     positions = _positions_or_default(tokens, positions)
     valid = tokens > 0  # [batch, n]
     x = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, n, embed]
@@ -158,10 +164,10 @@ class Encoder(nn.Module):
     n, num_latents, causal = tokens.shape[1], 0, False
     seg = segment_ids
     if cfg.compressed and cfg.compressor == "latents":
-      x, valid, positions, seg, num_latents = self._prepend_latents(x, tokens, positions,
+      x, valid, positions, seg, num_latents = self._prepend_latents(cfg, x, tokens, positions,
                                                                     segment_ids)
     elif cfg.compressed and cfg.compressor == "memory_tokens":
-      x, valid, positions = self._append_memory(x, tokens, positions, segment_ids)
+      x, valid, positions = self._append_memory(cfg, x, tokens, positions, segment_ids)
       causal = True
     x = with_sharding_constraint(x, ("batch", "length", "embed"))
 
@@ -186,10 +192,9 @@ class Encoder(nn.Module):
                       name="attn_pool")(x, tokens, positions, segment_ids)
     return pooled.embeddings, pooled.valid
 
-  def _prepend_latents(self, x, tokens, positions, segment_ids):
+  def _prepend_latents(self, cfg, x, tokens, positions, segment_ids):
     """DeCAL: [latents; tokens] -> (x `[batch, m + n, embed]`, valid, positions, segment ids,
     m)."""
-    cfg = self.config
     lat = DecalLatents(cfg.latent_config(), cfg.dtype, name="latents")(
         x, tokens, positions, segment_ids)
     seg = None
@@ -199,9 +204,8 @@ class Encoder(nn.Module):
             jnp.concatenate([lat.valid, tokens > 0], axis=1),
             jnp.concatenate([lat.positions, positions], axis=1), seg, lat.embeddings.shape[1])
 
-  def _append_memory(self, x, tokens, positions, segment_ids):
+  def _append_memory(self, cfg, x, tokens, positions, segment_ids):
     """CCProxy: [tokens; memory] -> (x `[batch, n + m, embed]`, valid, positions)."""
-    cfg = self.config
     if segment_ids is not None:
       raise ValueError("CCProxy memory tokens need unpacked, right-padded inputs; set "
                        "DatasetConfig.pack = False.")

@@ -1,0 +1,169 @@
+"""T5X-Retrieval-style dual-encoder model: feature converter, in-batch softmax loss, scoring.
+
+Task features (T5X Retrieval's names) -> model features:
+
+    inputs            -> left_encoder_input_tokens            (the query)
+    targets           -> right_encoder_input_tokens           (a relevant passage)
+    negative_targets  -> right_negative_encoder_input_tokens  (optional: a hard negative)
+
+The loss treats every other passage of the (global) batch as a negative for a query, plus
+the hard negatives when the task has them: softmax over MaxSim scores / temperature.
+"""
+from typing import Any, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from decal_jax.retrieval import maxsim
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+FEATURE_NAMES = {"inputs": "left_encoder_input_tokens",
+                 "targets": "right_encoder_input_tokens",
+                 "negative_targets": "right_negative_encoder_input_tokens"}
+
+
+def _spec():
+  return seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)
+
+
+class _PairConverter(seqio.FeatureConverter):
+  TASK_FEATURES = {"inputs": _spec(), "targets": _spec()}
+  MODEL_FEATURES = {FEATURE_NAMES[k]: _spec() for k in TASK_FEATURES}
+  PACKING_FEATURE_DTYPES = None
+
+  def _convert_features(self, ds: tf.data.Dataset, task_feature_lengths):
+    ds = self._pack_or_pad(ds, task_feature_lengths)
+    return ds.map(lambda ex: {FEATURE_NAMES[k]: ex[k] for k in self.TASK_FEATURES},
+                  num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {FEATURE_NAMES[k]: task_feature_lengths[k] for k in self.TASK_FEATURES}
+
+
+class _TripleConverter(_PairConverter):
+  TASK_FEATURES = {"inputs": _spec(), "targets": _spec(), "negative_targets": _spec()}
+  MODEL_FEATURES = {FEATURE_NAMES[k]: _spec() for k in TASK_FEATURES}
+
+
+class DualEncoderFeatureConverter(seqio.FeatureConverter):
+  """(query, passage[, negative]) task features -> the dual encoder's padded model features.
+  With 'negative_targets' in the feature lengths the task must provide hard negatives.
+  Every text is encoded alone, so packing is refused."""
+
+  TASK_FEATURES = _PairConverter.TASK_FEATURES
+  MODEL_FEATURES = _PairConverter.MODEL_FEATURES
+  PACKING_FEATURE_DTYPES = None
+
+  def __init__(self, pack: bool = False, **kwargs):
+    if pack:
+      raise ValueError("A dual encoder encodes every query and passage alone; packed examples "
+                       "are not supported. Set the dataset's pack=False.")
+    super().__init__(pack=False, **kwargs)
+    self._pairs = _PairConverter(pack=False, **kwargs)
+    self._triples = _TripleConverter(pack=False, **kwargs)
+
+  def _inner(self, task_feature_lengths):
+    return self._triples if "negative_targets" in task_feature_lengths else self._pairs
+
+  def __call__(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]):
+    return self._inner(task_feature_lengths)(ds, task_feature_lengths)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    return self._inner(task_feature_lengths)._convert_features(ds, task_feature_lengths)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return self._inner(task_feature_lengths).get_model_feature_lengths(task_feature_lengths)
+
+
+class DualEncoderModel:
+  """Loss / eval / scoring / encoding around `networks.dual_encoder.DualEncoder`.
+
+  `temperature` divides the MaxSim scores before the softmax (1.0 suits multi-vector sums
+  of cosines; a single normalised vector wants about 0.05)."""
+
+  FEATURE_CONVERTER_CLS = DualEncoderFeatureConverter
+
+  def __init__(self, module, input_vocabulary: seqio.Vocabulary,
+               output_vocabulary: Optional[seqio.Vocabulary] = None, temperature: float = 1.0):
+    if temperature <= 0:
+      raise ValueError(f"DualEncoderModel.temperature must be positive, got {temperature}.")
+    self.module = module
+    self.input_vocabulary = input_vocabulary
+    self.output_vocabulary = output_vocabulary or input_vocabulary
+    self.temperature = temperature
+
+  # ------------------------------------------------------------------------- init
+  def input_shapes(self, task_feature_lengths: Mapping[str, int]):
+    """Model-feature shapes (batch 1) for `get_initial_variables`."""
+    return {FEATURE_NAMES[k]: (1, n) for k, n in task_feature_lengths.items()
+            if k in FEATURE_NAMES}
+
+  def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]],
+                            input_types: Optional[Mapping[str, Any]] = None):
+    """Variables (`params`, `params_axes`); both sides are traced, so both ratios' parts
+    (e.g. the latent vector for passages only) are created."""
+    del input_types
+    left = jnp.ones(input_shapes["left_encoder_input_tokens"], jnp.int32)
+    right = jnp.ones(input_shapes["right_encoder_input_tokens"], jnp.int32)
+    return self.module.init(rng, left, right, enable_dropout=False)
+
+  # ------------------------------------------------------------------------- loss
+  def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
+    """(mean in-batch softmax loss, sums: loss_sum, correct, num_queries)."""
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    negatives = batch.get("right_negative_encoder_input_tokens")
+    queries, positives, negs = self.module.apply(
+        {"params": params}, batch["left_encoder_input_tokens"],
+        batch["right_encoder_input_tokens"], negatives, enable_dropout=rngs is not None,
+        rngs=rngs)
+    passages, passage_valid = positives.vectors, positives.valid
+    candidates = maxsim.has_tokens(batch["right_encoder_input_tokens"])  # [b]
+    if negs is not None:
+      passages, passage_valid = _stack_ragged(positives, negs)
+      candidates = jnp.concatenate([candidates, maxsim.has_tokens(negatives)])  # [2b]
+    query_weights = maxsim.has_tokens(batch["left_encoder_input_tokens"])
+    return maxsim.in_batch_softmax_loss(queries.vectors, queries.valid, passages,
+                                        passage_valid, query_weights, candidates,
+                                        self.temperature)
+
+  def eval_fn(self, params, batch: Batch):
+    return self.loss_fn(params, batch, dropout_rng=None)
+
+  def summarize(self, sums: Mapping[str, float]):
+    return maxsim.summarize(sums)
+
+  def num_tokens(self, batch: Mapping[str, np.ndarray]) -> int:
+    return int(sum(np.sum(np.asarray(batch[k]) > 0) for k in FEATURE_NAMES.values()
+                   if k in batch))
+
+  # ------------------------------------------------------------------------- use
+  def encode(self, params, tokens: Array, side: str):
+    """`[batch, n]` tokens -> `Encoded(vectors [batch, m, d], valid [batch, m])`."""
+    return self.module.apply({"params": params}, jnp.asarray(tokens, jnp.int32), side,
+                             method=self.module.encode)
+
+  def score_batch(self, params, batch: Batch) -> Array:
+    """MaxSim of each query with its own passage, `[batch]`."""
+    q = self.encode(params, batch["left_encoder_input_tokens"], "query")
+    p = self.encode(params, batch["right_encoder_input_tokens"], "passage")
+    return jax.vmap(lambda qv, qm, pv, pm: maxsim.maxsim(qv[None], qm[None], pv[None],
+                                                         pm[None])[0, 0])(
+        q.vectors, q.valid, p.vectors, p.valid)
+
+
+def _stack_ragged(a, b):
+  """Concatenates two `Encoded` batches along the batch axis, padding m to the larger."""
+  m = max(a.vectors.shape[1], b.vectors.shape[1])
+
+  def pad(e):
+    extra = m - e.vectors.shape[1]
+    return (jnp.pad(e.vectors, ((0, 0), (0, extra), (0, 0))),
+            jnp.pad(e.valid, ((0, 0), (0, extra))))
+
+  (av, am), (bv, bm) = pad(a), pad(b)
+  return jnp.concatenate([av, bv]), jnp.concatenate([am, bm])  # [2b, m, d], [2b, m]
