@@ -13,10 +13,12 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def maxsim(queries: Array, query_valid: Array, passages: Array, passage_valid: Array) -> Array:
-  """All-pairs MaxSim: queries `[q, mq, d]`, passages `[p, mp, d]` -> scores `[q, p]`."""
+def maxsim(queries: Array, query_valid: Array, passages: Array, passage_valid: Array,
+           precision=None) -> Array:
+  """All-pairs MaxSim: queries `[q, mq, d]`, passages `[p, mp, d]` -> scores `[q, p]`
+  (`precision`: of the dot products, e.g. 'highest' for exact float32 on GPU / TPU)."""
   sims = jnp.einsum("qad,pbd->qpab", queries.astype(jnp.float32),
-                    passages.astype(jnp.float32))  # [q, p, mq, mp]
+                    passages.astype(jnp.float32), precision=precision)  # [q, p, mq, mp]
   sims = jnp.where(passage_valid[None, :, None, :], sims, -jnp.inf)
   best = jnp.max(sims, axis=-1)  # [q, p, mq]
   best = jnp.where(jnp.isfinite(best), best, 0.0)  # passage without vectors: 0

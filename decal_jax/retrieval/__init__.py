@@ -1,0 +1,1 @@
+"""Compressed multi-vector retrieval: data, index, search, metrics."""

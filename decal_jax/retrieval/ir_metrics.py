@@ -1,0 +1,150 @@
+"""NDCG@k and Recall@k with trec_eval's definitions, and TREC run files.
+
+A run maps each query id to `{doc id: score}`; qrels map each query id to `{doc id: grade}`
+(an int; > 0 means relevant). Both metrics follow trec_eval (`ndcg_cut.k`, `recall.k`), and
+a test checks them against `pytrec_eval` query by query:
+
+- the run is ranked by score, highest first, and equal scores by doc id in *descending*
+  string order (trec_eval's tie rule);
+- NDCG@k: DCG = sum over the first k ranked docs of grade / log2(rank + 1) (rank from 1;
+  unjudged docs and grades <= 0 add nothing), divided by the DCG of the best possible
+  ranking of the query's positive grades, also cut at k;
+- Recall@k: relevant docs (grade > 0) among the first k, over all relevant docs of the query.
+
+Which queries count (where we differ from pytrec_eval, on purpose): the mean is over the
+queries of `qrels` that have at least one relevant document. Such a query missing from the
+run (or with an empty ranking) scores 0 (trec_eval's `-c`), because dropping it would reward
+a system for failing on hard queries. pytrec_eval instead evaluates only the queries present
+in both the run and the qrels, and includes qrels queries with no relevant document (which
+score 0). On a run that holds every query of qrels whose queries all have a relevant
+document, the two agree exactly. Run queries that qrels does not judge are ignored.
+"""
+import math
+import os
+from typing import Dict, List, Mapping, Tuple
+
+Run = Dict[str, Dict[str, float]]
+Qrels = Dict[str, Dict[str, int]]
+
+
+def rank(scores: Mapping[str, float]) -> List[str]:
+  """Doc ids by score (highest first), ties by doc id descending (trec_eval's order)."""
+  return [doc for doc, _ in sorted(scores.items(), key=lambda item: (item[1], item[0]),
+                                   reverse=True)]
+
+
+def _judged_queries(qrels: Mapping[str, Mapping[str, int]]) -> List[str]:
+  """Queries with at least one relevant (grade > 0) document, in sorted order."""
+  return sorted(qid for qid, grades in qrels.items() if any(g > 0 for g in grades.values()))
+
+
+def _dcg(gains: List[float]) -> float:
+  return sum(g / math.log2(i + 2) for i, g in enumerate(gains) if g > 0)
+
+
+def query_ndcg(ranking: List[str], grades: Mapping[str, int], k: int) -> float:
+  """NDCG@k of one ranked list of doc ids against one query's graded judgements."""
+  ideal = _dcg(sorted((g for g in grades.values() if g > 0), reverse=True)[:k])
+  if ideal == 0:
+    return 0.0
+  return _dcg([grades.get(doc, 0) for doc in ranking[:k]]) / ideal
+
+
+def query_recall(ranking: List[str], grades: Mapping[str, int], k: int) -> float:
+  """Recall@k of one ranked list: relevant docs in the first k / all relevant docs."""
+  relevant = {doc for doc, g in grades.items() if g > 0}
+  if not relevant:
+    return 0.0
+  return sum(doc in relevant for doc in ranking[:k]) / len(relevant)
+
+
+def _mean_metric(metric, run: Mapping[str, Mapping[str, float]],
+                 qrels: Mapping[str, Mapping[str, int]], k: int
+                 ) -> Tuple[float, Dict[str, float]]:
+  if k < 1:
+    raise ValueError(f"The cutoff k must be >= 1, got {k}.")
+  per_query = {qid: metric(rank(run.get(qid, {})), qrels[qid], k)
+               for qid in _judged_queries(qrels)}
+  mean = sum(per_query.values()) / len(per_query) if per_query else 0.0
+  return mean, per_query
+
+
+def ndcg_at_k(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+              k: int = 10) -> Tuple[float, Dict[str, float]]:
+  """(mean NDCG@k, {qid: NDCG@k}) over the qrels queries with a relevant document."""
+  return _mean_metric(query_ndcg, run, qrels, k)
+
+
+def recall_at_k(run: Mapping[str, Mapping[str, float]],
+                qrels: Mapping[str, Mapping[str, int]],
+                k: int = 100) -> Tuple[float, Dict[str, float]]:
+  """(mean Recall@k, {qid: Recall@k}) over the qrels queries with a relevant document."""
+  return _mean_metric(query_recall, run, qrels, k)
+
+
+def evaluate(run: Mapping[str, Mapping[str, float]],
+             qrels: Mapping[str, Mapping[str, int]]) -> Dict[str, float]:
+  """{'ndcg@10', 'recall@100', 'num_queries' (queries with a relevant document)}."""
+  ndcg, per_query = ndcg_at_k(run, qrels, 10)
+  recall, _ = recall_at_k(run, qrels, 100)
+  return {"ndcg@10": ndcg, "recall@100": recall, "num_queries": len(per_query)}
+
+
+def _check_id(name: str, value: str) -> None:
+  if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+    raise ValueError(f"The {name} {value!r} is not a non-empty string without whitespace, "
+                     "which the TREC run format needs. Rename it (no spaces).")
+
+
+def write_trec_run(path: str, run: Mapping[str, Mapping[str, float]], tag: str = "decal_jax",
+                   depth: int = 1000) -> None:
+  """Writes `qid Q0 docid rank score tag` lines (best `depth` docs per query in `rank`'s
+  order, ranks from 1, queries in sorted order) through a temp file and `os.replace`, so the
+  file is whole or absent."""
+  if depth < 1:
+    raise ValueError(f"depth must be >= 1 (docs written per query), got {depth}.")
+  if not tag or any(c.isspace() for c in tag):
+    raise ValueError(f"The run tag must be one non-empty word (no spaces), got {tag!r}.")
+  lines = []
+  for qid in sorted(run):
+    _check_id("query id", qid)
+    for position, doc in enumerate(rank(run[qid])[:depth], start=1):
+      _check_id("doc id", doc)
+      # repr(float) is the shortest text that reads back to the same double: ranks and
+      # ties survive a write / read round trip.
+      lines.append(f"{qid} Q0 {doc} {position} {float(run[qid][doc])!r} {tag}\n")
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(lines)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def read_trec_run(path: str) -> Run:
+  """A TREC run file -> {qid: {docid: score}}; a malformed line is reported with its number."""
+  run: Run = {}
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, start=1):
+      fields = line.split()
+      if not fields:
+        continue
+      where = f"{path}:{number}"
+      if len(fields) != 6:
+        raise ValueError(f"{where}: expected 6 columns `qid Q0 docid rank score tag`, got "
+                         f"{len(fields)}: {line.strip()!r}. Fix or remove the line.")
+      qid, _, doc, _, score, _ = fields
+      try:
+        value = float(score)
+      except ValueError:
+        raise ValueError(f"{where}: score {score!r} is not a number. Fix the line.") from None
+      scores = run.setdefault(qid, {})
+      if doc in scores:
+        raise ValueError(f"{where}: doc {doc!r} appears twice for query {qid!r}. Keep one "
+                         "line per (query, doc).")
+      scores[doc] = value
+  return run
