@@ -1,0 +1,558 @@
+"""Retrieval data on disk: BEIR folders and the MS MARCO passage layout, with line-numbered
+errors; and a BEIR folder built from the built-in corpus (no download).
+
+BEIR folder (what `load_beir` reads and `write_beir` writes):
+
+    corpus.jsonl          {"_id": "d1", "title": "...", "text": "..."} per line
+    queries.jsonl         {"_id": "q1", "text": "..."} per line
+    qrels/<split>.tsv     "query-id\\tcorpus-id\\tscore" header, then one row per judgement
+
+A qrels score is an integer grade; every row is kept (grade 0 included), and only grades
+> 0 count as relevant. A `dev.tsv` qrels file serves the split 'validation' (and the other
+way round), as TFDS's `beir` names it. Empty query texts and empty passages (no title, no
+text) are kept, since an encoder still reads them (as EOS alone), and counted
+(`BeirData.empty_queries`, `BeirData.empty_passages`).
+
+MS MARCO passage folder (the official file names; `msmarco_pairs`, `msmarco_triples`):
+
+    collection.tsv                pid \\t passage
+    queries.<split>.tsv           qid \\t query    (or queries.tsv for every split)
+    qrels.<split>.tsv             qid 0 pid rel  (TREC; or qrels.txt for every split)
+    triples.train.small.tsv       query \\t positive \\t negative     (texts), or
+    qidpidtriples.train.full.tsv  qid \\t positive pid \\t negative pid (ids)
+
+MS MARCO calls its validation split 'dev'; 'validation' is accepted for it.
+
+A line that breaks these layouts raises `BadRetrievalFileError` naming the file, the line
+(from 1), the problem and the fix; a missing file names what was expected.
+"""
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+
+PathLike = Union[str, os.PathLike]
+Qrels = Dict[str, Dict[str, int]]
+
+CORPUS_FILE, QUERIES_FILE, QRELS_DIR = "corpus.jsonl", "queries.jsonl", "qrels"
+QRELS_HEADER = ("query-id", "corpus-id", "score")
+BEIR_LAYOUT = ("a BEIR folder holds corpus.jsonl ({\"_id\", \"title\", \"text\"} per line), "
+               "queries.jsonl ({\"_id\", \"text\"} per line) and qrels/<split>.tsv (header "
+               "'query-id<TAB>corpus-id<TAB>score', then one row per judgement)")
+SPLIT_ALIASES = {"validation": "dev", "dev": "validation"}
+
+MSMARCO_COLLECTION = "collection.tsv"
+MSMARCO_TEXT_TRIPLES = "triples.train.small.tsv"
+MSMARCO_ID_TRIPLES = "qidpidtriples.train.full.tsv"
+MSMARCO_LAYOUT = ("an MS MARCO passage folder holds collection.tsv (pid<TAB>passage), "
+                  "queries.<split>.tsv or queries.tsv (qid<TAB>query), qrels.<split>.tsv or "
+                  "qrels.txt (TREC: 'qid 0 pid rel'), and for triples "
+                  f"{MSMARCO_TEXT_TRIPLES} (query<TAB>positive<TAB>negative) or "
+                  f"{MSMARCO_ID_TRIPLES} (qid<TAB>pid<TAB>pid); splits: train, dev")
+
+
+class BadRetrievalFileError(ValueError):
+  """A retrieval data file that breaks its layout; the message names file, line and fix."""
+
+
+class MissingRetrievalFileError(BadRetrievalFileError, FileNotFoundError):
+  """A file the layout needs is not there (the message lists what was expected)."""
+
+
+def _bad(path: PathLike, line: int, problem: str, fix: str) -> BadRetrievalFileError:
+  return BadRetrievalFileError(f"{path}:{line}: {problem}. {fix}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Passage:
+  """One corpus document."""
+  title: str
+  text: str
+
+  @property
+  def full_text(self) -> str:
+    """'title. text' (what the encoder reads); just the text when there is no title."""
+    return ". ".join(part for part in (self.title.strip(), self.text.strip()) if part)
+
+  @property
+  def is_empty(self) -> bool:
+    return not self.full_text
+
+
+# ------------------------------------------------------------------------------ lines
+def _lines(path: PathLike) -> Iterator[Tuple[int, str]]:
+  """(1-based line number, text without the line break) of every non-blank line."""
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+      except UnicodeDecodeError as e:
+        raise _bad(path, number, f"not UTF-8 ({e.reason} at byte {e.start})",
+                   "Re-save the file as UTF-8") from None
+      if line.strip():
+        yield number, line
+
+
+def _json_object(path: PathLike, number: int, line: str) -> dict:
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise _bad(path, number, f"not valid JSON ({e.msg} at column {e.colno})",
+               "Write one JSON object per line") from None
+  if not isinstance(record, dict):
+    raise _bad(path, number, f"expected a JSON object, got {type(record).__name__}",
+               "Write one JSON object per line")
+  return record
+
+
+def _record_id(path: PathLike, number: int, record: dict) -> str:
+  value = record.get("_id")
+  if isinstance(value, int) and not isinstance(value, bool):
+    value = str(value)
+  if not isinstance(value, str) or not value.strip():
+    got = "no '_id'" if "_id" not in record else f"'_id' = {json.dumps(value)}"
+    raise _bad(path, number, f"{got}; every line needs a non-empty string '_id'",
+               "Give the line its id")
+  return value
+
+
+def _string_field(path: PathLike, number: int, record: dict, key: str,
+                  optional: bool = False) -> str:
+  """record[key] as a string; an optional field may be missing or null (-> '')."""
+  if key not in record and not optional:
+    raise _bad(path, number, f"missing field {key!r}", f"Add {key!r} (an empty string is allowed)")
+  value = record.get(key)
+  if value is None and optional:
+    return ""
+  if not isinstance(value, str):
+    raise _bad(path, number, f"field {key!r} must be a string, got {json.dumps(value)[:60]}",
+               f"Write {key!r} as a JSON string")
+  return value
+
+
+def _check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
+                  what: str) -> None:
+  if key in seen:
+    raise _bad(path, number, f"duplicate {what} {key!r} (first on line {seen[key]})",
+               "Give every line its own id, or remove the repeated line")
+  seen[key] = number
+
+
+# ------------------------------------------------------------------------------ BEIR
+def read_corpus(path: PathLike) -> Dict[str, Passage]:
+  """corpus.jsonl -> {doc id: Passage}, in file order ('title' may be missing or null)."""
+  corpus, seen = {}, {}
+  for number, line in _lines(path):
+    record = _json_object(path, number, line)
+    doc_id = _record_id(path, number, record)
+    _check_new_id(path, number, doc_id, seen, "document id")
+    corpus[doc_id] = Passage(_string_field(path, number, record, "title", optional=True),
+                             _string_field(path, number, record, "text"))
+  return corpus
+
+
+def read_queries(path: PathLike) -> Dict[str, str]:
+  """queries.jsonl -> {query id: text}, in file order."""
+  queries, seen = {}, {}
+  for number, line in _lines(path):
+    record = _json_object(path, number, line)
+    query_id = _record_id(path, number, record)
+    _check_new_id(path, number, query_id, seen, "query id")
+    queries[query_id] = _string_field(path, number, record, "text")
+  return queries
+
+
+def _score(path: PathLike, number: int, text: str) -> int:
+  try:
+    return int(text)
+  except ValueError:
+    raise _bad(path, number, f"score {text!r} is not an integer",
+               "Write the relevance grade as an integer (e.g. 0, 1, 2)") from None
+
+
+def _qrels_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
+  """(line, query id, doc id, score) of a BEIR qrels TSV (its header line is skipped)."""
+  for number, line in _lines(path):
+    columns = line.split("\t")
+    if number == 1 and tuple(c.strip() for c in columns) == QRELS_HEADER:
+      continue
+    if len(columns) != 3:
+      raise _bad(path, number, f"expected 3 tab-separated columns (query-id, corpus-id, "
+                 f"score), found {len(columns)}", "Separate the three columns by single tabs")
+    query_id, doc_id = columns[0].strip(), columns[1].strip()
+    if not query_id or not doc_id:
+      raise _bad(path, number, "empty query-id or corpus-id", "Fill in both ids")
+    yield number, query_id, doc_id, _score(path, number, columns[2].strip())
+
+
+def _collect_qrels(path: PathLike, rows: Iterable[Tuple[int, str, str, int]],
+                   doc_ids: Optional[Mapping] = None,
+                   query_ids: Optional[Mapping] = None) -> Qrels:
+  qrels: Qrels = {}
+  seen: Dict[Tuple[str, str], int] = {}
+  for number, query_id, doc_id, score in rows:
+    if query_ids is not None and query_id not in query_ids:
+      raise _bad(path, number, f"query id {query_id!r} is not in the queries file",
+                 "Add the query, or remove this judgement")
+    if doc_ids is not None and doc_id not in doc_ids:
+      raise _bad(path, number, f"document id {doc_id!r} is not in the corpus",
+                 "Add the document to the corpus, or remove this judgement")
+    if (query_id, doc_id) in seen:
+      raise _bad(path, number, f"pair ({query_id!r}, {doc_id!r}) judged twice (first on line "
+                 f"{seen[(query_id, doc_id)]})", "Keep one judgement per pair")
+    seen[(query_id, doc_id)] = number
+    qrels.setdefault(query_id, {})[doc_id] = score
+  return qrels
+
+
+def read_qrels(path: PathLike, doc_ids: Optional[Mapping] = None,
+               query_ids: Optional[Mapping] = None) -> Qrels:
+  """qrels/<split>.tsv -> {query id: {doc id: score}}; rows naming a document or query
+  outside `doc_ids` / `query_ids` (when given) are errors."""
+  return _collect_qrels(path, _qrels_rows(path), doc_ids, query_ids)
+
+
+@dataclasses.dataclass
+class BeirData:
+  """One split of a BEIR folder: the whole corpus, the split's judged queries, its qrels."""
+  corpus: Dict[str, Passage]
+  queries: Dict[str, str]       # only the queries with qrels in this split
+  qrels: Qrels
+  folder: str
+  split: str
+  name: str
+  empty_passages: int = 0       # passages with neither title nor text (kept)
+  empty_queries: int = 0        # queries of this split with empty text (kept)
+
+  def positive_pairs(self) -> List[Tuple[str, str]]:
+    """(query id, doc id) of every judgement with score > 0, in qrels file order."""
+    return [(q, d) for q, docs in self.qrels.items() for d, score in docs.items() if score > 0]
+
+
+def qrels_splits(folder: PathLike) -> List[str]:
+  """The splits a BEIR folder has qrels for (file stems of qrels/*.tsv), sorted."""
+  qrels_dir = pathlib.Path(folder) / QRELS_DIR
+  return sorted(p.stem for p in qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+
+
+def qrels_path(folder: PathLike, split: str) -> pathlib.Path:
+  """qrels/<split>.tsv (or the dev / validation alias); a clear error when neither exists."""
+  folder = pathlib.Path(folder)
+  check_beir_folder(folder)
+  for name in (split, SPLIT_ALIASES.get(split)):
+    if name and (folder / QRELS_DIR / f"{name}.tsv").is_file():
+      return folder / QRELS_DIR / f"{name}.tsv"
+  present = qrels_splits(folder)
+  raise MissingRetrievalFileError(
+      f"{folder / QRELS_DIR / (split + '.tsv')}: no qrels for split {split!r}; this folder has "
+      f"qrels for {present or 'no split'}. Choose one of those splits, or add "
+      f"qrels/{split}.tsv.")
+
+
+def check_beir_folder(folder: pathlib.Path) -> None:
+  """A clear error when `folder` is missing or lacks a file of the BEIR layout."""
+  if not folder.is_dir():
+    raise MissingRetrievalFileError(f"{folder}: no such folder; {BEIR_LAYOUT}.")
+  for name in (CORPUS_FILE, QUERIES_FILE, QRELS_DIR):
+    if not (folder / name).exists():
+      found = sorted(p.name for p in folder.iterdir())
+      raise MissingRetrievalFileError(
+          f"{folder / name}: missing (the folder has {found}); {BEIR_LAYOUT}.")
+
+
+def load_beir(folder: PathLike, split: str = "test") -> BeirData:
+  """Reads a BEIR folder's corpus, queries and one split's qrels, checking every id."""
+  qrels_file = qrels_path(folder, split)  # checks the layout first
+  folder = pathlib.Path(folder)
+  corpus = read_corpus(folder / CORPUS_FILE)
+  all_queries = read_queries(folder / QUERIES_FILE)
+  qrels = read_qrels(qrels_file, doc_ids=corpus, query_ids=all_queries)
+  queries = {q: all_queries[q] for q in qrels}
+  data = BeirData(corpus, queries, qrels, str(folder), split, folder.name,
+                  empty_passages=sum(p.is_empty for p in corpus.values()),
+                  empty_queries=sum(not t.strip() for t in queries.values()))
+  if data.empty_passages or data.empty_queries:
+    logging.info("%s (%s): %d empty passage(s) and %d empty query(ies) kept.", folder, split,
+                 data.empty_passages, data.empty_queries)
+  return data
+
+
+def _check_id(key: str, what: str) -> None:
+  if not isinstance(key, str) or not key.strip() or any(c in key for c in "\t\r\n"):
+    raise ValueError(f"{what} {key!r} must be a non-empty string without tabs or line breaks.")
+
+
+def _as_passage(value) -> Passage:
+  if isinstance(value, Passage):
+    return value
+  if isinstance(value, str):
+    return Passage("", value)
+  return Passage(value.get("title") or "", value["text"])
+
+
+def write_beir(folder: PathLike, corpus: Mapping[str, Union[Passage, str, Mapping]],
+               queries: Mapping[str, str], qrels_by_split: Mapping[str, Mapping[str, Mapping]],
+               overwrite: bool = False) -> str:
+  """Writes a BEIR folder atomically (a temp folder beside it, renamed into place) and
+  returns its path. Passages may be `Passage`s, texts, or {'title', 'text'} dicts."""
+  folder = pathlib.Path(folder)
+  if folder.exists() and not overwrite:
+    raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it.")
+  passages = {doc_id: _as_passage(p) for doc_id, p in corpus.items()}
+  _check_write_ids(passages, queries, qrels_by_split)
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp-"))
+  try:
+    _write_beir_files(tmp, passages, queries, qrels_by_split)
+    os.chmod(tmp, 0o755)
+    _move_into_place(tmp, folder, overwrite)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return str(folder)
+
+
+def _check_write_ids(passages, queries, qrels_by_split) -> None:
+  for doc_id in passages:
+    _check_id(doc_id, "document id")
+  for query_id in queries:
+    _check_id(query_id, "query id")
+  for split, qrels in qrels_by_split.items():
+    _check_id(split, "split name")
+    for query_id, docs in qrels.items():
+      if query_id not in queries:
+        raise ValueError(f"qrels[{split!r}] judges query {query_id!r}, which is not in queries.")
+      unknown = [d for d in docs if d not in passages]
+      if unknown:
+        raise ValueError(f"qrels[{split!r}][{query_id!r}] names documents not in the corpus: "
+                         f"{unknown[:5]}.")
+
+
+def _write_beir_files(tmp: pathlib.Path, passages, queries, qrels_by_split) -> None:
+  with open(tmp / CORPUS_FILE, "w", encoding="utf-8") as f:
+    for doc_id, p in passages.items():
+      f.write(json.dumps({"_id": doc_id, "title": p.title, "text": p.text},
+                         ensure_ascii=False) + "\n")
+  with open(tmp / QUERIES_FILE, "w", encoding="utf-8") as f:
+    for query_id, text in queries.items():
+      f.write(json.dumps({"_id": query_id, "text": text}, ensure_ascii=False) + "\n")
+  (tmp / QRELS_DIR).mkdir()
+  for split, qrels in qrels_by_split.items():
+    with open(tmp / QRELS_DIR / f"{split}.tsv", "w", encoding="utf-8") as f:
+      f.write("\t".join(QRELS_HEADER) + "\n")
+      for query_id, docs in qrels.items():
+        for doc_id, score in docs.items():
+          f.write(f"{query_id}\t{doc_id}\t{int(score)}\n")
+
+
+def _move_into_place(tmp: pathlib.Path, folder: pathlib.Path, overwrite: bool) -> None:
+  old = None
+  if overwrite and folder.exists():
+    old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+    os.replace(folder, old)
+  os.rename(tmp, folder)  # fails if another process put a folder there meanwhile
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ built-in
+BUILTIN_FORMAT_VERSION = 1
+
+
+def _builtin_split(record: Mapping[str, str], corpus_split: str) -> str:
+  """train stays train; the corpus's validation paragraphs go half to validation and half
+  to test, by a stable hash of their text."""
+  if corpus_split == "train":
+    return "train"
+  digest = hashlib.sha256(("beir-test|" + record["text"]).encode("utf-8")).digest()
+  return "test" if digest[0] % 2 else "validation"
+
+
+def builtin_beir_records() -> Dict[str, List[Mapping[str, str]]]:
+  """{'train' | 'validation' | 'test': [{'text', 'title', 'topic'}, ...]}: the built-in
+  corpus's paragraphs, its validation split halved into validation and test."""
+  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
+  out = {"train": [], "validation": [], "test": []}
+  for corpus_split, records in corpus.titled_documents().items():
+    for record in records:
+      out[_builtin_split(record, corpus_split)].append(record)
+  return out
+
+
+def builtin_beir_contents():
+  """(corpus, queries, qrels_by_split) of the built-in BEIR folder.
+
+  Corpus: every paragraph (ids p00001, ...; no title, because the title is the query).
+  Queries: each split's distinct section titles (ids <split>-q0001, ...). Qrels: a title
+  query -> every paragraph of that split with that title, score 1.
+  """
+  corpus, queries, qrels = {}, {}, {}
+  for split, records in builtin_beir_records().items():
+    title_ids: Dict[str, str] = {}
+    qrels[split] = {}
+    for record in records:
+      doc_id = f"p{len(corpus) + 1:05d}"
+      corpus[doc_id] = Passage("", record["text"])
+      if record["title"] not in title_ids:
+        title_ids[record["title"]] = f"{split}-q{len(title_ids) + 1:04d}"
+        queries[title_ids[record["title"]]] = record["title"]
+      qrels[split].setdefault(title_ids[record["title"]], {})[doc_id] = 1
+  return corpus, queries, qrels
+
+
+def builtin_fingerprint() -> str:
+  """12 hex digits over the built-in corpus (texts, titles, splits) and this format."""
+  records = builtin_beir_records()
+  payload = json.dumps([BUILTIN_FORMAT_VERSION, {s: [(r["title"], r["text"]) for r in rs]
+                                                 for s, rs in records.items()}])
+  return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
+
+
+def builtin_beir_folder() -> str:
+  """The built-in BEIR folder, written once under the cache dir (`$DECAL_CACHE_DIR`) as
+  `beir_builtin_<fingerprint>`. Safe when processes race: one writes under a file lock,
+  atomically; the others wait and reuse it."""
+  from decal_jax.data import vocabularies  # pylint: disable=import-outside-toplevel
+  folder = vocabularies.cache_dir() / f"beir_builtin_{builtin_fingerprint()}"
+  if (folder / QRELS_DIR).is_dir():
+    return str(folder)
+  try:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with vocabularies._exclusive_lock(folder):  # pylint: disable=protected-access
+      if not folder.exists():
+        with contextlib.suppress(FileExistsError):
+          write_beir(folder, *builtin_beir_contents())
+  except OSError as e:
+    if (folder / QRELS_DIR).is_dir():  # another process (without a lock) won the rename
+      return str(folder)
+    raise OSError(f"Cannot write the built-in BEIR folder to {folder} ({e}). Point "
+                  "DECAL_CACHE_DIR at a writable directory.") from e
+  return str(folder)
+
+
+# ------------------------------------------------------------------------------ MS MARCO
+def _tsv_text_rows(path: PathLike) -> Iterator[Tuple[int, str, str]]:
+  for number, line in _lines(path):
+    columns = line.split("\t")
+    if len(columns) != 2:
+      raise _bad(path, number, f"expected 2 tab-separated columns (id, text), found "
+                 f"{len(columns)}", "Write 'id<TAB>text' with no tab inside the text")
+    if not columns[0].strip():
+      raise _bad(path, number, "empty id", "Give the line its id")
+    yield number, columns[0].strip(), columns[1]
+
+
+def read_tsv_texts(path: PathLike) -> Dict[str, str]:
+  """'id<TAB>text' lines (collection.tsv, queries.*.tsv) -> {id: text}; an empty text is
+  kept, a repeated id is an error."""
+  texts, seen = {}, {}
+  for number, key, text in _tsv_text_rows(path):
+    _check_new_id(path, number, key, seen, "id")
+    texts[key] = text
+  return texts
+
+
+def _trec_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
+  for number, line in _lines(path):
+    columns = line.split()
+    if len(columns) != 4:
+      raise _bad(path, number, f"expected 4 whitespace-separated columns (qid, 0, pid, rel), "
+                 f"found {len(columns)}", "Write TREC qrels lines: 'qid 0 pid rel'")
+    yield number, columns[0], columns[2], _score(path, number, columns[3])
+
+
+def read_trec_qrels(path: PathLike, doc_ids: Optional[Mapping] = None,
+                    query_ids: Optional[Mapping] = None) -> Qrels:
+  """TREC qrels ('qid 0 pid rel') -> {qid: {pid: rel}}; ids outside `doc_ids` /
+  `query_ids` (when given) are errors."""
+  return _collect_qrels(path, _trec_rows(path), doc_ids, query_ids)
+
+
+def msmarco_split(split: str) -> str:
+  """Our split name -> MS MARCO's ('validation' -> 'dev')."""
+  return "dev" if split == "validation" else split
+
+
+def _msmarco_missing(folder: pathlib.Path, wanted: str) -> MissingRetrievalFileError:
+  found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else "no such folder"
+  return MissingRetrievalFileError(
+      f"{folder}: needs {wanted}; found {found}. Expected layout: {MSMARCO_LAYOUT}.")
+
+
+def msmarco_file(folder: PathLike, kind: str, split: str) -> pathlib.Path:
+  """`kind` 'queries' -> queries.<split>.tsv, else queries.tsv; 'qrels' ->
+  qrels.<split>.tsv, else qrels.txt; 'collection' -> collection.tsv."""
+  folder, split = pathlib.Path(folder), msmarco_split(split)
+  names = {"collection": [MSMARCO_COLLECTION],
+           "queries": [f"queries.{split}.tsv", "queries.tsv"],
+           "qrels": [f"qrels.{split}.tsv", "qrels.txt"]}[kind]
+  for name in names:
+    if (folder / name).is_file():
+      return folder / name
+  raise _msmarco_missing(folder, " or ".join(names))
+
+
+def msmarco_pairs(folder: PathLike, split: str = "train") -> Iterator[Tuple[str, str]]:
+  """(query, relevant passage) for every qrels row of `split` with rel > 0, in qrels file
+  order. The files are found now; they are read (and every id checked) on first use."""
+  paths = [msmarco_file(folder, kind, split) for kind in ("collection", "queries", "qrels")]
+
+  def pairs():
+    collection, queries = read_tsv_texts(paths[0]), read_tsv_texts(paths[1])
+    qrels = read_trec_qrels(paths[2], doc_ids=collection, query_ids=queries)
+    for qid, docs in qrels.items():
+      for pid, rel in docs.items():
+        if rel > 0:
+          yield queries[qid], collection[pid]
+  return pairs()
+
+
+def msmarco_triples(folder: PathLike) -> Iterator[Tuple[str, str, str]]:
+  """(query, positive, negative) texts from triples.train.small.tsv, else from
+  qidpidtriples.train.full.tsv resolved through collection.tsv and the train queries.
+  Streamed: an id triple naming an unknown id fails at its line."""
+  folder = pathlib.Path(folder)
+  if (folder / MSMARCO_TEXT_TRIPLES).is_file():
+    return _text_triples(folder / MSMARCO_TEXT_TRIPLES)
+  if (folder / MSMARCO_ID_TRIPLES).is_file():
+    paths = (msmarco_file(folder, "collection", "train"),
+             msmarco_file(folder, "queries", "train"))
+    return _id_triples(folder / MSMARCO_ID_TRIPLES, *paths)
+  raise _msmarco_missing(folder, f"{MSMARCO_TEXT_TRIPLES} or {MSMARCO_ID_TRIPLES}")
+
+
+def _triple_columns(path: pathlib.Path, number: int, line: str, what: str) -> List[str]:
+  columns = line.split("\t")
+  if len(columns) != 3:
+    raise _bad(path, number, f"expected 3 tab-separated columns ({what}), found "
+               f"{len(columns)}", "Write one triple per line, columns separated by tabs")
+  return columns
+
+
+def _text_triples(path: pathlib.Path) -> Iterator[Tuple[str, str, str]]:
+  for number, line in _lines(path):
+    query, positive, negative = _triple_columns(path, number, line,
+                                                "query, positive, negative")
+    yield query, positive, negative
+
+
+def _id_triples(path: pathlib.Path, collection_path: pathlib.Path,
+                queries_path: pathlib.Path) -> Iterator[Tuple[str, str, str]]:
+  collection, queries = read_tsv_texts(collection_path), read_tsv_texts(queries_path)
+  for number, line in _lines(path):
+    qid, positive, negative = (c.strip() for c in _triple_columns(
+        path, number, line, "qid, positive pid, negative pid"))
+    if qid not in queries:
+      raise _bad(path, number, f"query id {qid!r} is not in {queries_path.name}",
+                 "Use the train queries file that goes with these triples")
+    for pid in (positive, negative):
+      if pid not in collection:
+        raise _bad(path, number, f"passage id {pid!r} is not in {collection_path.name}",
+                   "Use the full collection.tsv that goes with these triples")
+    yield queries[qid], collection[positive], collection[negative]

@@ -1,0 +1,183 @@
+"""Index a corpus with a trained dual encoder, search it, and score the run (NDCG@10,
+Recall@100): what `python -m decal_jax.retrieve` runs.
+
+Passages are tokenized with the model's vocabulary, grouped by length into a few padded
+widths (so the jitted encoder compiles a handful of shapes, not one per batch), encoded at
+the passage ratio and written to an on-disk index (`index.build_index`). The index
+remembers the encoder config and checkpoint it was built with; a later run with the same
+model and checkpoint reuses it, any other refuses it. Queries are encoded at the query
+ratio and searched with exact MaxSim; the run is written in TREC format next to a metrics
+JSON, under MODEL_DIR/retrieval/.
+"""
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decal_jax import metrics, partitioning, trainer
+from decal_jax.retrieval import beir, index, ir_metrics
+
+EOS_ID = 1
+
+
+def tokenize(texts: Sequence[str], vocabulary, max_length: int) -> List[List[int]]:
+  """Each text -> ids cut to `max_length - 1`, then EOS (an empty text is just EOS)."""
+  if max_length < 2:
+    raise ValueError(f"max_length must be >= 2 (one token and EOS), got {max_length}.")
+  return [list(vocabulary.encode(t))[:max_length - 1] + [EOS_ID] for t in texts]
+
+
+def length_buckets(max_length: int, smallest: int = 32) -> List[int]:
+  """Padded widths: smallest, 2 * smallest, ... , max_length."""
+  widths, w = [], smallest
+  while w < max_length:
+    widths.append(w)
+    w *= 2
+  return widths + [max_length]
+
+
+def batches_by_length(ids: Sequence[List[int]], batch_size: int, max_length: int):
+  """Yields (row indices, tokens `[batch_size, width]`), rows sorted by length and padded to
+  the smallest bucket that holds them; the last batch of a bucket is padded with zero rows
+  (only the first len(indices) rows are real)."""
+  widths = length_buckets(max_length)
+  order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+  groups: Dict[int, List[int]] = {}
+  for i in order:
+    width = next(w for w in widths if len(ids[i]) <= w)
+    groups.setdefault(width, []).append(i)
+  for width, rows in groups.items():
+    for start in range(0, len(rows), batch_size):
+      chunk = rows[start:start + batch_size]
+      tokens = np.zeros((batch_size, width), np.int32)
+      for r, i in enumerate(chunk):
+        tokens[r, :len(ids[i])] = ids[i]
+      yield chunk, tokens
+
+
+def encoder_fn(model, params, side: str) -> Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]]:
+  """tokens `[b, n]` -> (vectors `[b, m, d]` float32, valid `[b, m]`) on the host."""
+  encode = jax.jit(lambda p, t: model.encode(p, t, side))
+
+  def run(tokens: np.ndarray):
+    out = encode(params, jnp.asarray(tokens, jnp.int32))
+    return np.asarray(out.vectors, np.float32), np.asarray(out.valid, bool)
+  return run
+
+
+def encode_texts(texts: Sequence[str], model, params, side: str, max_length: int,
+                 batch_size: int):
+  """Encodes texts in input order -> (vectors `[len, m_max, d]`, valid `[len, m_max]`)."""
+  ids = tokenize(texts, model.input_vocabulary, max_length)
+  run = encoder_fn(model, params, side)
+  parts: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+  for rows, tokens in batches_by_length(ids, batch_size, max_length):
+    vectors, valid = run(tokens)
+    for r, i in enumerate(rows):
+      parts[i] = (vectors[r], valid[r])
+  m = max(v.shape[0] for v, _ in parts.values())
+  d = next(iter(parts.values()))[0].shape[-1]
+  vectors = np.zeros((len(texts), m, d), np.float32)
+  valid = np.zeros((len(texts), m), bool)
+  for i, (v, ok) in parts.items():
+    vectors[i, :v.shape[0]], valid[i, :ok.shape[0]] = v, ok
+  return vectors, valid
+
+
+def index_config(model, passage_length: int, model_dir: str, step: int) -> Dict:
+  """What an index depends on: the network config, passage length, vocabulary, checkpoint."""
+  network = json.loads(json.dumps(dataclasses.asdict(model.module.config), default=str))
+  return {"network": network, "passage_length": passage_length,
+          "vocabulary": str(model.input_vocabulary),
+          "checkpoint": f"{os.path.abspath(model_dir)}@{step}"}
+
+
+def build_or_open_index(directory: str, data: beir.BeirData, model, params, config: Dict,
+                        passage_length: int, batch_size: int, dtype: str = "float16"):
+  """The corpus index at `directory`: reused when it exists (and matches `config`), else
+  built with a progress bar."""
+  if (pathlib.Path(directory) / "meta.json").exists():
+    print(f"Reusing the index at {directory}.", flush=True)
+    return index.Index.open(directory, expected_config=config)
+  doc_ids = list(data.corpus)
+  ids = tokenize([data.corpus[d].full_text for d in doc_ids], model.input_vocabulary,
+                 passage_length)
+  batched = list(batches_by_length(ids, batch_size, passage_length))
+  ordered_ids = [doc_ids[i] for rows, _ in batched for i in rows]
+  run = encoder_fn(model, params, "passage")
+  token_batches = (tokens[:len(rows)] for rows, tokens in batched)  # real rows only
+  index.build_index(directory, ordered_ids, token_batches, _padded_to(batch_size, run),
+                    config, dtype=dtype)
+  return index.Index.open(directory, expected_config=config)
+
+
+def _padded_to(batch_size: int, run):
+  """Runs `run` on a batch padded to `batch_size` rows (one jit shape per width) and
+  returns the real rows only."""
+  def encode(tokens: np.ndarray):
+    n = tokens.shape[0]
+    vectors, valid = run(np.pad(tokens, ((0, batch_size - n), (0, 0))))
+    return vectors[:n], valid[:n]
+  return encode
+
+
+def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None,
+                       beir_folder: Optional[str] = None, split: str = "test",
+                       query_length: int = 64, passage_length: int = 256,
+                       batch_size: int = 64, top_k: int = 100, index_dir: Optional[str] = None,
+                       index_dtype: str = "float16", partitioner=None) -> Dict[str, float]:
+  """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
+  checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
+  MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics."""
+  from decal_jax.tasks import retrieval_tasks  # registers the tasks; reads their folders
+  if (task_name is None) == (beir_folder is None):
+    raise ValueError("Give exactly one of task_name (a decal_beir_<name> task) or "
+                     "beir_folder (a BEIR-format folder).")
+  folder = beir_folder or retrieval_tasks.beir_folder(task_name)
+  name = task_name or pathlib.Path(folder).name
+  data = beir.load_beir(folder, split)
+  partitioner = partitioner or partitioning.Partitioner()
+  lengths = {"inputs": query_length, "targets": passage_length}
+  cfg = trainer.DatasetConfig(task_name or "decal_beir_builtin", lengths, split=split)
+  params, step = trainer.restore_params(model, model_dir, cfg, partitioner)
+  config = index_config(model, passage_length, model_dir, step)
+  directory = index_dir or os.path.join(model_dir, "index", f"{name}.step{step}")
+  corpus_index = build_or_open_index(directory, data, model, params, config, passage_length,
+                                     batch_size, index_dtype)
+  qids = list(data.queries)
+  q_vectors, q_valid = encode_texts([data.queries[q] for q in qids], model, params, "query",
+                                    query_length, batch_size)
+  run = corpus_index.search_run(qids, q_vectors, q_valid, top_k=top_k)
+  scores = ir_metrics.evaluate(run, data.qrels)
+  scores.update(step=step, num_docs=corpus_index.num_docs,
+                vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
+                index_bytes=corpus_index.nbytes)
+  _write_results(model_dir, name, split, step, run, scores, top_k)
+  return scores
+
+
+def _write_results(model_dir, name, split, step, run, scores, top_k):
+  if jax.process_index() != 0:
+    return
+  out = pathlib.Path(model_dir) / "retrieval"
+  out.mkdir(parents=True, exist_ok=True)
+  stem = out / f"{name}.{split}.step{step}"
+  ir_metrics.write_trec_run(f"{stem}.trec", run, tag=f"decal_jax-step{step}", depth=top_k)
+  tmp = pathlib.Path(f"{stem}.metrics.json.tmp")
+  tmp.write_text(json.dumps(scores, indent=2, sort_keys=True))
+  tmp.replace(f"{stem}.metrics.json")
+  print(f"{name} {split} (step {step}, {scores['num_queries']} queries, "
+        f"{scores['num_docs']} passages, {scores['vectors_per_doc']:.1f} vectors / passage, "
+        f"index {scores['index_bytes'] / 2**20:.1f} MiB): "
+        f"NDCG@10 {scores['ndcg@10']:.4f}, Recall@100 {scores['recall@100']:.4f}\n"
+        f"  run:     {stem}.trec\n  metrics: {stem}.metrics.json", flush=True)
+  writer = metrics.MetricsWriter(model_dir)
+  writer.write("retrieval", step, {f"{name}/{k}": float(v) for k, v in scores.items()
+                                   if k in ("ndcg@10", "recall@100")})
+  writer.close()
+

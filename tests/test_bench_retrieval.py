@@ -1,0 +1,144 @@
+"""tools/bench_retrieval.py on a BEIR folder written here (40 passages of varied length, 5
+queries) with a one-layer tiny dual encoder at C = 1, 2, 4: the index sizes and MaxSim work
+it reports equal what the tokenized lengths give when re-derived with SentencePiece itself,
+ratios are to the C = 1 row, and the results file holds the command and every row."""
+import importlib.util
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from decal_jax.data import vocabularies
+from decal_jax.retrieval import beir
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_retrieval",
+                                               REPO / "tools" / "bench_retrieval.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+RATIOS = (1, 2, 4)
+PASSAGE_LENGTH, QUERY_LENGTH, DIM = 64, 16, 16
+DOC_CHUNK = 16  # Index.search's doc chunk: 40 passages -> 3 chunks, the last one padded
+WORDS = ("river stone light garden winter engine paper signal forest market copper cloud "
+         "harbor violin planet orchard lantern meadow compass thunder").split()
+
+
+def _fixture(folder: pathlib.Path):
+  """40 passages of 0-90 words (one empty, some with titles, some longer than the passage
+  length), 5 queries judged in qrels/test.tsv."""
+  rng = np.random.default_rng(7)
+  corpus = {}
+  for i in range(40):
+    words = rng.choice(WORDS, size=int(rng.integers(0, 91)) if i else 0)
+    title = f"{WORDS[i % len(WORDS)].title()} {i}" if i % 3 == 1 else ""
+    corpus[f"doc{i:02d}"] = beir.Passage(title, " ".join(words))
+  queries = {f"q{j}": " ".join(rng.choice(WORDS, size=1 + 3 * j)) for j in range(5)}
+  qrels = {"test": {q: {f"doc{3 * j + 1:02d}": 1} for j, q in enumerate(queries)}}
+  beir.write_beir(folder, corpus, queries, qrels)
+  return corpus, queries
+
+
+def _token_count(processor, text: str, max_length: int) -> int:
+  """Pieces of the text, cut to max_length - 1, plus EOS."""
+  return min(len(processor.EncodeAsIds(text)), max_length - 1) + 1
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("bench_retrieval")
+  corpus, queries = _fixture(tmp / "beir")
+  out = tmp / "results" / "retrieval.md"
+  argv = ["--beir_folder", str(tmp / "beir"), "--size", "tiny",
+          "--gin_bindings", "t5.T5Config.num_encoder_layers = 1",
+          "--projection_dim", str(DIM), "--passage_length", str(PASSAGE_LENGTH),
+          "--query_length", str(QUERY_LENGTH), "--ratios", *map(str, RATIOS),
+          "--batch_size", "16", "--doc_batch_size", str(DOC_CHUNK), "--repeats", "2",
+          "--encode_repeats", "2", "--out", str(out)]
+  rows = bench.main(argv)
+  processor = spm.SentencePieceProcessor(
+      model_file=vocabularies.builtin_vocabulary().sentencepiece_model_file)
+  full_texts = [". ".join(part for part in (p.title, p.text) if part) for p in corpus.values()]
+  doc_lengths = np.array([_token_count(processor, t, PASSAGE_LENGTH) for t in full_texts])
+  query_lengths = np.array([_token_count(processor, t, QUERY_LENGTH)
+                            for t in queries.values()])
+  return rows, out.read_text(), doc_lengths, query_lengths
+
+
+def test_index_bytes_and_vectors_follow_ceil_n_over_c(result):
+  rows, _, lengths, _ = result
+  assert [row.ratio for row in rows] == list(RATIOS)
+  assert lengths.max() == PASSAGE_LENGTH and lengths.min() == 1  # cut and empty passages
+  for row in rows:
+    vectors = sum(math.ceil(n / row.ratio) for n in lengths)
+    assert row.num_docs == len(lengths) and row.dim == DIM
+    assert row.num_vectors == vectors
+    assert row.index_bytes == vectors * DIM * 2  # float16
+    assert row.vectors_per_passage == pytest.approx(vectors / len(lengths))
+
+
+def test_maxsim_work_counts_valid_and_padded_pairs(result):
+  rows, _, doc_lengths, query_lengths = result
+  order = sorted(range(len(doc_lengths)), key=lambda i: doc_lengths[i])  # index order
+  for row in rows:
+    counts = [math.ceil(doc_lengths[i] / row.ratio) for i in order]
+    assert row.valid_pairs == query_lengths.sum() * sum(counts)
+    # 5 queries in one batch, padded to width 16; chunks of 16 docs (the last padded with
+    # empty docs), each padded to the next power of two of its longest doc's vectors.
+    padded = sum(DOC_CHUNK * 2 ** math.ceil(math.log2(max(counts[s:s + DOC_CHUNK])))
+                 for s in range(0, len(counts), DOC_CHUNK))
+    assert row.computed_pairs == len(query_lengths) * QUERY_LENGTH * padded
+
+
+def test_ratios_are_to_the_c1_row(result):
+  rows, _, lengths, _ = result
+  rel = bench.ratios_to_first(rows)
+  assert all(value == 1.0 for value in rel[0].values())
+  for row, r in zip(rows, rel):
+    assert r["index_bytes"] == pytest.approx(
+        sum(math.ceil(n / row.ratio) for n in lengths) / lengths.sum())
+    assert r["scoring"] == pytest.approx(
+        np.median(row.scoring_s) / np.median(rows[0].scoring_s))
+    assert r["encode"] == pytest.approx(np.median(row.encode_s) / np.median(rows[0].encode_s))
+    assert len(row.scoring_s) == 2 and len(row.encode_s) == 2
+  # DeCAL's encoder reads m latents + n tokens: more FLOPs than C = 1, fewer as C grows.
+  flop_ratios = [r["encoder_flops"] for r in rel]
+  assert flop_ratios[1] > flop_ratios[2] > 1.0
+
+
+def _table(text: str, heading: str):
+  """{C: [cells]} of the table under `heading`."""
+  section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("|") and cells[0].isdigit():
+      rows[int(cells[0])] = cells
+  return rows
+
+
+def test_results_file_has_the_command_every_row_and_json_lines(result):
+  rows, text, lengths, _ = result
+  assert "- command: `python tools/bench_retrieval.py --beir_folder" in text
+  assert "--ratios 1 2 4" in text and "random initialisation" in text
+  assert "- machine:" in text and "- date:" in text
+  for heading in ("Index size", "Corpus encoding", "Query scoring"):
+    table = _table(text, heading)
+    assert sorted(table) == list(RATIOS)
+    ratio_cell = {"Index size": 3, "Corpus encoding": 2, "Query scoring": 2}[heading]
+    assert float(table[1][ratio_cell]) == 1.0
+  size = _table(text, "Index size")
+  for row in rows:
+    expected = sum(math.ceil(n / row.ratio) for n in lengths) / lengths.sum()
+    assert float(size[row.ratio][3]) == pytest.approx(expected, abs=5e-4)
+    assert float(size[row.ratio][4]) == pytest.approx(expected, abs=5e-4)
+    assert float(size[row.ratio][5]) == pytest.approx(1 / row.ratio, abs=5e-4)
+  records = [json.loads(line) for line in text.split("```jsonl\n", 1)[1].split("```")[0]
+             .splitlines()]
+  assert [r["ratio"] for r in records] == list(RATIOS)
+  for record, row in zip(records, rows):
+    assert record["index_bytes"] == row.index_bytes
+    assert record["num_vectors"] == row.num_vectors

@@ -1,0 +1,124 @@
+"""Fine-tune -> index -> search -> score, end to end, on a BEIR folder the test writes.
+
+A tiny DeCAL "pretraining checkpoint" (a t5.Transformer's weights) initialises the dual
+encoder through runs/retrieval_finetune.gin; `python -m decal_jax.retrieve` then indexes
+the corpus and scores the test queries. References: the run file scored by pytrec_eval,
+the index contents against the encoder run directly, and the in-batch loss of the trained
+model against chance (log of the number of candidates).
+"""
+import json
+import math
+import pathlib
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import pytrec_eval
+
+from decal_jax import checkpoints, gin_utils, partitioning, trainer
+from decal_jax.networks import t5
+from decal_jax.retrieval import beir, index, ir_metrics, pipeline
+
+TOPICS = ["apple orchard harvest", "volcano lava eruption", "violin concerto orchestra",
+          "glacier ice melting", "rocket launch orbit", "honey bee colony",
+          "desert sand dune", "coral reef fish", "chess opening gambit", "bread yeast dough",
+          "tidal wave coast", "comet tail sun"]
+
+
+def _write_fixture(folder: pathlib.Path):
+  corpus, queries = {}, {}
+  qrels = {"train": {}, "validation": {}, "test": {}}
+  for t, topic in enumerate(TOPICS):
+    words = topic.split()
+    for j in range(3):
+      corpus[f"d{t}-{j}"] = beir.Passage(
+          title=words[j].title(),
+          text=f"This passage is about the {topic}: the {words[j]} and the {words[-1]} "
+               f"matter here, number {j}.")
+    split = "test" if t % 3 == 0 else ("validation" if t % 3 == 1 else "train")
+    for k, query in enumerate([f"what about {topic}", f"{words[0]} {words[1]}"]):
+      qid = f"q{t}-{k}"
+      queries[qid] = query
+      qrels[split][qid] = {f"d{t}-{j}": 1 for j in range(3)}
+  corpus["empty"] = beir.Passage(title="", text="")  # an empty passage is kept
+  beir.write_beir(str(folder), corpus, queries, qrels)
+  return corpus, queries, qrels
+
+
+def _pretrained_checkpoint(directory: pathlib.Path):
+  gin_utils.parse(["models/decal_tiny.gin"], [], [])
+  config = gin.query_parameter("%MODEL").scoped_configurable_fn().module.config
+  gin.clear_config()
+  model = t5.Transformer(config)
+  ones = jnp.ones((1, 16), jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), ones, ones, ones, enable_dropout=False)["params"]
+  ckpt = checkpoints.Checkpointer(str(directory))
+  ckpt.save(1, {"params": params, "step": jnp.int32(1)}, {"batches_consumed": 1}, force=True)
+  ckpt.close()
+
+
+def test_fine_tune_index_search_and_score(tmp_path, capsys):
+  from decal_jax.tasks import retrieval_tasks
+  folder = tmp_path / "beir_fixture"
+  corpus, queries, qrels = _write_fixture(folder)
+  retrieval_tasks.register_beir_task("fixture", str(folder))
+  _pretrained_checkpoint(tmp_path / "pretrained")
+  model_dir = tmp_path / "dual"
+  common = ["models/decal_tiny.gin", "models/dual_encoder.gin"]
+  gin_utils.parse(common + ["runs/retrieval_finetune.gin"], [], [
+      f"MODEL_DIR = '{model_dir}'", f"INITIAL_CHECKPOINT_PATH = '{tmp_path / 'pretrained'}'",
+      "MIXTURE_OR_TASK_NAME = 'decal_beir_fixture'", "TRAIN_STEPS = 30", "BATCH_SIZE = 8",
+      "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 48}", "LEARNING_RATE = 0.01",
+      "EVAL_PERIOD = 30", "EVAL_BATCHES = 2", "LOG_PERIOD = 10", "CHECKPOINT_PERIOD = 30",
+      "PROJECTION_DIM = 32"])
+  result = gin.get_configurable(trainer.train)()
+  gin.clear_config()
+  out = capsys.readouterr().out
+  assert "parameters restored" in out and "unused: decoder/" in out  # decoder dropped
+  # Validation in-batch softmax over 8 candidates: chance is log(8) = 2.08.
+  assert result["num_queries"] > 0 and result["loss"] < math.log(8)
+
+  from decal_jax import retrieve
+  args = [f"--gin_file={f}" for f in common + ["runs/retrieve.gin"]] + [
+      f"--gin.MODEL_DIR='{model_dir}'", f"--gin.BEIR_FOLDER='{folder}'", "--gin.TOP_K=10",
+      "--gin.QUERY_LENGTH=16", "--gin.PASSAGE_LENGTH=48", "--gin.PROJECTION_DIM=32"]
+  retrieve.main(args)
+  gin.clear_config()
+  stem = model_dir / "retrieval" / "beir_fixture.test.step30"
+  scores = json.loads(pathlib.Path(f"{stem}.metrics.json").read_text())
+  run = ir_metrics.read_trec_run(f"{stem}.trec")
+  test_qrels = qrels["test"]
+  assert set(run) == set(test_qrels) and all(len(docs) == 10 for docs in run.values())
+  ref = pytrec_eval.RelevanceEvaluator(test_qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
+  assert scores["ndcg@10"] == pytest.approx(np.mean([r["ndcg_cut_10"] for r in ref.values()]))
+  assert scores["recall@100"] == pytest.approx(np.mean([r["recall_100"] for r in ref.values()]))
+  assert scores["num_docs"] == len(corpus)
+
+  # The stored index holds ceil(n / 4) unit vectors per passage (DeCAL 4x), equal to the
+  # encoder's output for that passage alone.
+  idx_dir = model_dir / "index" / "beir_fixture.step30"
+  gin_utils.parse(common, [], ["PROJECTION_DIM = 32"])
+  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  gin.clear_config()
+  lengths = {"inputs": 16, "targets": 48}
+  params, step = trainer.restore_params(model, str(model_dir),
+                                        trainer.DatasetConfig("unused", lengths),
+                                        partitioning.Partitioner())
+  config = pipeline.index_config(model, 48, str(model_dir), step)
+  opened = index.Index.open(str(idx_dir), expected_config=config)
+  for doc in ("d0-1", "empty"):
+    i = opened.doc_ids.index(doc)
+    ids = pipeline.tokenize([corpus[doc].full_text], model.input_vocabulary, 48)[0]
+    stored = np.asarray(opened.doc_vectors(i), np.float32)
+    assert stored.shape == (math.ceil(len(ids) / 4), 32)
+    encoded = model.encode(params, np.array([ids]), "passage")
+    np.testing.assert_allclose(stored, np.asarray(encoded.vectors)[0, :len(stored)],
+                               atol=2e-3)  # stored as float16
+    np.testing.assert_allclose(np.linalg.norm(stored, axis=-1), 1.0, atol=2e-3)
+
+  # Searching with another encoder config (passages at 2x) is refused, naming the key.
+  with pytest.raises(index.IndexConfigMismatchError, match="passage_compression_ratio"):
+    retrieve.main(args + ["--gin.PASSAGE_COMPRESSION_RATIO=2"])
+  gin.clear_config()

@@ -1,0 +1,568 @@
+# python tools/bench_retrieval.py --beir_folder /work/shared/data/beir/scifact --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md --plot docs/results/retrieval_bench_cpu.png
+"""Compressed multi-vector retrieval at passage ratios C: index bytes, corpus encoding time
+and query scoring time, as ratios to C = 1, measured side by side in one process.
+
+  python tools/bench_retrieval.py --beir_folder /work/shared/data/beir/scifact \
+      --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md
+  python tools/bench_retrieval.py --max_docs 500 --ratios 1 4  # the built-in BEIR folder
+
+One dual encoder (`models/t5_1_1_<size>.gin` + `decal.gin` + `dual_encoder.gin`), one set
+of weights: random (the cost does not depend on the values) or, with --model_dir, the
+latest checkpoint there. Queries are read at C = 1; for every passage ratio C the same
+weights read the passages (`DualEncoderConfig.passage_compression_ratio = C`):
+  * index: the corpus is tokenized once (`pipeline.tokenize`), grouped into padded widths
+    (`pipeline.batches_by_length`) and written by `index.build_index` to a temporary
+    directory, as `pipeline.build_or_open_index` does; reported: `Index.nbytes` and the
+    stored vectors per passage, next to the expectation sum_i ceil(n_i / C) * d * bytes;
+  * encoding: one warm-up batch per width runs twice first (compile time = first call -
+    second call, reported apart); then the timed build, in which the time inside the
+    encoder calls (each returns host arrays, so it waits for the device) is one encoding
+    time and the whole `build_index` call (encode + write) the build time; then
+    --encode_repeats - 1 more encoder passes over the corpus (no write), the ratios
+    alternating; reported: the median. Next to it, the encoder's analytical FLOPs
+    (`decal_jax.flops.encoder_flops` over the padded batches: DeCAL reads m + n
+    positions, so C > 1 costs more than C = 1, less the larger C is);
+  * scoring: the split's queries are encoded once (outside the timing); `Index.search` of
+    all of them over the whole index runs once untimed (compilation), then --repeats
+    times per C, the ratios alternating within each repeat in an order reversed every
+    repeat (so load on a shared machine hits every C alike); reported: the median. Next
+    to it, the MaxSim work: valid query vectors x stored passage vectors (about 1/C of
+    C = 1), and the pairs `Index.search` computes with its padding (query batches, doc
+    chunks padded to a power-of-two vector count).
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Sequence, Tuple
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only seqio's input pipeline
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+from bench_nuggets import load_average, machine  # noqa: E402
+from decal_jax import flops, gin_utils, trainer  # noqa: E402
+from decal_jax.retrieval import beir, index, pipeline  # noqa: E402
+
+SIZES = ("tiny", "small", "base")
+
+
+# ----------------------------------------------------------------------------- model
+def load_model(args):
+  """The dual encoder that the size's gin files (plus --gin_bindings) configure, its
+  passages at the largest ratio, so that the weights include DeCAL's latent parameters."""
+  import gin  # pylint: disable=import-outside-toplevel
+  files = [f"models/t5_1_1_{args.size}.gin", "models/decal.gin", "models/dual_encoder.gin"]
+  bindings = [f"COMPRESSION_RATIO = {max(args.ratios)}",
+              f"PROJECTION_DIM = {args.projection_dim}", *args.gin_bindings]
+  gin_utils.parse(files, [], bindings)
+  try:
+    return gin.query_parameter("%MODEL").scoped_configurable_fn()
+  finally:
+    gin.clear_config()
+
+
+def load_params(model, args) -> Tuple[dict, str]:
+  """(params, where they come from): the latest checkpoint in --model_dir, else random."""
+  if args.model_dir:
+    lengths = {"inputs": args.query_length, "targets": args.passage_length}
+    params, step = trainer.restore_params(model, args.model_dir,
+                                          trainer.DatasetConfig("unused", lengths), None)
+    return params, f"checkpoint {os.path.abspath(args.model_dir)}, step {step}"
+  shapes = model.input_shapes({"inputs": 8, "targets": 8})
+  variables = jax.jit(lambda rng: model.get_initial_variables(rng, shapes))(
+      jax.random.PRNGKey(args.seed))
+  return variables["params"], (f"random initialisation (seed {args.seed}): the cost does "
+                               "not depend on the weight values")
+
+
+def with_passage_ratio(model, ratio: int):
+  """The same model class and vocabulary with passages read at `ratio` (same params)."""
+  config = dataclasses.replace(model.module.config, passage_compression_ratio=ratio)
+  return type(model)(type(model.module)(config), model.input_vocabulary,
+                     temperature=model.temperature)
+
+
+# ----------------------------------------------------------------------------- corpus
+@dataclasses.dataclass
+class Corpus:
+  name: str
+  doc_ids: List[str]            # in corpus file order (the first --max_docs)
+  token_ids: List[List[int]]    # per doc, EOS included (`pipeline.tokenize`)
+  batches: list                 # (rows, tokens [batch_size, width]) from batches_by_length
+  query_ids: List[str]
+  query_texts: List[str]
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return np.array([len(ids) for ids in self.token_ids], np.int64)  # [docs]
+
+  @property
+  def ordered_ids(self) -> List[str]:
+    """Doc ids in the order the batches hold them (the index order)."""
+    return [self.doc_ids[i] for rows, _ in self.batches for i in rows]
+
+  def token_batches(self):
+    return (tokens[:len(rows)] for rows, tokens in self.batches)  # real rows only
+
+
+def load_corpus(args, vocabulary) -> Corpus:
+  folder = args.beir_folder or beir.builtin_beir_folder()
+  data = beir.load_beir(folder, args.split)
+  doc_ids = list(data.corpus)[:args.max_docs]
+  if not doc_ids:
+    raise SystemExit(f"error: {folder} has no passages in corpus.jsonl; the benchmark needs "
+                     "at least one (check --beir_folder and --max_docs).")
+  if not data.queries:
+    raise SystemExit(f"error: {folder} has no queries judged in qrels/{args.split}.tsv; "
+                     "choose a --split with qrels.")
+  token_ids = pipeline.tokenize([data.corpus[d].full_text for d in doc_ids], vocabulary,
+                                args.passage_length)
+  batches = list(pipeline.batches_by_length(token_ids, args.batch_size, args.passage_length))
+  query_ids = list(data.queries)
+  return Corpus(pathlib.Path(folder).name, doc_ids, token_ids, batches, query_ids,
+                [data.queries[q] for q in query_ids])
+
+
+# ----------------------------------------------------------------------------- measure
+@dataclasses.dataclass
+class Row:
+  """What one passage ratio measured (seconds, bytes, counts) and what was expected."""
+  ratio: int
+  num_docs: int
+  num_vectors: int
+  expected_vectors: int          # sum_i ceil(n_i / C) over the tokenized passages
+  dim: int
+  index_bytes: int               # Index.nbytes
+  expected_bytes: int            # expected_vectors * dim * bytes per value
+  compile_s: float               # the encoder's compilation, all widths
+  encode_s: List[float]          # time inside the encoder calls: the build's, then reruns
+  build_s: float                 # the whole build_index call (encode + write)
+  encoder_flops: float           # analytical, over the padded batches
+  scoring_first_s: float = 0.0   # the untimed first search (compilation included)
+  scoring_s: List[float] = dataclasses.field(default_factory=list)
+  valid_pairs: int = 0           # valid query vectors x stored passage vectors
+  computed_pairs: int = 0        # query x passage vector pairs Index.search computes
+
+  @property
+  def vectors_per_passage(self) -> float:
+    return self.num_vectors / self.num_docs
+
+  @property
+  def encode_median(self) -> float:
+    return statistics.median(self.encode_s)
+
+  @property
+  def scoring_median(self) -> float:
+    return statistics.median(self.scoring_s)
+
+
+def _first_call_per_width(encode, batches) -> float:
+  """Runs one batch of every width twice; returns the compile time (first - second)."""
+  compile_s, seen = 0.0, set()
+  for rows, tokens in batches:
+    if tokens.shape[1] in seen:
+      continue
+    seen.add(tokens.shape[1])
+    real = tokens[:len(rows)]
+    first = _seconds(encode, real)
+    compile_s += max(first - _seconds(encode, real), 0.0)
+  return compile_s
+
+
+def _seconds(fn, *args) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(fn(*args))
+  return time.perf_counter() - start
+
+
+def encoder_flops(model, ratio: int, corpus: Corpus, batch_size: int) -> float:
+  """Analytical FLOPs of encoding every padded batch (rows and widths as computed), plus
+  the projection of the m output vectors."""
+  module = model.module.config
+  cfg = dataclasses.replace(module.encoder, compression_ratio=ratio)
+  total = 0.0
+  for _, tokens in corpus.batches:
+    width = tokens.shape[1]
+    m = math.ceil(width / ratio)
+    projection = 2 * m * cfg.emb_dim * module.projection_dim if module.projection_dim else 0
+    total += batch_size * (flops.encoder_flops(cfg, width) + projection)
+  return total
+
+
+def build(model, params, ratio: int, corpus: Corpus, directory: str,
+          args) -> Tuple[Row, index.Index, Callable]:
+  """Encodes the corpus at passage ratio `ratio` into an index at `directory`; returns
+  what it measured, the opened index and the (compiled) encoder."""
+  model_c = with_passage_ratio(model, ratio)
+  encode = pipeline._padded_to(  # pylint: disable=protected-access
+      args.batch_size, pipeline.encoder_fn(model_c, params, "passage"))
+  compile_s = _first_call_per_width(encode, corpus.batches)
+  inside = []
+
+  def timed_encode(tokens: np.ndarray):
+    start = time.perf_counter()
+    out = encode(tokens)  # host arrays: waits for the device
+    inside.append(time.perf_counter() - start)
+    return out
+
+  config = pipeline.index_config(model_c, args.passage_length, args.model_dir or "random-init",
+                                 0)
+  start = time.perf_counter()
+  built = index.build_index(directory, corpus.ordered_ids, corpus.token_batches(),
+                            timed_encode, config, dtype=args.index_dtype, progress=False)
+  build_s = time.perf_counter() - start
+  expected = int(np.sum(-(-corpus.lengths // ratio)))
+  itemsize = np.dtype(args.index_dtype).itemsize
+  row = Row(ratio, built.num_docs, built.num_vectors, expected, built.dim, built.nbytes,
+            expected * built.dim * itemsize, compile_s, [sum(inside)], build_s,
+            encoder_flops(model, ratio, corpus, args.batch_size))
+  return row, built, encode
+
+
+def encode_again(encoders: Dict[int, Callable], rows: Dict[int, Row], corpus: Corpus,
+                 args) -> None:
+  """--encode_repeats - 1 more encoder passes over the corpus (no index write), the
+  ratios alternating within each repeat, each pass's time appended to its row."""
+  for repeat in range(1, args.encode_repeats):
+    order = args.ratios if repeat % 2 == 0 else args.ratios[::-1]
+    for ratio in order:
+      start = time.perf_counter()
+      for tokens in corpus.token_batches():
+        encoders[ratio](tokens)  # host arrays: waits for the device
+      rows[ratio].encode_s.append(time.perf_counter() - start)
+    _log(f"encoding repeat {repeat + 1}/{args.encode_repeats}: " + ", ".join(
+        f"C={r} {rows[r].encode_s[-1]:.2f} s" for r in args.ratios))
+
+
+def computed_pairs(opened: index.Index, num_queries: int, query_width: int,
+                   doc_batch_size: int, query_batch_size: int) -> int:
+  """Query x passage vector pairs that `Index.search` scores: queries padded to whole
+  batches of `query_batch_size` x the padded query width, against every doc chunk of
+  `doc_batch_size` rows padded to a power-of-two vector count (`index._bucket`)."""
+  query_batch = min(query_batch_size, num_queries)
+  query_rows = -(-num_queries // query_batch) * query_batch
+  chunk = min(doc_batch_size, opened.num_docs)
+  counts = np.diff(opened.offsets)  # [docs] stored vectors per doc
+  bucket = index._bucket  # pylint: disable=protected-access  (the padding rule search uses)
+  doc_slots = sum(chunk * bucket(counts[start:start + chunk].max())
+                  for start in range(0, opened.num_docs, chunk))
+  return query_rows * query_width * doc_slots
+
+
+def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries, args) -> None:
+  """Times `Index.search` of all queries per ratio (first call apart, then the repeats)."""
+  vectors, valid = queries
+
+  def search(ratio: int):
+    return indexes[ratio].search(vectors, valid, top_k=args.top_k,
+                                 doc_batch_size=args.doc_batch_size,
+                                 query_batch_size=args.query_batch_size,
+                                 precision=args.precision)
+
+  for ratio in args.ratios:
+    rows[ratio].scoring_first_s = _seconds(search, ratio)
+    rows[ratio].valid_pairs = int(valid.sum()) * indexes[ratio].num_vectors
+    rows[ratio].computed_pairs = computed_pairs(indexes[ratio], len(vectors),
+                                                vectors.shape[1], args.doc_batch_size,
+                                                args.query_batch_size)
+  for repeat in range(args.repeats):
+    order = args.ratios if repeat % 2 == 0 else args.ratios[::-1]
+    for ratio in order:
+      rows[ratio].scoring_s.append(_seconds(search, ratio))
+    _log(f"scoring repeat {repeat + 1}/{args.repeats}: " + ", ".join(
+        f"C={r} {rows[r].scoring_s[-1]:.2f} s" for r in args.ratios))
+
+
+def _log(text: str) -> None:
+  print(text, file=sys.stderr, flush=True)
+
+
+def run(args) -> Tuple[List[Row], dict]:
+  """Every ratio's row, and what describes the run (for the Markdown)."""
+  args.load_before = load_average()
+  model = load_model(args)
+  params, source = load_params(model, args)
+  corpus = load_corpus(args, model.input_vocabulary)
+  query_vectors, query_valid = pipeline.encode_texts(
+      corpus.query_texts, model, params, "query", args.query_length, args.batch_size)
+  query_lengths = [len(q) for q in pipeline.tokenize(corpus.query_texts,
+                                                     model.input_vocabulary,
+                                                     args.query_length)]
+  _log(f"{corpus.name}: {len(corpus.doc_ids)} passages, {len(corpus.query_ids)} queries "
+       f"({args.split}); ratios {args.ratios}")
+  rows: Dict[int, Row] = {}
+  with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
+    indexes, encoders = {}, {}
+    for ratio in args.ratios:
+      rows[ratio], indexes[ratio], encoders[ratio] = build(
+          model, params, ratio, corpus, os.path.join(tmp, f"c{ratio}"), args)
+      row = rows[ratio]
+      _log(f"C={ratio}: {row.vectors_per_passage:.1f} vectors / passage, "
+           f"{row.index_bytes / 2**20:.1f} MiB, encode {row.encode_s[0]:.2f} s "
+           f"(build {row.build_s:.2f} s, compile {row.compile_s:.2f} s)")
+    encode_again(encoders, rows, corpus, args)
+    score(indexes, rows, (query_vectors, query_valid), args)
+    del indexes  # the memory maps, before the directory goes
+  args.load_after = load_average()
+  about = {"source": source, "model": model, "corpus": corpus, "query_lengths": query_lengths,
+           "query_width": int(query_vectors.shape[1])}
+  return [rows[r] for r in args.ratios], about
+
+
+# ----------------------------------------------------------------------------- report
+def ratios_to_first(rows: Sequence[Row]) -> List[Dict[str, float]]:
+  """Every row's measured and expected quantities divided by those of the C = 1 row."""
+  base = rows[0]
+  out = []
+  for row in rows:
+    out.append({
+        "index_bytes": row.index_bytes / base.index_bytes,
+        "expected_bytes": row.expected_bytes / base.expected_bytes,
+        "inverse_ratio": 1.0 / row.ratio,
+        "encode": row.encode_median / base.encode_median,
+        "build": row.build_s / base.build_s,
+        "encoder_flops": row.encoder_flops / base.encoder_flops,
+        "scoring": row.scoring_median / base.scoring_median,
+        "valid_pairs": row.valid_pairs / base.valid_pairs,
+        "computed_pairs": row.computed_pairs / base.computed_pairs})
+  return out
+
+
+def json_rows(rows: Sequence[Row]) -> List[str]:
+  lines = []
+  for row, rel in zip(rows, ratios_to_first(rows)):
+    record = dataclasses.asdict(row)
+    record.update(vectors_per_passage=row.vectors_per_passage,
+                  encode_median_s=row.encode_median, scoring_median_s=row.scoring_median,
+                  ratios_to_c1={k: round(v, 6) for k, v in rel.items()})
+    lines.append(json.dumps(record, sort_keys=True))
+  return lines
+
+
+def tables(rows: Sequence[Row]) -> List[str]:
+  rel = ratios_to_first(rows)
+  lines = ["## Index size", "",
+           "| C | vectors / passage | index MiB | index bytes / C=1 | expected: "
+           "Σ⌈n/C⌉ / Σn | 1/C |", "|---|---|---|---|---|---|"]
+  for row, r in zip(rows, rel):
+    lines.append(f"| {row.ratio} | {row.vectors_per_passage:.2f} | "
+                 f"{row.index_bytes / 2**20:.2f} | {r['index_bytes']:.3f} | "
+                 f"{r['expected_bytes']:.3f} | {r['inverse_ratio']:.3f} |")
+  lines += ["", "## Corpus encoding", "",
+            "| C | encode s, median (min-max) | encode / C=1 | expected: encoder FLOPs / "
+            "C=1 | encoder GFLOP | build s (encode + write) | build / C=1 | compile s |",
+            "|---|---|---|---|---|---|---|---|"]
+  for row, r in zip(rows, rel):
+    lines.append(f"| {row.ratio} | {row.encode_median:.2f} ({min(row.encode_s):.2f}-"
+                 f"{max(row.encode_s):.2f}) | {r['encode']:.2f} | "
+                 f"{r['encoder_flops']:.2f} | {row.encoder_flops / 1e9:.1f} | "
+                 f"{row.build_s:.2f} | {r['build']:.2f} | {row.compile_s:.2f} |")
+  lines += ["", "## Query scoring", "",
+            "| C | scoring s, median (min-max) | scoring / C=1 | expected: valid vector "
+            "pairs / C=1 | vector pairs as computed (padded) / C=1 | first call s |",
+            "|---|---|---|---|---|---|"]
+  for row, r in zip(rows, rel):
+    lines.append(f"| {row.ratio} | {row.scoring_median:.3f} ({min(row.scoring_s):.3f}-"
+                 f"{max(row.scoring_s):.3f}) | {r['scoring']:.2f} | {r['valid_pairs']:.3f} | "
+                 f"{r['computed_pairs']:.3f} | {row.scoring_first_s:.2f} |")
+  return lines
+
+
+def reading(rows: Sequence[Row]) -> List[str]:
+  """Sentences drawn from the numbers only."""
+  rel = ratios_to_first(rows)
+  exact = all(row.num_vectors == row.expected_vectors and row.index_bytes == row.expected_bytes
+              for row in rows)
+  pairs = lambda key, digits=2: ", ".join(f"{r[key]:.{digits}f}" for r in rel[1:])  # noqa: E731
+  ratios = " / ".join(str(row.ratio) for row in rows[1:])
+  lines = [
+      f"- Index bytes {'equal' if exact else 'differ from'} Σ⌈n_i / C⌉ x d x bytes per "
+      f"value at every C{'' if exact else ' (see the JSON rows)'}: "
+      f"{pairs('index_bytes', 3)} of C = 1 at C = {ratios}, against 1/C = "
+      f"{pairs('inverse_ratio', 3)} (⌈n / C⌉ rounds "
+      "every passage up).",
+      f"- Encoding takes {pairs('encode')} of C = 1's time at C = {ratios}; the analytical "
+      f"encoder FLOPs are {pairs('encoder_flops')} of C = 1 (DeCAL's encoder reads the m "
+      "latents and the n tokens together, so compression costs encoder work, less the "
+      "larger C).",
+      f"- Scoring takes {pairs('scoring')} of C = 1's time at C = {ratios}; the valid "
+      f"query x passage vector pairs are {pairs('valid_pairs')} of C = 1 and the pairs "
+      f"`Index.search` computes (padding included) {pairs('computed_pairs')}. Queries stay "
+      "at C = 1, so the saving is 1/C; with queries compressed as well it would approach "
+      "1/C² (the paper's setting)."]
+  return lines
+
+
+def _model_line(model) -> str:
+  cfg = model.module.config
+  enc = cfg.encoder
+  return (f"T5.1.1 encoder: {enc.num_encoder_layers} layers, emb {enc.emb_dim}, "
+          f"{enc.num_heads} heads x {enc.head_dim}, mlp {enc.mlp_dim}, vocab {enc.vocab_size}, "
+          f"{np.dtype(enc.dtype).name}; output d = {cfg.output_dim}"
+          f"{' (projection)' if cfg.projection_dim else ''}, "
+          f"{'L2-normalised' if cfg.normalize else 'not normalised'}, pooling {cfg.pooling}; "
+          f"queries at C = {cfg.query_compression_ratio}")
+
+
+def markdown(args, rows: Sequence[Row], about: dict) -> str:
+  corpus: Corpus = about["corpus"]
+  lengths = corpus.lengths
+  clipped = int(np.sum(lengths >= args.passage_length))
+  q_lengths = about["query_lengths"]
+  lines = [
+      "# Compressed multi-vector retrieval: index bytes, encoding and scoring time vs the "
+      "passage ratio C", "",
+      f"- command: `python {args.command}`",
+      f"- date: {datetime.date.today().isoformat()}",
+      f"- machine: {machine()}; JAX backend: {jax.default_backend()}",
+      f"- model: `--size {args.size}` ({_model_line(about['model'])}); weights: "
+      f"{about['source']}.",
+      f"- corpus: {corpus.name} ({args.beir_folder or 'the built-in BEIR folder'}), "
+      f"{len(corpus.doc_ids)} passages, {lengths.mean():.1f} tokens on average (EOS "
+      f"included; {clipped} cut to --passage_length {args.passage_length}); "
+      f"{len(corpus.query_ids)} {args.split} queries, {np.mean(q_lengths):.1f} tokens on "
+      f"average (--query_length {args.query_length}, padded width {about['query_width']}).",
+      f"- settings: batch {args.batch_size} passages (padded widths "
+      f"{sorted({t.shape[1] for _, t in corpus.batches})}); index {args.index_dtype}; search "
+      f"top {args.top_k}, doc chunks of {args.doc_batch_size}, query batches of "
+      f"{args.query_batch_size}, precision {args.precision}.",
+      "- encode s: time inside the encoder calls, after a warm-up batch per width (compile "
+      "s = first call - second call of that batch, summed over widths): the index build's, "
+      f"then {args.encode_repeats - 1} more pass(es) over the corpus, the ratios alternating "
+      "within each repeat; median. build s: the one `index.build_index` call (encode + float "
+      "conversion + write). "
+      f"scoring s: `Index.search` of all queries over the whole index, median of "
+      f"{args.repeats} after one untimed call, the ratios alternating within each repeat. "
+      "Every ratio is to the C = 1 row of this run; 'expected' columns are analytical.",
+      f"- host load average (1/5/15 min) before / after: {args.load_before} / "
+      f"{args.load_after}."]
+  if args.note:
+    lines.append(f"- note: {args.note}")
+  lines += ["", *tables(rows), "", "## Reading", "", *reading(rows)]
+  if args.plot:
+    lines += ["", f"![ratios to C = 1]({os.path.basename(args.plot)})"]
+  lines += ["", "## Rows (JSON lines)", "", "```jsonl", *json_rows(rows), "```"]
+  return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[Row], path: str) -> None:
+  """Measured ratios to C = 1 (solid) against their expectations (dashed)."""
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from e
+  rel = ratios_to_first(rows)
+  xs = [row.ratio for row in rows]
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  for measured, expected, label, color in (
+      ("index_bytes", "expected_bytes", "index bytes", "C0"),
+      ("encode", "encoder_flops", "encoding time", "C1"),
+      ("scoring", "valid_pairs", "scoring time", "C2")):
+    ax.plot(xs, [r[measured] for r in rel], "o-", color=color, label=f"{label} (measured)")
+    ax.plot(xs, [r[expected] for r in rel], "s--", color=color, alpha=0.6,
+            label=f"{label} (expected)")
+  ax.plot(xs, [1 / x for x in xs], ":", color="gray", label="1/C")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log", base=2)
+  ax.set_xticks(xs, [str(x) for x in xs])
+  ax.set_xlabel("passage compression ratio C")
+  ax.set_ylabel("ratio to C = 1")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--size", choices=SIZES, default="tiny",
+                      help="T5.1.1 size (gin/models/t5_1_1_<size>.gin)")
+  parser.add_argument("--projection_dim", type=int, default=None,
+                      help="project the vectors to this dimension (default: the encoder's)")
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="an extra gin binding for the model, e.g. "
+                           "'t5.T5Config.num_encoder_layers = 2' (repeatable)")
+  parser.add_argument("--model_dir", default=None,
+                      help="restore the latest checkpoint here instead of random weights")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--beir_folder", default=None,
+                      help="a BEIR-format folder (default: the built-in one)")
+  parser.add_argument("--split", default="test", help="whose queries are scored")
+  parser.add_argument("--max_docs", type=int, default=None,
+                      help="only the first N passages of corpus.jsonl")
+  parser.add_argument("--passage_length", type=int, default=256)
+  parser.add_argument("--query_length", type=int, default=32)
+  parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8],
+                      help="passage compression ratios; must include 1 (the reference)")
+  parser.add_argument("--batch_size", type=int, default=64, help="passages per encoder call")
+  parser.add_argument("--index_dtype", choices=index.DTYPES, default="float16")
+  parser.add_argument("--top_k", type=int, default=100)
+  parser.add_argument("--doc_batch_size", type=int, default=1024,
+                      help="Index.search's doc chunk")
+  parser.add_argument("--query_batch_size", type=int, default=32)
+  parser.add_argument("--precision", default="highest", choices=["highest", "default"])
+  parser.add_argument("--repeats", type=int, default=3, help="timed searches per ratio")
+  parser.add_argument("--encode_repeats", type=int, default=1,
+                      help="timed encoder passes over the corpus per ratio (the first is "
+                           "the index build's)")
+  parser.add_argument("--out", default=None, help="write the Markdown results here")
+  parser.add_argument("--plot", default=None, help="write a PNG plot here (matplotlib)")
+  parser.add_argument("--note", default="", help="a line for the results file")
+  args = parser.parse_args(argv)
+  if 1 not in args.ratios:
+    parser.error(f"--ratios must include 1 (every ratio is reported relative to C = 1), got "
+                 f"{args.ratios}.")
+  if min(args.ratios) < 1 or len(set(args.ratios)) != len(args.ratios):
+    parser.error(f"--ratios must be distinct integers >= 1, got {args.ratios}.")
+  args.ratios = sorted(args.ratios)
+  for name in ("passage_length", "query_length"):
+    if getattr(args, name) < 2:
+      parser.error(f"--{name} must be >= 2 (one token and EOS), got {getattr(args, name)}.")
+  for name in ("batch_size", "top_k", "doc_batch_size", "query_batch_size", "repeats",
+               "encode_repeats"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+  if args.max_docs is not None and args.max_docs < 1:
+    parser.error(f"--max_docs must be >= 1, got {args.max_docs}.")
+  if args.projection_dim is not None and args.projection_dim < 1:
+    parser.error(f"--projection_dim must be >= 1, got {args.projection_dim}.")
+  args.command = shlex.join(sys.argv if argv is None else ["tools/bench_retrieval.py", *argv])
+  return args
+
+
+def main(argv=None) -> List[Row]:
+  args = parse_args(argv)
+  rows, about = run(args)
+  if args.plot:
+    plot(rows, args.plot)
+  text = markdown(args, rows, about)
+  print(text)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+      f.write(text)
+    print(f"wrote {args.out}")
+  return rows
+
+
+if __name__ == "__main__":
+  main()
