@@ -95,13 +95,20 @@ class Checkpointer:
     with the shardings of `abstract_params`."""
     self.check_architecture(step, abstract_params)
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))
+        state=ocp.args.StandardRestore(fallback_sharding=_replicated())))
     return jax.tree_util.tree_map(lambda x, a: jax.device_put(x, a.sharding),
                                   restored["state"]["params"], abstract_params)
 
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _replicated() -> jax.sharding.NamedSharding:
+  """Where a saved array goes when the checkpoint's own layout names devices this run does
+  not have (written on another mesh or by more processes): whole on every device."""
+  mesh = jax.sharding.Mesh(jax.devices(), ("all",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 def resolve_checkpoint(path: str) -> Tuple[str, int]:
@@ -127,7 +134,7 @@ def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, List
   ckpt = Checkpointer(directory)
   saved_shapes = ckpt.saved_architecture(step)
   saved = ckpt.manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore()))["state"]["params"]
+      state=ocp.args.StandardRestore(fallback_sharding=_replicated())))["state"]["params"]
   ckpt.close()
   saved = flax.traverse_util.flatten_dict(flax.core.unfreeze(saved), sep="/")
   current = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
@@ -155,7 +162,10 @@ def abstract_like(tree: Any) -> Any:
 
 
 def write_config(model_dir: str, config_text: str) -> None:
-  """Stores the operative gin config in MODEL_DIR/config.gin (as T5X does)."""
+  """Stores the operative gin config in MODEL_DIR/config.gin (as T5X does); in a
+  multi-host run only process 0 writes it."""
+  if jax.process_index() != 0:
+    return
   path = pathlib.Path(model_dir)
   path.mkdir(parents=True, exist_ok=True)
   tmp = path / "config.gin.tmp"

@@ -86,10 +86,23 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
                          "--gin.MODEL_DIR=\"'/tmp/m'\").") from e
 
 
+def start_distributed() -> bool:
+  """Joins a multi-host job (`partitioning.initialize_distributed`, with its gin bindings
+  if any, else the DECAL_* / JAX environment variables) before anything touches devices."""
+  from decal_jax import partitioning  # pylint: disable=g-import-not-at-top
+  fn = partitioning.initialize_distributed
+  try:
+    fn = gin.get_configurable(fn)  # registered when a gin file binds one of its arguments
+  except ValueError:
+    pass
+  return fn()
+
+
 def run(fn: Callable, argv: Optional[Sequence[str]] = None, pass_config: bool = False):
   """Parses the command line and calls the gin-configured `fn`."""
   files, paths, bindings = split_args(sys.argv[1:] if argv is None else argv)
   parse(files, paths, bindings)
+  start_distributed()
   configured = gin.get_configurable(fn)
   try:
     if pass_config:

@@ -49,11 +49,49 @@ def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
 def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
               clipping_threshold: float = 1.0, multiply_by_parameter_scale: bool = True,
               min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
-  """T5's Adafactor: factored second moments, no momentum, update clipping, relative step."""
-  return optax.adafactor(learning_rate=learning_rate or rsqrt_schedule(),
-                         decay_rate=decay_rate, clipping_threshold=clipping_threshold,
-                         multiply_by_parameter_scale=multiply_by_parameter_scale,
-                         min_dim_size_to_factor=min_dim_size_to_factor, momentum=None)
+  """T5's Adafactor: factored second moments, no momentum, update clipping, relative step.
+
+  Parameters stacked by `nn.scan` (T5Config.scan_layers) are updated one layer at a time
+  (`per_layer`), so a scanned run takes the same steps as the unrolled one."""
+  return per_layer(optax.adafactor(learning_rate=learning_rate or rsqrt_schedule(),
+                                   decay_rate=decay_rate, clipping_threshold=clipping_threshold,
+                                   multiply_by_parameter_scale=multiply_by_parameter_scale,
+                                   min_dim_size_to_factor=min_dim_size_to_factor, momentum=None))
+
+
+def per_layer(inner: optax.GradientTransformation,
+              stack_key: str = "layers") -> optax.GradientTransformation:
+  """`inner` applied to each layer of a scanned stack on its own.
+
+  `nn.scan` stacks a layer's parameters on a leading axis under a `stack_key` entry
+  (`encoder/layers/...`). Adafactor's parameter scale, update clipping and factoring are
+  per array, so on a stacked array they would mix the layers; here `inner` is vmapped over
+  the stacked axis instead (what T5X's Adafactor does with its 'layers': BATCH factor rule).
+  Trees without such an entry get `inner` itself, with its own state layout, so unrolled
+  checkpoints are unaffected. For elementwise optimizers (Adam) this changes nothing.
+  """
+  def stacked(path) -> bool:
+    return any(getattr(key, "key", None) == stack_key for key in path)
+
+  def has_stacked(tree) -> bool:
+    return any(stacked(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0])
+
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "stacked" if stacked(path) else "rest", params)
+
+  vmapped = optax.GradientTransformation(jax.vmap(inner.init), jax.vmap(inner.update))
+  split = optax.multi_transform({"stacked": vmapped, "rest": inner}, labels)
+
+  def init(params):
+    return split.init(params) if has_stacked(params) else inner.init(params)
+
+  def update(updates, state, params=None):
+    if has_stacked(updates):
+      return split.update(updates, state, params)
+    return inner.update(updates, state, params)
+
+  return optax.GradientTransformation(init, update)
 
 
 def adamw(learning_rate: Optional[Callable] = None, b1: float = 0.9, b2: float = 0.999,

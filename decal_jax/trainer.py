@@ -13,13 +13,14 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 import optax
 import seqio
 import tensorflow as tf
 import tqdm
 
-from decal_jax import checkpoints, inference, metrics, optimizers, partitioning
+from decal_jax import checkpoints, inference, metrics, optimizers, partitioning, resilience
 from decal_jax.data import autoencoding, sentences, span_corruption, text_to_text
 
 Batch = Dict[str, np.ndarray]
@@ -72,24 +73,30 @@ def check_feature_lengths(cfg: DatasetConfig, model) -> None:
                      f"is {model_vocab}; bind T5Config.vocab_size >= {task_vocab}.")
 
 
-def get_dataset(cfg: DatasetConfig, model, num_epochs: Optional[int]) -> tf.data.Dataset:
-  """This process's share of the batched dataset (seqio shards by process)."""
-  if cfg.batch_size % jax.process_count():
-    raise ValueError(f"BATCH_SIZE {cfg.batch_size} must divide evenly over "
-                     f"{jax.process_count()} processes.")
+def get_dataset(cfg: DatasetConfig, model, num_epochs: Optional[int],
+                partitioner: Optional[partitioning.Partitioner] = None) -> tf.data.Dataset:
+  """This process's share of the batched dataset: the seqio shard and the rows of each
+  global batch that its devices hold (`partitioner.data_shard()`; without a partitioner,
+  one shard per process), batched to BATCH_SIZE / shard count rows."""
+  if partitioner is not None:
+    partitioner.check_batch_size(cfg.batch_size)
+  shard = (partitioner.data_shard() if partitioner is not None else
+           partitioning.DataShard(jax.process_index(), jax.process_count()))
+  if cfg.batch_size % shard.count:
+    raise ValueError(f"BATCH_SIZE {cfg.batch_size} must divide evenly over the {shard.count} "
+                     "data shards (one per process); use a multiple of it.")
   ds = seqio.get_dataset(
       cfg.mixture_or_task_name, cfg.task_feature_lengths,
       feature_converter=model.FEATURE_CONVERTER_CLS(pack=cfg.pack), dataset_split=cfg.split,
       use_cached=cfg.use_cached, shuffle=cfg.shuffle, num_epochs=num_epochs,
-      shard_info=seqio.ShardInfo(jax.process_index(), jax.process_count()), seed=cfg.seed,
-      verbose=False)
-  local = cfg.batch_size // jax.process_count()
-  return ds.batch(local, drop_remainder=num_epochs is None)
+      shard_info=seqio.ShardInfo(shard.index, shard.count), seed=cfg.seed, verbose=False)
+  return ds.batch(cfg.batch_size // shard.count, drop_remainder=num_epochs is None)
 
 
-def train_batches(cfg: DatasetConfig, model, skip: int) -> Iterator[Batch]:
+def train_batches(cfg: DatasetConfig, model, skip: int,
+                  partitioner: Optional[partitioning.Partitioner] = None) -> Iterator[Batch]:
   """Endless, deterministic batches; `skip` = batches already consumed (resume)."""
-  return get_dataset(cfg, model, num_epochs=None).skip(skip).as_numpy_iterator()
+  return get_dataset(cfg, model, None, partitioner).skip(skip).as_numpy_iterator()
 
 
 def pad_batch(batch: Batch, batch_size: int) -> Batch:
@@ -101,9 +108,16 @@ def pad_batch(batch: Batch, batch_size: int) -> Batch:
 
 
 def to_global(batch: Batch, partitioner: partitioning.Partitioner):
-  """Process-local numpy batch -> global jax arrays sharded over the `data` mesh axis."""
-  sharding = partitioner.batch_sharding()
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+  """Process-local numpy batch `[local_rows, ...]` -> global jax arrays `[local_rows x
+  shard count, ...]`, rows split over the ('data', 'fsdp') mesh axes."""
+  shard = partitioner.data_shard()
+
+  def one(v):
+    v = np.asarray(v)
+    global_shape = (v.shape[0] * shard.count,) + v.shape[1:]
+    return jax.make_array_from_process_local_data(partitioner.batch_sharding(v.ndim), v,
+                                                  global_shape)
+  return {k: one(v) for k, v in batch.items()}
 
 
 # ------------------------------------------------------------------------------ state
@@ -127,7 +141,7 @@ def abstract_params(model, cfg: DatasetConfig, partitioner):
   """(params as ShapeDtypeStructs carrying their mesh shardings, those shardings)."""
   shapes = _input_shapes(cfg, model)
   variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
-  shardings = partitioner.params_shardings(variables["params_axes"])
+  shardings = partitioner.params_shardings(variables["params_axes"], variables["params"])
   abstract = jax.tree_util.tree_map(
       lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), variables["params"],
       shardings)
@@ -172,6 +186,11 @@ def _opt_state_shardings(abstract, params_sharding, partitioner):
 
 
 def make_train_step(model, optimizer, partitioner, shardings):
+  """(state, global batch, rng) -> (state, aux), jitted with the state donated.
+
+  A step whose loss or gradient norm is NaN / Inf changes neither params nor optimizer
+  state (only the step counter); its aux values read 0 and `aux['nonfinite']` is 1, for
+  `resilience.NonFiniteGuard` to raise or skip."""
   def step_fn(state, batch, rng):
     dropout_rng = jax.random.fold_in(rng, state["step"])
     grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
@@ -179,7 +198,16 @@ def make_train_step(model, optimizer, partitioner, shardings):
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     aux = dict(aux, loss=loss, grad_norm=optax.global_norm(grads))
-    return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, aux
+    finite = jnp.isfinite(aux["loss"]) & jnp.isfinite(aux["grad_norm"])
+
+    def if_finite(new, old):
+      return jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+    aux = jax.tree_util.tree_map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), aux)
+    aux["nonfinite"] = (~finite).astype(jnp.int32)
+    return {"params": if_finite(params, state["params"]),
+            "opt_state": if_finite(opt_state, state["opt_state"]),
+            "step": state["step"] + 1}, aux
 
   jitted = jax.jit(step_fn, out_shardings=(shardings, partitioner.replicated()),
                    donate_argnums=(0,))
@@ -205,17 +233,32 @@ def evaluate_params(params, model, cfg: DatasetConfig, partitioner, max_batches:
   """Validation loss / accuracy over up to `max_batches` batches of `cfg.split`."""
   step = make_eval_step(model, partitioner)
   sums: Dict[str, float] = {}
-  batches = get_dataset(dataclasses.replace(cfg, shuffle=False), model, num_epochs=1)
-  for i, batch in enumerate(batches.as_numpy_iterator()):
-    if i >= max_batches:
-      break
-    batch = pad_batch(batch, cfg.batch_size // jax.process_count())
+  ds = get_dataset(dataclasses.replace(cfg, shuffle=False), model, 1, partitioner)
+  for batch in _lockstep_batches(ds, cfg.batch_size // partitioner.data_shard().count,
+                                 max_batches):
     aux = jax.device_get(step(params, to_global(batch, partitioner)))
     for k, v in aux.items():
       sums[k] = sums.get(k, 0.0) + float(v)
   if not sums:
     raise ValueError(f"Split {cfg.split!r} of {cfg.mixture_or_task_name!r} gave no examples.")
   return _summarize_fn(model)(sums)
+
+
+def _lockstep_batches(ds: tf.data.Dataset, rows: int, max_batches: int) -> Iterator[Batch]:
+  """Up to `max_batches` batches of `rows` rows (a short one padded with all-zero rows),
+  in step across processes: while any process still has data, one whose shard has run
+  out feeds all-zero batches (zero loss weight), so every process runs every collective."""
+  it = ds.as_numpy_iterator()
+  empty = {k: np.zeros((rows,) + tuple(spec.shape[1:]), spec.dtype.as_numpy_dtype)
+           for k, spec in ds.element_spec.items()}
+  for _ in range(max_batches):
+    batch = next(it, None)
+    if jax.process_count() > 1:
+      if not multihost_utils.process_allgather(np.int32(batch is not None)).any():
+        return
+    elif batch is None:
+      return
+    yield empty if batch is None else pad_batch(batch, rows)
 
 
 def _summarize_fn(model):
@@ -261,20 +304,31 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
           eval_period: int = 200, eval_batches: int = 20, log_period: int = 10,
           checkpoint_period: int = 200, keep_checkpoints: int = 3,
           show_example: bool = True, gin_config_text: str = "",
-          initial_checkpoint_path: Optional[str] = None) -> Dict[str, float]:
+          initial_checkpoint_path: Optional[str] = None,
+          nonfinite_policy: str = "raise") -> Dict[str, float]:
   """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics
   (and, with `show_example`, prints one validation example decoded by the model).
+
+  Resuming is exact: a checkpoint holds params, optimizer state, step, the dropout RNG and
+  the number of batches consumed, so a run killed at any point and started again with the
+  same command ends with the same parameters as one that never stopped. SIGTERM makes the
+  run finish its step, save, and return {'preempted_at_step': step}.
 
   `initial_checkpoint_path` (a MODEL_DIR or one of its checkpoint_<step> folders) starts a
   run whose MODEL_DIR is still empty from those weights: every parameter with the same
   name and shape is restored, the others (e.g. DeCAL's latent vector on top of an
-  uncompressed model) keep their initialisation; optimizer state and step start fresh."""
+  uncompressed model) keep their initialisation; optimizer state and step start fresh.
+
+  `nonfinite_policy`: a step with a NaN / Inf loss or gradient never changes the state;
+  'raise' then stops with `resilience.NonFiniteError` naming the step (no checkpoint after
+  it is written), 'skip' notes it and goes on."""
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
+  guard = resilience.NonFiniteGuard(nonfinite_policy)
   check_feature_lengths(train_dataset_cfg, model)
   state, shardings = init_state(model, optimizer, partitioner, train_dataset_cfg, seed)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
-  state, consumed = _maybe_restore(ckpt, state, train_dataset_cfg)
+  state, position = _maybe_restore(ckpt, state, train_dataset_cfg, seed)
   if initial_checkpoint_path and ckpt.latest_step() is None:
     state = dict(state, params=_start_from(initial_checkpoint_path, state["params"]))
   if gin_config_text:
@@ -282,33 +336,44 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
   start = int(jax.device_get(state["step"]))
-  batches = train_batches(train_dataset_cfg, model, skip=consumed)
-  rng = jax.random.PRNGKey(seed + 1)
+  batches = train_batches(train_dataset_cfg, model, skip=position["batches_consumed"],
+                          partitioner=partitioner)
+  rng = jnp.asarray(position["rng"], jnp.uint32)
   eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
-  result: Dict[str, float] = {}
   window = metrics.Window(_summarize_fn(model))
   bar = tqdm.tqdm(range(start, total_steps), initial=start, total=total_steps, desc="train",
                   dynamic_ncols=True, disable=jax.process_index() != 0)
-  for step in bar:
-    batch = next(batches)
-    if hasattr(model, "check_batch"):  # host-side input checks, before any state changes
-      model.check_batch(batch)
-    consumed += 1
-    state, aux = step_fn(state, to_global(batch, partitioner), rng)
-    window.add(aux, num_tokens=_num_tokens(model, batch))
-    done = step + 1
-    if done % log_period == 0 or done == total_steps:
-      summary = window.flush()
-      bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
-                      tok_s=f"{summary['tokens_per_second']:.0f}")
-      writer.write("train", done, summary)
-    ckpt.save(done, state, {"batches_consumed": consumed, "seed": train_dataset_cfg.seed})
-    if done % eval_period == 0 and done != total_steps:
-      writer.write("eval", done, evaluate_params(state["params"], model, eval_cfg, partitioner,
-                                                 eval_batches))
+
+  def save(step: int, force: bool = False):
+    if force or step % checkpoint_period == 0:
+      guard.check(ckpt.latest_step(), model_dir)  # never save after a non-finite step
+    ckpt.save(step, state, position, force=force)
+
+  with resilience.PreemptionWatcher() as preemption:
+    for step in bar:
+      batch = next(batches)
+      if hasattr(model, "check_batch"):  # host-side input checks, before any state changes
+        model.check_batch(batch)
+      position["batches_consumed"] += 1
+      state, aux = step_fn(state, to_global(batch, partitioner), rng)
+      guard.add(step + 1, aux.pop("nonfinite"))
+      window.add(aux, num_tokens=_num_tokens(model, batch))
+      done = step + 1
+      if done % log_period == 0 or done == total_steps:
+        guard.check(ckpt.latest_step(), model_dir)
+        summary = window.flush()
+        bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
+                        tok_s=f"{summary['tokens_per_second']:.0f}")
+        writer.write("train", done, summary)
+      if done < total_steps and preemption.requested():
+        save(done, force=True)
+        return _stop_preempted(done, bar, writer, ckpt)
+      save(done)
+      if done % eval_period == 0 and done != total_steps:
+        writer.write("eval", done, evaluate_params(state["params"], model, eval_cfg, partitioner,
+                                                   eval_batches))
   if start < total_steps or ckpt.latest_step() != total_steps:
-    ckpt.save(total_steps, state, {"batches_consumed": consumed,
-                                   "seed": train_dataset_cfg.seed}, force=True)
+    save(total_steps, force=True)
   result = evaluate_params(state["params"], model, eval_cfg, partitioner, eval_batches)
   writer.write("eval", total_steps, result)
   writer.close()
@@ -321,28 +386,48 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   return result
 
 
-def _maybe_restore(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig):
+def _stop_preempted(step: int, bar, writer, ckpt) -> Dict[str, float]:
+  bar.close()
+  writer.close()
+  ckpt.close()
+  if jax.process_index() == 0:
+    print(f"\nPreempted (SIGTERM) after step {step}: saved checkpoint_{step} in "
+          f"{ckpt.directory}. Run the same command again to continue from it.", flush=True)
+  return {"preempted_at_step": float(step)}
+
+
+def _maybe_restore(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig, seed: int):
+  """(state, data position) from MODEL_DIR's latest checkpoint, or the fresh ones. The
+  position holds the batches consumed, the data seed and the dropout RNG key."""
+  fresh_rng = np.asarray(jax.random.key_data(jax.random.PRNGKey(seed + 1))).tolist()
   step = ckpt.latest_step()
   if step is None:
-    return state, 0
+    return state, {"batches_consumed": 0, "seed": cfg.seed, "rng": fresh_rng}
   restored, data = ckpt.restore(step, checkpoints.abstract_like(state))
   if data.get("seed", cfg.seed) != cfg.seed:
-    print(f"note: the checkpoint's data seed {data['seed']} differs from {cfg.seed}; the data "
-          "stream restarts from a new order.")
-  print(f"Resuming from step {step} in {ckpt.directory} "
-        f"({data.get('batches_consumed', 0)} batches consumed).", flush=True)
-  return restored, int(data.get("batches_consumed", 0))
+    _log(f"note: the checkpoint's data seed {data['seed']} differs from {cfg.seed}; the data "
+         "stream restarts from a new order.")
+  _log(f"Resuming from step {step} in {ckpt.directory} "
+       f"({data.get('batches_consumed', 0)} batches consumed).")
+  return restored, {"batches_consumed": int(data.get("batches_consumed", 0)), "seed": cfg.seed,
+                    "rng": data.get("rng", fresh_rng)}  # checkpoints before the RNG was saved
 
 
 def _start_from(path: str, params):
   params, report = checkpoints.restore_matching_params(path, params)
-  print(f"Starting from {path}: {len(report['restored'])} parameters restored, "
-        f"{len(report['initialised'])} newly initialised, {len(report['unused'])} in the "
-        "checkpoint unused.", flush=True)
+  _log(f"Starting from {path}: {len(report['restored'])} parameters restored, "
+       f"{len(report['initialised'])} newly initialised, {len(report['unused'])} in the "
+       "checkpoint unused.")
   for key in ("initialised", "unused"):
     if report[key]:
-      print(f"  {key}: " + ", ".join(report[key][:8]) + (" ..." if len(report[key]) > 8 else ""))
+      _log(f"  {key}: " + ", ".join(report[key][:8]) + (" ..." if len(report[key]) > 8 else ""))
   return params
+
+
+def _log(message: str) -> None:
+  """Prints from process 0 only (every process runs the same code)."""
+  if jax.process_index() == 0:
+    print(message, flush=True)
 
 
 def _report(result: Mapping[str, float], example: Optional[Mapping[str, str]], step: int) -> None:

@@ -111,6 +111,27 @@ def test_compression_ratio_binding_from_the_command_line():
   assert _build_model().module.config.compression_ratio == 8
 
 
+def test_performance_macros_reach_the_network():
+  """t5_1_1.gin's performance macros (docs/performance.md) bind T5Config, and the model
+  they configure builds with its stacked, fused layout."""
+  import numpy as np
+  _parse("models/decal_tiny.gin", bindings=[
+      "SCAN_LAYERS = True", "REMAT_POLICY = 'dots_saveable'", "ACTIVATION_DTYPE = 'bfloat16'",
+      "FUSED_QKV = True", "ATTENTION_KERNEL = 'xla'"])
+  cfg = _build_model().module.config
+  assert (cfg.scan_layers, cfg.remat_policy, cfg.fused_qkv, cfg.attention_kernel) == (
+      True, "dots_saveable", True, "xla")
+  assert cfg.dtype == jnp.bfloat16
+  _, shapes = _model_param_count(_build_model())
+  layers = shapes["params"]["encoder"]["layers"]
+  assert layers["attention_qkv"]["qkv_fused"]["kernel"].shape == (
+      cfg.num_encoder_layers, cfg.emb_dim, 3, cfg.num_heads, cfg.head_dim)
+  _parse("models/decal_tiny.gin")  # the defaults: the plain path
+  cfg = _build_model().module.config
+  assert (cfg.scan_layers, cfg.remat_policy, cfg.fused_qkv, cfg.attention_kernel) == (
+      False, "none", False, "einsum") and cfg.dtype == np.float32
+
+
 @pytest.mark.parametrize("compressor,scope", [("attn_pool", "attn_pool"),
                                               ("memory_tokens", "memory")])
 def test_baselines_are_one_binding_away(compressor, scope):

@@ -1,8 +1,8 @@
-# python tools/bench_retrieval.py --beir_folder /work/shared/data/beir/scifact --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md --plot docs/results/retrieval_bench_cpu.png
+# python tools/bench_retrieval.py --beir_folder ../shared/data/beir/scifact --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md --plot docs/results/retrieval_bench_cpu.png
 """Compressed multi-vector retrieval at passage ratios C: index bytes, corpus encoding time
 and query scoring time, as ratios to C = 1, measured side by side in one process.
 
-  python tools/bench_retrieval.py --beir_folder /work/shared/data/beir/scifact \
+  python tools/bench_retrieval.py --beir_folder ../shared/data/beir/scifact \
       --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md
   python tools/bench_retrieval.py --max_docs 500 --ratios 1 4  # the built-in BEIR folder
 

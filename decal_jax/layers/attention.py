@@ -3,6 +3,13 @@
 Conventions: queries/keys/values are `[batch, length, heads, head_dim]`; masks and biases
 broadcast to `[batch, heads, q_length, kv_length]`; a mask is 1 where attention is allowed.
 As in T5, the 1/sqrt(head_dim) scale is folded into the query projection's initialiser.
+
+Attention kernels (`kernel=` below, `T5Config.attention_kernel` in the T5 network):
+'einsum' is the reference path (two einsums, fp32 softmax, masks folded into the bias);
+'xla', 'cudnn' and 'auto' call `jax.nn.dot_product_attention` with that implementation
+('auto' = implementation None, JAX's own choice), the relative-position bias as `bias` and
+the masks as a boolean `mask`. cuDNN needs an NVIDIA GPU and bf16 / fp16 activations, and
+none of the fused kernels has attention-weight dropout: each refuses with a clear error.
 """
 import math
 from typing import Optional, Tuple
@@ -107,10 +114,39 @@ class RelativePositionBiases(nn.Module):
 
 
 # -------------------------------------------------------------------------- attention
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "auto")
+
+
+def check_attention_kernel(kernel: str, dtype: DType = jnp.float32) -> None:
+  """Clear errors for a kernel name or a dtype the kernel cannot run."""
+  if kernel not in ATTENTION_KERNELS:
+    raise ValueError(f"Unknown attention kernel {kernel!r}; choose one of {ATTENTION_KERNELS}.")
+  if kernel == "cudnn" and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16),
+                                                    jnp.dtype(jnp.float16)):
+    raise ValueError(f"attention kernel 'cudnn' runs bf16 / fp16 only, but the activations are "
+                     f"{jnp.dtype(dtype).name}: set the activation dtype to 'bfloat16' or use "
+                     "kernel 'xla'.")
+
+
+def split_bias_and_mask(bias: Optional[Array], mask: Optional[Array], kernel: str,
+                        dtype: DType = jnp.float32):
+  """(bias, mask) as `kernel` takes them: the einsum path folds the mask into the bias once
+  (the reference numerics); the fused kernels get the bias alone and a boolean mask."""
+  if kernel == "einsum":
+    return combine_biases(bias, mask_to_bias(mask, dtype)), None
+  return bias, None if mask is None else mask > 0
+
+
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
                           dropout_rng=None, dropout_rate: float = 0.0,
-                          deterministic: bool = True, dtype: DType = jnp.float32) -> Array:
-  """softmax(q k^T + bias) v, per head; q `[b, q, h, d]`, k/v `[b, k, h, d]` -> `[b, q, h, d]`."""
+                          deterministic: bool = True, dtype: DType = jnp.float32,
+                          mask: Optional[Array] = None, kernel: str = "einsum") -> Array:
+  """softmax(q k^T + bias, where mask) v, per head; q `[b, q, h, d]`, k/v `[b, k, h, d]`,
+  bias `[b | 1, h | 1, q, k]`, mask `[b | 1, 1, q, k]` (1 = attend) -> `[b, q, h, d]`."""
+  if kernel != "einsum":
+    return _fused_attention(query, key, value, bias, mask, kernel,
+                            dropout_rate if not deterministic else 0.0).astype(dtype)
+  bias = combine_biases(bias, mask_to_bias(mask, dtype))
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
   if bias is not None:
     logits = logits + bias.astype(logits.dtype)
@@ -121,11 +157,39 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
   return jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [batch, q, heads, head_dim]
 
 
+def _fused_attention(query, key, value, bias, mask, kernel: str, dropout_rate: float):
+  """`jax.nn.dot_product_attention` with T5's conventions: no 1/sqrt(d) (it is in the
+  query initialiser), bias and boolean mask passed through."""
+  check_attention_kernel(kernel, query.dtype)
+  if dropout_rate > 0.0:
+    raise ValueError(f"attention kernel {kernel!r} (jax.nn.dot_product_attention) has no "
+                     f"attention dropout, but dropout is {dropout_rate}: set DROPOUT_RATE = 0 "
+                     "or use attention kernel 'einsum'.")
+  if kernel == "cudnn" and jax.default_backend() != "gpu":
+    raise ValueError(f"attention kernel 'cudnn' needs an NVIDIA GPU; this process runs on "
+                     f"{jax.default_backend()}. Use 'xla' (or 'auto') here.")
+  if mask is not None:
+    mask = mask.astype(bool)
+  if bias is not None:
+    bias = bias.astype(query.dtype)
+  return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=1.0,
+                                      implementation=None if kernel == "auto" else kernel)
+
+
 class QKVProjection(nn.Module):
-  """Projects `[batch, length, embed]` to query, key and value `[batch, length, heads, head_dim]`."""
+  """Projects `[batch, length, embed]` to query, key and value `[batch, length, heads, head_dim]`.
+
+  `fused=False` (default): three kernels `query`, `key`, `value` `[embed, heads, head_dim]`.
+  `fused=True`: one matmul. Self-attention (`inputs_kv is inputs_q`) reads one kernel
+  `qkv_fused` `[embed, 3, heads, head_dim]` (q, k, v along the `stack` axis); attention to
+  other inputs reads `query` and one `kv_fused` `[embed, 2, heads, head_dim]`. Same values
+  as unfused with the kernels stacked, but a different checkpoint layout
+  (`networks/param_layout.py` converts between the two).
+  """
   num_heads: int
   head_dim: int
   dtype: DType = jnp.float32
+  fused: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array) -> Tuple[Array, Array, Array]:
@@ -134,14 +198,40 @@ class QKVProjection(nn.Module):
     # T5 folds 1/sqrt(head_dim) into the query initialiser instead of scaling logits.
     query_init = nn.initializers.variance_scaling(1.0 / self.head_dim, "fan_in",
                                                   "truncated_normal")
-    q = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, kernel_init=query_init,
-                     name="query")(inputs_q)
-    k = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, name="key")(inputs_kv)
-    v = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, name="value")(inputs_kv)
+    if self.fused and inputs_kv is inputs_q:
+      qkv = DenseGeneral((3,) + features, kernel_axes=("embed", "stack") + axes[1:],
+                         dtype=self.dtype, name="qkv_fused",
+                         kernel_init=_stacked_init((query_init, default_kernel_init,
+                                                    default_kernel_init)))(inputs_q)
+      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, length, 3, heads, kv] -> 3x
+    elif self.fused:
+      q = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, kernel_init=query_init,
+                       name="query")(inputs_q)
+      kv = DenseGeneral((2,) + features, kernel_axes=("embed", "stack") + axes[1:],
+                        dtype=self.dtype, name="kv_fused",
+                        kernel_init=_stacked_init((default_kernel_init,) * 2))(inputs_kv)
+      k, v = kv[:, :, 0], kv[:, :, 1]  # [batch, length, 2, heads, kv] -> 2x
+    else:
+      q = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, kernel_init=query_init,
+                       name="query")(inputs_q)
+      k = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, name="key")(inputs_kv)
+      v = DenseGeneral(features, kernel_axes=axes, dtype=self.dtype, name="value")(inputs_kv)
     q = with_sharding_constraint(q, ("batch", "length", "heads", "kv"))
     k = with_sharding_constraint(k, ("batch", "length", "heads", "kv"))
     v = with_sharding_constraint(v, ("batch", "length", "heads", "kv"))
     return q, k, v
+
+
+def _stacked_init(inits):
+  """Initialiser of a fused `[fan_in, parts * fan_out]` matrix: each part drawn by its own
+  initialiser (so the fused query keeps T5's scaled init), concatenated along the columns,
+  which DenseGeneral reshapes to `[embed, parts, heads, head_dim]`."""
+  def init(key, shape, dtype=jnp.float32):
+    fan_in, fan_out = shape
+    part = fan_out // len(inits)
+    keys = jax.random.split(key, len(inits))
+    return jnp.concatenate([f(k, (fan_in, part), dtype) for f, k in zip(inits, keys)], axis=1)
+  return init
 
 
 def output_projection(features: int, dtype: DType, name: str) -> DenseGeneral:
@@ -154,48 +244,59 @@ class MultiHeadAttention(nn.Module):
   """Multi-head attention with an optional autoregressive KV cache.
 
   With `decode=True` the module keeps `cached_key`/`cached_value` `[batch, max_length,
-  heads, head_dim]` and a scalar `cache_index` in the `cache` collection. The first call
-  (when the cache does not exist yet) only creates it, from full-length inputs, as T5X's
-  decoding does; every later call takes one new token, writes it at `cache_index` and
-  attends over the cached prefix. `bias` must then be the bias row of that position.
+  heads, head_dim]` in the `cache` collection, and a scalar `cache_index` unless the caller
+  passes the write position as `cache_index` (the T5 decoder passes its own step counter,
+  which keeps scanned layers' caches free of per-layer scalars). The first call (when the
+  cache does not exist yet) only creates it, from full-length inputs, as T5X's decoding
+  does; every later call takes one new token, writes it at the index and attends over the
+  cached prefix. `bias` / `mask` must then be the rows of that position.
+  `kernel` picks the attention implementation (see `dot_product_attention`), `fused_qkv`
+  the projection layout (see `QKVProjection`).
   """
   num_heads: int
   head_dim: int
   dropout_rate: float = 0.0
   dtype: DType = jnp.float32
+  kernel: str = "einsum"
+  fused_qkv: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Optional[Array] = None, *,
-               decode: bool = False, deterministic: bool = True) -> Array:
-    q, k, v = QKVProjection(self.num_heads, self.head_dim, self.dtype, name="qkv")(
-        inputs_q, inputs_kv)
+               mask: Optional[Array] = None, decode: bool = False,
+               deterministic: bool = True, cache_index: Optional[Array] = None) -> Array:
+    q, k, v = QKVProjection(self.num_heads, self.head_dim, self.dtype, self.fused_qkv,
+                            name="qkv")(inputs_q, inputs_kv)
     if decode:
-      k, v, bias = self._update_cache(k, v, bias)
+      k, v, mask = self._update_cache(k, v, mask, cache_index)
     dropout_rng = None if deterministic or self.dropout_rate == 0 else self.make_rng("dropout")
+    bias, mask = split_bias_and_mask(bias, mask, self.kernel, self.dtype)
     out = dot_product_attention(q, k, v, bias, dropout_rng, self.dropout_rate, deterministic,
-                                self.dtype)  # [batch, q, heads, head_dim]
+                                self.dtype, mask=mask, kernel=self.kernel)  # [b, q, h, d]
     return output_projection(inputs_q.shape[-1], self.dtype, "out")(out)
 
-  def _update_cache(self, key: Array, value: Array, bias: Optional[Array]):
+  def _update_cache(self, key: Array, value: Array, mask: Optional[Array],
+                    cache_index: Optional[Array]):
     is_initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    own_index = None
+    if cache_index is None:
+      own_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not is_initialized:
-      return key, value, bias  # cache creation pass: plain attention over the dummy inputs
+      return key, value, mask  # cache creation pass: plain attention over the dummy inputs
     batch, max_length, heads, head_dim = cached_key.value.shape
     if key.shape != (batch, 1, heads, head_dim):
       raise ValueError(f"Cached decoding takes one token per step: expected key shape "
                        f"{(batch, 1, heads, head_dim)}, got {key.shape}.")
-    index = cache_index.value
+    index = own_index.value if own_index is not None else cache_index
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
                                                       (0, index, 0, 0))
-    cache_index.value = index + 1
+    if own_index is not None:
+      own_index.value = index + 1
     # Only the filled prefix (positions <= index) may be attended to.
     filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
-    step_bias = mask_to_bias(filled.astype(jnp.float32), self.dtype)
-    return cached_key.value, cached_value.value, combine_biases(bias, step_bias)
+    return cached_key.value, cached_value.value, combine_masks(mask, filled)
 
 
 # ------------------------------------------------------------------ rotary embeddings

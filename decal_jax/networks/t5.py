@@ -14,6 +14,10 @@ The decoder cross-attends to the m vectors with the window padding mask.
 
 The module follows the call signatures that `t5x.models.EncoderDecoderModel` uses
 (`__call__`, `encode`, `decode`), so it can be dropped into a T5X gin config.
+
+Performance options (`T5Config.scan_layers`, `remat_policy`, `dtype`, `fused_qkv`,
+`attention_kernel`; docs/performance.md) change how the same function is computed, never
+what it computes: `tests/test_performance_options.py` holds each to the plain path.
 """
 import dataclasses
 from typing import Any, Optional, Sequence, Tuple
@@ -21,6 +25,7 @@ from typing import Any, Optional, Sequence, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen import partitioning as nn_partitioning
 
 from decal_jax.compress.attn_pool import AttnPool
 from decal_jax.compress.latents import (DecalLatents, LatentConfig, fixed_window_validity,
@@ -29,6 +34,16 @@ from decal_jax.compress.memory import MemoryTokens
 from decal_jax.layers import attention as attn
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
+
+# nn.remat policies by name (T5Config.remat_policy): what each layer keeps for the backward
+# pass; everything else is recomputed. 'none' = no remat (keep everything).
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +71,17 @@ class T5Config:
   separate_latent_params: bool = False
   latent_boundary_token_ids: Sequence[int] = ()
   latent_max_window: Optional[int] = None
+  # Performance options (docs/performance.md); `dtype` above is the activation dtype
+  # ('float32' / 'bfloat16' / 'float16'; params stay float32, logits and loss float32).
+  scan_layers: bool = False         # nn.scan over layers: params stacked on a 'layers' axis
+  remat_policy: str = "none"        # nn.remat of each layer: a key of REMAT_POLICIES
+  fused_qkv: bool = False           # one q/k/v (self) or k/v (cross) kernel: other layout
+  attention_kernel: str = "einsum"  # 'einsum' or jax.nn.dot_product_attention 'xla' / 'cudnn'
+  #                                   / 'auto' (layers/attention.py)
 
   def __post_init__(self):
     self.latent_config()  # validates the compression settings early, with a clear message
+    self._check_performance_options()
     if self.compressor not in COMPRESSORS:
       raise ValueError(f"Unknown T5Config.compressor {self.compressor!r}; choose one of "
                        f"{COMPRESSORS}.")
@@ -72,6 +95,26 @@ class T5Config:
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) < 1:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}.")
+
+  def _check_performance_options(self) -> None:
+    try:
+      dtype = jnp.dtype(self.dtype)
+    except TypeError as e:
+      raise ValueError(f"T5Config.dtype {self.dtype!r} is not a dtype; use one of "
+                       f"{ACTIVATION_DTYPES}.") from e
+    if dtype.name not in ACTIVATION_DTYPES:
+      raise ValueError(f"T5Config.dtype (activations) must be one of {ACTIVATION_DTYPES}, got "
+                       f"{dtype.name}.")
+    object.__setattr__(self, "dtype", dtype)  # 'bfloat16' from gin -> the dtype itself
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"Unknown T5Config.remat_policy {self.remat_policy!r}; choose one of "
+                       f"{sorted(REMAT_POLICIES)}.")
+    attn.check_attention_kernel(self.attention_kernel, dtype)
+    if self.attention_kernel != "einsum" and self.dropout_rate > 0:
+      raise ValueError(f"attention_kernel {self.attention_kernel!r} "
+                       "(jax.nn.dot_product_attention) has no attention dropout but "
+                       f"dropout_rate is {self.dropout_rate}: set DROPOUT_RATE = 0 or "
+                       "ATTENTION_KERNEL = 'einsum'.")
 
   def latent_config(self) -> LatentConfig:
     return LatentConfig(ratio=self.compression_ratio, use_pooling=self.use_pooling,
@@ -98,19 +141,49 @@ def _segment_mask(query_segments: Optional[Array], key_segments: Optional[Array]
   return attn.make_attention_mask(query_segments, key_segments, jnp.equal)
 
 
+def layer_stack(layer_cls, cfg: T5Config, num_layers: int, carry: Array, *args,
+                remat: bool = True, **attributes) -> Array:
+  """Runs `num_layers` layers `layer_cls(cfg, **attributes)` over `carry` (the residual
+  stream `[batch, length, embed]`); `args` (biases, masks, the encoding) go to every layer.
+
+  Unrolled: submodules `layers_0 .. layers_{L-1}`. `cfg.scan_layers`: one `nn.scan`ned
+  submodule `layers` whose params carry a leading `layers` axis (logical name 'layers') and
+  whose decoding cache a `layers` axis in position 1, after the batch (so beam search's batch
+  expansion still sees the batch first). `cfg.remat_policy` wraps each layer in `nn.remat`
+  unless `remat=False` (decoding: there is no backward pass to save memory for). Call from
+  inside a parent module's compact method.
+  """
+  policy = REMAT_POLICIES[cfg.remat_policy]
+  if policy is not None and remat:
+    layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers)
+  if not cfg.scan_layers:
+    for i in range(num_layers):
+      carry = layer_cls(cfg, **attributes, name=f"layers_{i}")(carry, *args)
+    return carry
+  scanned = nn_partitioning.scan_with_axes(
+      layer_cls, variable_axes={"params": 0, "cache": 1},
+      split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,) * len(args),
+      length=num_layers, axis_name="layers")
+  carry, _ = scanned(cfg, **attributes, scanned=True, name="layers")(carry, *args)
+  return carry
+
+
 # ------------------------------------------------------------------------------ encoder
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention + gated MLP. With `separate_latent_params`, the first
   `num_latents` positions (the DeCAL latents) use their own norms, projections and MLP,
-  while attention still runs jointly over latents and tokens."""
+  while attention still runs jointly over latents and tokens. `scanned`: called by
+  `nn.scan`, so it returns (x, None)."""
   config: T5Config
   num_latents: int = 0
+  deterministic: bool = True
+  scanned: bool = False
 
   def _params(self, prefix: str):
     cfg = self.config
     return dict(
         pre_attention_norm=RMSNorm(dtype=cfg.dtype, name=f"{prefix}pre_attention_layer_norm"),
-        qkv=attn.QKVProjection(cfg.num_heads, cfg.head_dim, cfg.dtype,
+        qkv=attn.QKVProjection(cfg.num_heads, cfg.head_dim, cfg.dtype, cfg.fused_qkv,
                                name=f"{prefix}attention_qkv"),
         out=attn.output_projection(cfg.emb_dim, cfg.dtype, f"{prefix}attention_out"),
         pre_mlp_norm=RMSNorm(dtype=cfg.dtype, name=f"{prefix}pre_mlp_layer_norm"),
@@ -118,9 +191,10 @@ class EncoderLayer(nn.Module):
                      name=f"{prefix}mlp"))
 
   @nn.compact
-  def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
-    """x `[batch, length, embed]`, bias `[batch, heads, length, length]`."""
-    cfg = self.config
+  def __call__(self, x: Array, bias: Optional[Array], mask: Optional[Array]):
+    """x `[batch, length, embed]`; bias `[batch, heads, length, length]` and mask `[batch, 1,
+    length, length]` as `attn.split_bias_and_mask` gives them for the attention kernel."""
+    cfg, deterministic = self.config, self.deterministic
     split = self.num_latents if cfg.separate_latent_params else 0
     groups = [self._params("")] if split == 0 else [self._params("latent_"), self._params("")]
     parts = [x] if split == 0 else [x[:, :split], x[:, split:]]
@@ -130,15 +204,17 @@ class EncoderLayer(nn.Module):
     qkvs = [g["qkv"](h, h) for g, h in zip(groups, normed)]
     q, k, v = (jnp.concatenate([t[i] for t in qkvs], axis=1) for i in range(3))
     dropout_rng = None if deterministic or cfg.dropout_rate == 0 else self.make_rng("dropout")
-    y = attn.dot_product_attention(q, k, v, bias, dropout_rng, cfg.dropout_rate,
-                                   deterministic, cfg.dtype)  # [batch, length, heads, kv]
+    y = attn.dot_product_attention(q, k, v, bias, dropout_rng, cfg.dropout_rate, deterministic,
+                                   cfg.dtype, mask=mask,
+                                   kernel=cfg.attention_kernel)  # [batch, length, heads, kv]
     y_parts = [y] if split == 0 else [y[:, :split], y[:, split:]]
     parts = [p + dropout(g["out"](yp), deterministic)
              for g, p, yp in zip(groups, parts, y_parts)]
     parts = [p + dropout(g["mlp"](g["pre_mlp_norm"](p), deterministic), deterministic)
              for g, p in zip(groups, parts)]
     x = parts[0] if split == 0 else jnp.concatenate(parts, axis=1)
-    return with_sharding_constraint(x, ("batch", "length", "embed"))
+    x = with_sharding_constraint(x, ("batch", "length", "embed"))
+    return (x, None) if self.scanned else x
 
 
 class Encoder(nn.Module):
@@ -176,10 +252,10 @@ class Encoder(nn.Module):
     relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
                                          cfg.relative_attention_max_distance, cfg.num_heads,
                                          cfg.dtype, name="relpos_bias")
-    bias = attn.combine_biases(relpos(positions, positions, bidirectional=True),
-                               attn.mask_to_bias(mask, cfg.dtype))  # [batch, heads, L, L]
-    for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, num_latents, name=f"layers_{i}")(x, bias, deterministic)
+    bias, mask = attn.split_bias_and_mask(relpos(positions, positions, bidirectional=True),
+                                          mask, cfg.attention_kernel, cfg.dtype)
+    x = layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, bias, mask,
+                    num_latents=num_latents, deterministic=deterministic)
     x = RMSNorm(dtype=cfg.dtype, name="encoder_norm")(x)
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
     if not cfg.compressed:
@@ -235,29 +311,41 @@ def encoded_validity(config: T5Config, encoder_input_tokens: Array,
 
 # ------------------------------------------------------------------------------ decoder
 class DecoderLayer(nn.Module):
-  """Pre-norm causal self-attention, cross-attention to the encoding, gated MLP."""
+  """Pre-norm causal self-attention, cross-attention to the encoding, gated MLP.
+  `scanned`: called by `nn.scan`, so it returns (y, None)."""
   config: T5Config
+  deterministic: bool = True
+  decode: bool = False
+  scanned: bool = False
+
+  def _attention(self, name: str) -> attn.MultiHeadAttention:
+    cfg = self.config
+    return attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.dtype,
+                                   cfg.attention_kernel, cfg.fused_qkv, name=name)
 
   @nn.compact
-  def __call__(self, y: Array, encoded: Array, self_bias: Array, cross_bias: Optional[Array],
-               deterministic: bool, decode: bool) -> Array:
-    cfg = self.config
+  def __call__(self, y: Array, encoded: Array, self_attention: Tuple[Any, Any],
+               cross_attention: Tuple[Any, Any], cache_index: Optional[Array]):
+    """y `[batch, t, embed]`, encoded `[batch, m, embed]`; `self_attention` /
+    `cross_attention` are (bias, mask) pairs from `attn.split_bias_and_mask`; `cache_index`
+    the decoding step written to the KV cache (None unless decoding)."""
+    cfg, deterministic = self.config, self.deterministic
     dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     h = RMSNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(y)
-    h = attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.dtype,
-                                name="self_attention")(h, h, self_bias, decode=decode,
-                                                       deterministic=deterministic)
+    h = self._attention("self_attention")(
+        h, h, self_attention[0], mask=self_attention[1], decode=self.decode,
+        deterministic=deterministic, cache_index=cache_index)
     y = y + dropout(h, deterministic)
     h = RMSNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(y)
-    h = attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.dtype,
-                                name="encoder_decoder_attention")(
-                                    h, encoded, cross_bias, deterministic=deterministic)
+    h = self._attention("encoder_decoder_attention")(
+        h, encoded, cross_attention[0], mask=cross_attention[1], deterministic=deterministic)
     y = y + dropout(h, deterministic)
     h = RMSNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(y)
     h = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.dtype, name="mlp")(
         h, deterministic)
     y = y + dropout(h, deterministic)
-    return with_sharding_constraint(y, ("batch", "length", "embed"))
+    y = with_sharding_constraint(y, ("batch", "length", "embed"))
+    return (y, None) if self.scanned else y
 
 
 class Decoder(nn.Module):
@@ -272,23 +360,23 @@ class Decoder(nn.Module):
                deterministic: bool = True, decode: bool = False) -> Array:
     """encoded `[batch, m, embed]`, tokens `[batch, t]` -> logits `[batch, t, vocab]`."""
     cfg = self.config
-    query_pos, key_pos, self_mask = self._self_attention_layout(tokens, segment_ids, positions,
-                                                                decode)
+    query_pos, key_pos, self_mask, write_index = self._self_attention_layout(
+        tokens, segment_ids, positions, decode)
     relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
                                          cfg.relative_attention_max_distance, cfg.num_heads,
                                          cfg.dtype, name="relpos_bias")
-    self_bias = attn.combine_biases(relpos(query_pos, key_pos, bidirectional=False),
-                                    attn.mask_to_bias(self_mask, cfg.dtype))
+    self_attention = attn.split_bias_and_mask(relpos(query_pos, key_pos, bidirectional=False),
+                                              self_mask, cfg.attention_kernel, cfg.dtype)
     query_valid = jnp.ones(tokens.shape, bool)  # as T5X: every decoder row may attend
     cross_mask = attn.combine_masks(attn.make_attention_mask(query_valid, encoded_valid),
                                     _segment_mask(segment_ids, encoded_segment_ids))
-    cross_bias = attn.mask_to_bias(cross_mask, cfg.dtype)
+    cross_attention = attn.split_bias_and_mask(None, cross_mask, cfg.attention_kernel, cfg.dtype)
 
     y = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, t, embed]
     y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic)
-    for i in range(cfg.num_decoder_layers):
-      y = DecoderLayer(cfg, name=f"layers_{i}")(y, encoded, self_bias, cross_bias,
-                                                deterministic, decode)
+    y = layer_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_attention,
+                    cross_attention, write_index, remat=not decode,
+                    deterministic=deterministic, decode=decode)
     y = RMSNorm(dtype=cfg.dtype, name="decoder_norm")(y)
     y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic)
     if cfg.logits_via_embedding:
@@ -299,12 +387,16 @@ class Decoder(nn.Module):
     return with_sharding_constraint(logits, ("batch", "length", "vocab"))
 
   def _self_attention_layout(self, tokens, segment_ids, positions, decode):
-    """Query/key positions and the causal (+segment) mask for decoder self-attention.
+    """(query positions, key positions, causal (+segment) mask, KV-cache write index) for
+    decoder self-attention.
 
     In cached decoding the query is the single token at the decoder's step counter and
-    the keys are every cache slot; the attention layer masks slots not yet written.
+    the keys are every cache slot; the attention layers write at the counter (the layers
+    keep no counter of their own) and mask the slots not yet written. Not decoding, the
+    write index is None.
     """
     batch, length = tokens.shape
+    write_index = None
     if decode:
       # `cache_index` is the step counter (T5X's beam search leaves leaves of that name
       # alone); `key_positions` `[batch, max_length]` keeps the cache length static.
@@ -312,13 +404,14 @@ class Decoder(nn.Module):
       index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
       key_positions = self.variable("cache", "key_positions", lambda: jnp.broadcast_to(
           jnp.arange(length, dtype=jnp.int32), (batch, length)))
+      write_index = index.value
       if is_initialized:
-        query_pos = jnp.full((key_positions.value.shape[0], 1), index.value, jnp.int32)
-        index.value = index.value + 1
-        return query_pos, key_positions.value, None
+        query_pos = jnp.full((key_positions.value.shape[0], 1), write_index, jnp.int32)
+        index.value = write_index + 1
+        return query_pos, key_positions.value, None, write_index
     pos = _positions_or_default(tokens, positions)
     mask = attn.combine_masks(attn.make_causal_mask(pos), _segment_mask(segment_ids, segment_ids))
-    return pos, pos, mask
+    return pos, pos, mask, write_index
 
 
 # ---------------------------------------------------------------------------- the model

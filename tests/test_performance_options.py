@@ -1,0 +1,280 @@
+"""The T5 network's performance options compute the plain path's function.
+
+Each option (T5Config.scan_layers, remat_policy, dtype, fused_qkv, attention_kernel) is
+checked against the plain configuration with the same weights mapped between layouts
+(`networks/param_layout.py`): logits, gradients and, for scan, Adafactor steps. The
+attention kernels are also checked against each other at the layer level with a relative
+position bias, a padding mask and a causal mask. All on a tiny DeCAL 4x model.
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from decal_jax import models, optimizers
+from decal_jax.layers import attention as attn
+from decal_jax.networks import param_layout
+from decal_jax.networks.t5 import REMAT_POLICIES, T5Config, Transformer
+
+PLAIN = T5Config(vocab_size=61, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48,
+                 num_encoder_layers=2, num_decoder_layers=2, compression_ratio=4,
+                 relative_attention_num_buckets=8, relative_attention_max_distance=20)
+
+
+# Cheap compiles: these programs are tiny, XLA's CPU backend optimisation is not worth its
+# seconds here (both sides of every comparison are compiled the same way).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _compiled(fn, *args):
+  """fn(*args), jitted with FAST_COMPILE."""
+  return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+
+
+def _random_params(cfg, seed=0):
+  """Random weights in `cfg`'s layout (norm scales near 1), from shapes alone: no init
+  program to compile."""
+  rng = np.random.RandomState(seed)
+  def draw(path, leaf):
+    if jax.tree_util.keystr(path).endswith("['scale']"):
+      return jnp.asarray(1.0 + 0.1 * rng.randn(*leaf.shape), jnp.float32)
+    return jnp.asarray(0.3 * rng.randn(*leaf.shape), jnp.float32)
+  return jax.tree_util.tree_map_with_path(draw, _own_layout(cfg)["params"])
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_params():
+  return _random_params(PLAIN)
+
+
+def _batch():
+  rng = np.random.RandomState(0)
+  enc = rng.randint(2, 61, (2, 11)).astype(np.int32)
+  enc[1, 6:] = 0  # padding: a partly empty and an empty latent window
+  targets = rng.randint(2, 61, (2, 6)).astype(np.int32)
+  targets[1, 4:] = 0
+  return {"encoder_input_tokens": jnp.asarray(enc),
+          "decoder_input_tokens": jnp.asarray(np.pad(targets, ((0, 0), (1, 0)))[:, :-1]),
+          "decoder_target_tokens": jnp.asarray(targets)}
+
+
+def _model(cfg):
+  return models.EncoderDecoderModel(Transformer(cfg), None, None)
+
+
+def _run(cfg, params, steps=0):
+  """One compiled program: logits, loss and grads at `params`, then `steps` Adafactor steps
+  (trained params and their losses); one compile per config keeps the tests cheap."""
+  model, batch = _model(cfg), _batch()
+  optimizer = optimizers.adafactor(optimizers.rsqrt_schedule(0.5, 5))
+  loss_and_grads = jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0])
+
+  def train_step(carry, _):
+    params, opt_state = carry
+    loss, grads = loss_and_grads(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  def run(params):
+    loss, grads = loss_and_grads(params)
+    logits = model._compute_logits(params, batch)  # pylint: disable=protected-access
+    out = {"logits": logits, "loss": loss, "grads": grads}
+    if steps:
+      (out["trained"], _), out["losses"] = jax.lax.scan(
+          train_step, (params, optimizer.init(params)), None, length=steps)
+    return out
+
+  return _compiled(run, params)
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_run():
+  return _run(PLAIN, _plain_params(), steps=STEPS)
+
+
+STEPS = 3
+
+
+def _assert_trees_close(a, b, atol, rtol=1e-4):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol)
+
+
+def _own_layout(cfg):
+  """The params / params_axes shapes the configured model initialises by itself."""
+  model = Transformer(cfg)
+  ones = jnp.ones((1, 8), jnp.int32)
+  return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ones, ones[:, :4],
+                                           ones[:, :4], enable_dropout=False))
+
+
+def _shapes(tree):
+  return jax.tree_util.tree_map(lambda x: tuple(x.shape), tree)
+
+
+# ----------------------------------------------------------------------------- scan
+def test_scan_equals_unrolled_logits_grads_and_adafactor_steps():
+  scanned = dataclasses.replace(PLAIN, scan_layers=True)
+  mapped = param_layout.convert_params(_plain_params(), PLAIN, scanned)
+  own = _own_layout(scanned)
+  assert _shapes(own["params"]) == _shapes(mapped)  # the mapping lands in nn.scan's layout
+  axes = own["params_axes"]["encoder"]["layers"]["mlp"]["wi_0"]["kernel_axes"].names
+  assert axes == ("layers", "embed", "mlp")
+  assert mapped["encoder"]["layers"]["mlp"]["wi_0"]["kernel"].shape[0] == 2
+
+  plain, scan = _plain_run(), _run(scanned, mapped, steps=STEPS)
+  np.testing.assert_allclose(np.asarray(scan["logits"]), np.asarray(plain["logits"]), atol=1e-5)
+  np.testing.assert_allclose(float(scan["loss"]), float(plain["loss"]), rtol=1e-6)
+  _assert_trees_close(param_layout.convert_params(scan["grads"], scanned, PLAIN),
+                      plain["grads"], atol=1e-5)
+  # Adafactor steps: per-layer scale / clipping (optimizers.per_layer) make the scanned run
+  # take the unrolled run's steps.
+  _assert_trees_close(param_layout.convert_params(scan["trained"], scanned, PLAIN),
+                      plain["trained"], atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- remat
+def test_remat_policies_equal_plain_loss_and_grads():
+  plain = _plain_run()
+  assert set(REMAT_POLICIES) == {"none", "full", "dots_saveable",
+                                 "dots_with_no_batch_dims_saveable"}
+  # 'full' on unrolled layers; a dots policy inside nn.scan (where remat skips CSE
+  # prevention). Every policy name maps to a jax.checkpoint_policies function.
+  scanned = dataclasses.replace(PLAIN, scan_layers=True)
+  for cfg in (dataclasses.replace(PLAIN, remat_policy="full"),
+              dataclasses.replace(scanned, remat_policy="dots_with_no_batch_dims_saveable")):
+    out = _run(cfg, param_layout.convert_params(_plain_params(), PLAIN, cfg))
+    np.testing.assert_allclose(float(out["loss"]), float(plain["loss"]), rtol=1e-6,
+                               err_msg=cfg.remat_policy)
+    _assert_trees_close(param_layout.convert_params(out["grads"], cfg, PLAIN), plain["grads"],
+                        atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- bf16
+def test_bf16_activations_keep_fp32_params_and_loss_close_to_fp32():
+  bf16 = dataclasses.replace(PLAIN, dtype="bfloat16")
+  assert bf16.dtype == jnp.bfloat16  # gin passes the name; the config holds the dtype
+  plain, out = _plain_run(), _run(bf16, _plain_params(), steps=STEPS)
+  assert out["logits"].dtype == jnp.float32  # fp32 logits -> fp32 loss
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves((out["grads"],
+                                                                        out["trained"])))
+  assert plain["losses"][-1] < plain["losses"][0]  # the steps do train
+  np.testing.assert_allclose(np.asarray(out["losses"]), np.asarray(plain["losses"]),
+                             rtol=2e-2)
+
+
+# ----------------------------------------------------------------------------- attention
+def test_attention_kernels_agree_with_relative_bias_padding_and_causal_masks():
+  rng = np.random.RandomState(1)
+  b, q, k, h, d = 2, 5, 7, 3, 4
+  query, key, value = (jnp.asarray(rng.randn(b, n, h, d), jnp.float32) for n in (q, k, k))
+  relpos = attn.RelativePositionBiases(8, 20, h)
+  q_pos, k_pos = jnp.broadcast_to(jnp.arange(2, 2 + q), (b, q)), jnp.broadcast_to(
+      jnp.arange(k), (b, k))
+  bias = relpos.apply(relpos.init(jax.random.PRNGKey(0), q_pos, k_pos, False), q_pos, k_pos,
+                      False)  # [b, h, q, k]
+  key_valid = jnp.asarray(np.arange(k)[None] < np.array([[7], [4]]))  # row 1 padded from 4
+  mask = attn.combine_masks(attn.make_attention_mask(jnp.ones((b, q), bool), key_valid),
+                            attn.make_attention_mask(q_pos, k_pos, jnp.greater_equal))
+
+  def run(kernel):
+    def f(query, key, value, bias):
+      bias_, mask_ = attn.split_bias_and_mask(bias, mask, kernel)
+      return attn.dot_product_attention(query, key, value, bias_, mask=mask_, kernel=kernel)
+    value_and_grads = jax.value_and_grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2, 3))
+    return _compiled(lambda *a: (f(*a), value_and_grads(*a)[1]), query, key, value, bias)
+
+  ref_out, ref_grads = run("einsum")
+  # The einsum path against softmax(q k^T + bias) v written out with numpy.
+  logits = np.einsum("bqhd,bkhd->bhqk", query, key) + np.asarray(bias)
+  logits = np.where(np.asarray(mask) > 0, logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(ref_out),
+                             np.einsum("bhqk,bkhd->bqhd", weights, value), atol=1e-5)
+  for kernel in ("xla", "auto"):
+    out, grads = run(kernel)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=1e-5)
+    _assert_trees_close(grads, ref_grads, atol=1e-5)
+
+
+def test_cudnn_kernel_and_dropout_are_refused_clearly():
+  with pytest.raises(ValueError, match="'cudnn' runs bf16 / fp16 only"):
+    dataclasses.replace(PLAIN, attention_kernel="cudnn")
+  with pytest.raises(ValueError, match="no attention dropout"):
+    dataclasses.replace(PLAIN, attention_kernel="xla", dropout_rate=0.1)
+  with pytest.raises(ValueError, match="Unknown T5Config.remat_policy"):
+    dataclasses.replace(PLAIN, remat_policy="everything")
+  with pytest.raises(ValueError, match="must be one of"):
+    dataclasses.replace(PLAIN, dtype="int8")
+  with pytest.raises(ValueError, match="Unknown attention kernel"):
+    dataclasses.replace(PLAIN, attention_kernel="flash")
+  if jax.default_backend() != "gpu":
+    cfg = dataclasses.replace(PLAIN, attention_kernel="cudnn", dtype="bfloat16")
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+      jax.eval_shape(_model(cfg)._compute_logits, _plain_params(), _batch())  # pylint: disable=protected-access
+
+
+# ----------------------------------------------------------------------------- fused q/k/v
+def test_fused_qkv_equals_unfused_with_weights_mapped():
+  fused = dataclasses.replace(PLAIN, fused_qkv=True)
+  mapped = param_layout.convert_params(_plain_params(), PLAIN, fused)
+  assert _shapes(_own_layout(fused)["params"]) == _shapes(mapped)
+  layer = mapped["decoder"]["layers_0"]
+  assert layer["self_attention"]["qkv"]["qkv_fused"]["kernel"].shape == (32, 3, 2, 8)
+  assert layer["encoder_decoder_attention"]["qkv"]["kv_fused"]["kernel"].shape == (32, 2, 2, 8)
+  plain, out = _plain_run(), _run(fused, mapped)
+  np.testing.assert_allclose(float(out["loss"]), float(plain["loss"]), rtol=1e-6)
+  _assert_trees_close(param_layout.convert_params(out["grads"], fused, PLAIN), plain["grads"],
+                      atol=1e-5)
+
+
+def test_layout_conversion_round_trips_and_matches_every_layout():
+  params = _plain_params()
+  every = dataclasses.replace(PLAIN, scan_layers=True, fused_qkv=True)
+  there = param_layout.convert_params(params, PLAIN, every)
+  assert "layers" in there["decoder"] and "layers_0" not in there["decoder"]
+  _assert_trees_close(param_layout.convert_params(there, every, PLAIN), params, atol=0)
+  # DeCAL's separate latent parameters have their own q/k/v: fused and scanned too.
+  split = dataclasses.replace(PLAIN, separate_latent_params=True)
+  split_every = dataclasses.replace(split, scan_layers=True, fused_qkv=True)
+  abstract = _own_layout(split)["params"]
+  converted = jax.eval_shape(lambda p: param_layout.convert_params(p, split, split_every),
+                             abstract)
+  assert _shapes(converted) == _shapes(_own_layout(split_every)["params"])
+
+
+# ----------------------------------------------------------------------------- all together
+def test_all_options_keep_decal_and_cached_decoding_equal_full_forward():
+  every = dataclasses.replace(PLAIN, scan_layers=True, fused_qkv=True, attention_kernel="xla",
+                              remat_policy="dots_saveable")
+  model, batch = Transformer(every), _batch()
+  mapped = param_layout.convert_params(_plain_params(), PLAIN, every)
+  enc, dec_in = batch["encoder_input_tokens"], batch["decoder_input_tokens"]
+  full = _compiled(_model(every)._compute_logits, mapped, batch)  # pylint: disable=protected-access
+  np.testing.assert_allclose(np.asarray(full), np.asarray(_plain_run()["logits"]), atol=1e-5)
+  _, variables = _compiled(functools.partial(model.apply, decode=True, enable_dropout=False,
+                                             mutable=["cache"]), {"params": mapped},
+                           jnp.ones_like(enc), jnp.ones_like(dec_in), jnp.ones_like(dec_in))
+  cache = variables["cache"]
+  # scanned caches put the layer axis after the batch: [batch, layers, length, heads, kv]
+  assert cache["decoder"]["layers"]["self_attention"]["cached_key"].shape == (2, 2, 6, 2, 8)
+  encoded = _compiled(functools.partial(model.apply, enable_dropout=False, method=model.encode),
+                      {"params": mapped}, enc)
+  step = jax.jit(functools.partial(model.apply, decode=True, enable_dropout=False,
+                                   mutable=["cache"], method=model.decode))
+  step = step.lower({"params": mapped, "cache": cache}, encoded, enc, dec_in[:, :1],
+                    dec_in[:, :1]).compile(FAST_COMPILE)
+  steps = []
+  for t in range(dec_in.shape[1]):
+    logits, variables = step({"params": mapped, "cache": cache}, encoded, enc,
+                             dec_in[:, t:t + 1], dec_in[:, t:t + 1])
+    cache = variables["cache"]
+    steps.append(logits)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full),
+                             atol=1e-4)

@@ -1,0 +1,566 @@
+# python tools/bench_train.py --gin_file=models/t5_1_1_small.gin --gin_file=models/decal.gin --batch_size=8 --inputs_length=512 --targets_length=128 --compare="COMPRESSION_RATIO = 1"
+"""Training-step speed of a gin-configured model: compile time, step time, throughput, MFU.
+
+The model, optimizer and partitioner come from the gin files and bindings a train run uses
+(`--gin_file`, `--gin.NAME=VALUE`, `--gin_bindings`, as `python -m decal_jax.train`; without
+a run file: Adafactor and a one-axis data mesh, the trainer's defaults). The step is the
+trainer's own (`trainer.init_state` + `trainer.make_train_step`: donated state, the NaN
+guard, the optimizer update), compiled ahead of time so compile time is measured apart.
+
+Reported per configuration:
+  compile   trace + lower and XLA compile of the train step, in seconds;
+  step      median (and 10th / 90th percentile) wall time of --steps steps after --warmup
+            steps, each ended by `block_until_ready`;
+  seq/s, tok/s   batch / step, batch x (inputs + targets) / step;
+  FLOPs     XLA's `compiled.cost_analysis()` count of the whole step (what runs: remat
+            recomputation, softmax, optimizer included) and the analytical model count
+            (`decal_jax/flops.py`: matmuls of one teacher-forced forward pass x 3, the usual
+            convention that the backward pass costs twice the forward; no remat, no
+            optimizer) for T5 networks;
+  MFU       analytical FLOPs / step time / (bf16 dense peak x devices), for devices in PEAKS
+            (not reported on CPU or an unknown device: no peak to divide by);
+  memory    XLA's `compiled.memory_analysis()`: temporary (activation) bytes of the step.
+
+Batches are synthetic: random token ids of exactly the given shapes, no padding, no
+packing, placed on the mesh before timing, so no input-pipeline cost is included.
+`--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
+configuration (the first plus those) and times both in one process, alternating their
+steps, and prints B / A. `--breakdown` times the parts of a T5 step on their own (attention,
+MLP, DeCAL pooling + concat, cross-attention, embeddings + logits + loss, optimizer).
+Every run appends one JSON line per configuration to --out.
+"""
+import argparse
+import dataclasses
+import datetime
+import inspect
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import flax.linen as nn  # noqa: E402
+import gin  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from decal_jax import flops, gin_utils, losses, optimizers, partitioning, trainer  # noqa: E402
+from decal_jax.compress.latents import DecalLatents  # noqa: E402
+from decal_jax.layers import attention as attn  # noqa: E402
+from decal_jax.layers.core import DenseGeneral, Embed, MlpBlock, RMSNorm  # noqa: E402
+from decal_jax.networks.t5 import T5Config  # noqa: E402
+
+# bf16 dense (no 2:4 sparsity) peak TFLOP/s per chip, by a substring of jax's device_kind
+# (first match wins, so the more specific names come first), with the source of each number.
+PEAKS = (
+    ("H100 PCIe", 756.0, "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): PCIe "
+                         "BF16 Tensor Core 1,513 TFLOPS with sparsity; dense is half"),
+    ("H100 NVL", 835.0, "NVIDIA H100 datasheet: NVL BF16 1,671 TFLOPS with sparsity; half"),
+    ("H100", 989.0, "NVIDIA H100 datasheet: SXM BF16 Tensor Core 1,979 TFLOPS with "
+                    "sparsity; dense is half"),
+    ("H200", 989.0, "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 "
+                    "1,979 TFLOPS with sparsity; dense is half"),
+    ("A100", 312.0, "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): BF16 "
+                    "Tensor Core 312 TFLOPS dense (624 with sparsity)"),
+    ("TPU v4", 275.0, "Cloud TPU v4 docs (cloud.google.com/tpu/docs/v4): 275 TFLOPS "
+                      "bf16 per chip"),
+    ("TPU v5 lite", 197.0, "Cloud TPU v5e docs (cloud.google.com/tpu/docs/v5e): 197 "
+                           "TFLOPS bf16 per chip"),
+    ("TPU v5e", 197.0, "Cloud TPU v5e docs: 197 TFLOPS bf16 per chip"),
+    ("TPU v5p", 459.0, "Cloud TPU v5p docs (cloud.google.com/tpu/docs/v5p): 459 TFLOPS "
+                       "bf16 per chip"),
+    ("TPU v5", 459.0, "Cloud TPU v5p docs: 459 TFLOPS bf16 per chip (jax names v5p 'TPU v5')"),
+)
+SYNTHETIC = ("synthetic batches: random ids, exact shapes, no padding or packing, on the "
+             "mesh before timing (no input-pipeline cost)")
+
+
+def device_peak(device) -> Optional[Dict[str, Any]]:
+  """{'tflops', 'source'} of a device's bf16 dense peak, or None (CPU, unknown)."""
+  if device.platform == "cpu":
+    return None
+  for name, tflops, source in PEAKS:
+    if name.lower() in device.device_kind.lower():
+      return {"tflops": tflops, "source": source}
+  return None
+
+
+# ----------------------------------------------------------------------------- setup
+@dataclasses.dataclass
+class Setup:
+  """One configuration to time: what gin built, and the batch shape."""
+  label: str
+  files: List[str]
+  bindings: List[str]
+  model: Any
+  optimizer: Any
+  partitioner: Any
+  batch_size: int
+  lengths: Dict[str, int]
+
+
+def _bound(name: str):
+  """A gin-bound configurable (built), or None where the files do not bind it."""
+  try:
+    reference = gin.query_parameter(name)
+  except ValueError:
+    return None
+  return reference.scoped_configurable_fn() if hasattr(reference, "scoped_configurable_fn") \
+      else reference
+
+
+def _macro(name: str):
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return None
+
+
+def build(label: str, files: Sequence[str], paths: Sequence[str], bindings: Sequence[str],
+          args) -> Setup:
+  """Parses the gin config and builds the model, optimizer, partitioner and batch shape."""
+  gin_utils.parse(files, paths, bindings)
+  model = _bound("%MODEL")
+  if model is None:
+    raise SystemExit("error: the gin files define no MODEL; give a model gin file, e.g. "
+                     "--gin_file=models/t5_1_1_small.gin.")
+  optimizer = _bound("decal_jax.trainer.train.optimizer") or optimizers.adafactor()
+  partitioner = _bound("decal_jax.trainer.train.partitioner") or partitioning.Partitioner()
+  lengths = dict(_macro("TASK_FEATURE_LENGTHS") or {})
+  if args.inputs_length:
+    lengths["inputs"] = args.inputs_length
+  if args.targets_length:
+    lengths["targets"] = args.targets_length
+  batch_size = args.batch_size or _macro("BATCH_SIZE")
+  needed = ("targets",) if getattr(model, "DECODER_ONLY", False) else ("inputs", "targets")
+  if not batch_size or any(not lengths.get(k) for k in needed):
+    raise SystemExit(f"error: need a batch size and lengths {needed}: pass --batch_size, "
+                     "--inputs_length, --targets_length (or a run gin that sets BATCH_SIZE "
+                     "and TASK_FEATURE_LENGTHS).")
+  gin.clear_config()
+  return Setup(label, list(files), list(bindings), model, optimizer, partitioner,
+               int(batch_size), {k: int(lengths[k]) for k in needed})
+
+
+def synthetic_batch(setup: Setup, seed: int) -> Dict[str, np.ndarray]:
+  """Random full-length examples of the configured shape (ids 2 .. vocab - 1)."""
+  rng = np.random.RandomState(seed)
+  vocab = getattr(getattr(setup.model.module, "config", None), "vocab_size", 1000)
+  shape = lambda key: (setup.batch_size, setup.lengths[key])  # noqa: E731
+  targets = rng.randint(2, vocab, shape("targets")).astype(np.int32)
+  batch = {"decoder_target_tokens": targets,
+           "decoder_input_tokens": np.pad(targets, ((0, 0), (1, 0)))[:, :-1],
+           "decoder_loss_weights": np.ones(targets.shape, np.float32)}
+  if "inputs" in setup.lengths:
+    batch["encoder_input_tokens"] = rng.randint(2, vocab, shape("inputs")).astype(np.int32)
+  return batch
+
+
+def model_flops_per_step(setup: Setup) -> Optional[float]:
+  """Analytical train-step FLOPs: 3 x the forward matmul FLOPs (flops.py) x batch."""
+  cfg = getattr(setup.model.module, "config", None)
+  if not isinstance(cfg, T5Config) or "inputs" not in setup.lengths:
+    return None
+  forward = flops.forward_flops(cfg, setup.lengths["inputs"], setup.lengths["targets"])
+  return 3.0 * forward.total * setup.batch_size
+
+
+# ----------------------------------------------------------------------------- compile / run
+def _jitted_step(step):
+  """The `jax.jit` object inside `trainer.make_train_step`'s closure, so the step can be
+  lowered and compiled ahead of time (the trainer exposes no hook for it yet); None if the
+  closure changed shape."""
+  jitted = inspect.getclosurevars(step).nonlocals.get("jitted")
+  return jitted if hasattr(jitted, "lower") else None
+
+
+class Runner:
+  """A compiled train step with its state, batch and measurements."""
+
+  def __init__(self, setup: Setup, seed: int):
+    self.setup = setup
+    cfg = trainer.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
+    self.state, shardings = trainer.init_state(setup.model, setup.optimizer,
+                                               setup.partitioner, cfg, seed)
+    step = trainer.make_train_step(setup.model, setup.optimizer, setup.partitioner, shardings)
+    self.batch = trainer.to_global(synthetic_batch(setup, seed), setup.partitioner)
+    self.rng = jax.random.PRNGKey(seed)
+    self.info: Dict[str, Any] = {}
+    self.times: List[float] = []
+    self._compile(step)
+
+  def _compile(self, step) -> None:
+    jitted = _jitted_step(step)
+    start = time.perf_counter()
+    if jitted is None:  # fall back: compile time = first call - one steady step (below)
+      self.fn, self._first_call = step, True
+      return
+    with self.setup.partitioner.activate():
+      lowered = jitted.lower(self.state, self.batch, self.rng)
+      traced = time.perf_counter()
+      self.fn = lowered.compile()
+    self._first_call = False
+    done = time.perf_counter()
+    self.info.update(trace_lower_s=traced - start, xla_compile_s=done - traced,
+                     compile_s=done - start, **_cost(self.fn))
+
+  def step(self, timed: bool) -> None:
+    start = time.perf_counter()
+    self.state, aux = self.fn(self.state, self.batch, self.rng)
+    jax.block_until_ready((self.state, aux))
+    elapsed = time.perf_counter() - start
+    if self._first_call:
+      self.info["first_call_s"], self._first_call = elapsed, False
+    elif timed:
+      self.times.append(elapsed)
+    self.last_loss = float(aux["loss"])
+
+
+def _cost(compiled) -> Dict[str, Any]:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per device
+    analysis = analysis[0] if analysis else {}
+  out = {"xla_flops_per_step": float(analysis.get("flops", float("nan")))} if analysis else {}
+  memory = compiled.memory_analysis()
+  if memory is not None:
+    out.update(temp_bytes=int(memory.temp_size_in_bytes),
+               argument_bytes=int(memory.argument_size_in_bytes))
+  return out
+
+
+def time_steps(runners: Sequence[Runner], warmup: int, steps: int) -> None:
+  """Warm-up then timed steps, alternating configurations step by step (shared drift)."""
+  for i in range(warmup + steps):
+    for runner in runners:
+      runner.step(timed=i >= warmup)
+
+
+def summarize(runner: Runner, device) -> Dict[str, Any]:
+  setup, times = runner.setup, sorted(runner.times)
+  median = statistics.median(times)
+  info = dict(runner.info)
+  if "first_call_s" in info:
+    info["compile_s"] = info.pop("first_call_s") - median
+  positions = setup.batch_size * sum(setup.lengths.values())
+  model_flops = model_flops_per_step(setup)
+  peak = device_peak(device)
+  devices = jax.device_count()
+  mfu = (model_flops / median / (peak["tflops"] * 1e12 * devices)
+         if peak and model_flops else None)
+  cfg = getattr(setup.model.module, "config", None)
+  return dict(
+      label=setup.label, gin_files=setup.files, gin_bindings=setup.bindings,
+      batch_size=setup.batch_size, lengths=setup.lengths,
+      config=_config_summary(cfg), step_s_median=median,
+      step_s_p10=times[int(0.1 * (len(times) - 1))], step_s_p90=times[int(0.9 * (len(times) - 1))],
+      steps_timed=len(times), sequences_per_s=setup.batch_size / median,
+      tokens_per_s=positions / median, model_flops_per_step=model_flops,
+      mfu=mfu, peak_tflops_per_device=peak and peak["tflops"], peak_source=peak and peak["source"],
+      devices=devices, final_loss=runner.last_loss, **info)
+
+
+def _config_summary(cfg) -> Optional[Dict[str, Any]]:
+  if not dataclasses.is_dataclass(cfg):
+    return None
+  keep = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
+          "num_decoder_layers", "vocab_size", "compression_ratio", "compressor", "dtype",
+          "scan_layers", "remat_policy", "fused_qkv", "attention_kernel", "dropout_rate")
+  return {k: str(getattr(cfg, k)) if k == "dtype" else getattr(cfg, k) for k in keep
+          if hasattr(cfg, k)}
+
+
+# ----------------------------------------------------------------------------- report
+def machine() -> Dict[str, Any]:
+  device = jax.devices()[0]
+  return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+          "command": "python " + " ".join(sys.argv), "host": platform.node(),
+          "cpu_cores": os.cpu_count(), "platform": device.platform,
+          "device_kind": device.device_kind, "jax": jax.__version__, "note": SYNTHETIC}
+
+
+def print_table(rows: Sequence[Dict[str, Any]]) -> None:
+  print(f"{'config':<28}{'compile s':>10}{'step ms':>10}{'p10-p90 ms':>15}{'seq/s':>9}"
+        f"{'tok/s':>10}{'XLA GF':>9}{'model GF':>9}{'MFU':>7}{'temp MB':>9}")
+  for r in rows:
+    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+    model = f"{r['model_flops_per_step'] / 1e9:.1f}" if r["model_flops_per_step"] else "n/a"
+    print(f"{r['label'][:27]:<28}{r['compile_s']:>10.1f}{1e3 * r['step_s_median']:>10.1f}"
+          f"{1e3 * r['step_s_p10']:>7.0f}-{1e3 * r['step_s_p90']:<7.0f}"
+          f"{r['sequences_per_s']:>9.2f}{r['tokens_per_s']:>10.0f}"
+          f"{r.get('xla_flops_per_step', float('nan')) / 1e9:>9.1f}{model:>9}{mfu:>7}"
+          f"{r.get('temp_bytes', 0) / 2**20:>9.0f}")
+
+
+def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
+  keys = ("step_s_median", "sequences_per_s", "compile_s", "xla_flops_per_step",
+          "model_flops_per_step", "temp_bytes")
+  ratios = {k: b[k] / a[k] for k in keys if a.get(k) and b.get(k)}
+  print(f"\nB / A  ({b['label']}  vs  {a['label']}):  " +
+        ", ".join(f"{k} x{v:.3f}" for k, v in ratios.items()))
+  return ratios
+
+
+def write_jsonl(path: str, rows: Sequence[Dict[str, Any]]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "a") as f:
+    for row in rows:
+      f.write(json.dumps(row, default=str) + "\n")
+  print(f"appended {len(rows)} line(s) to {path}")
+
+
+# ----------------------------------------------------------------------------- breakdown
+# The parts of a T5 train step, each a small module run alone at the step's shapes.
+class _AttentionPart(nn.Module):
+  """Pre-norm attention sublayer with its residual (kv None: self-attention)."""
+  cfg: T5Config
+
+  @nn.compact
+  def __call__(self, x, kv, bias, mask):
+    cfg = self.cfg
+    h = RMSNorm(dtype=cfg.dtype)(x)
+    return x + attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, 0.0, cfg.dtype,
+                                       cfg.attention_kernel, cfg.fused_qkv)(
+                                           h, h if kv is None else kv, bias, mask=mask)
+
+
+class _MlpPart(nn.Module):
+  cfg: T5Config
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    return x + MlpBlock(cfg.mlp_dim, cfg.mlp_activations, 0.0, cfg.dtype)(
+        RMSNorm(dtype=cfg.dtype)(x))
+
+
+class _LatentsPart(nn.Module):
+  """DeCAL: pooled latents, prepended to the token embeddings."""
+  cfg: T5Config
+
+  @nn.compact
+  def __call__(self, x, tokens, positions):
+    lat = DecalLatents(self.cfg.latent_config(), self.cfg.dtype)(x, tokens, positions)
+    return jnp.concatenate([lat.embeddings, x], axis=1)  # [batch, m + n, embed]
+
+
+class _RelposPart(nn.Module):
+  """The encoder's and the decoder's relative position bias tables -> [b, h, q, k]."""
+  cfg: T5Config
+
+  @nn.compact
+  def __call__(self, enc_positions, dec_positions):
+    cfg = self.cfg
+    make = lambda: attn.RelativePositionBiases(  # noqa: E731
+        cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance,
+        cfg.num_heads, cfg.dtype)
+    return (make()(enc_positions, enc_positions, bidirectional=True),
+            make()(dec_positions, dec_positions, bidirectional=False))
+
+
+class _HeadPart(nn.Module):
+  """Token embeddings of both stacks, the logits and the loss."""
+  cfg: T5Config
+
+  @nn.compact
+  def __call__(self, y, enc_tokens, targets):
+    cfg = self.cfg
+    embed = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    logits = DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"),
+                          dtype=jnp.float32)(y)  # [batch, t, vocab]
+    loss, _, _ = losses.compute_weighted_cross_entropy(logits, targets, None, 0.0, 1e-4)
+    return embed(enc_tokens), embed(targets), loss
+
+
+def _part_specs(setup: Setup, rng: np.random.RandomState):
+  """(name, calls per step, module, inputs) of every part of this T5 step."""
+  cfg = setup.model.module.config
+  b, n, t = setup.batch_size, setup.lengths["inputs"], setup.lengths["targets"]
+  m = -(-n // cfg.compression_ratio) if cfg.compressed else n
+  length = n + m if cfg.compressed and cfg.compressor in ("latents", "memory_tokens") else n
+  floats = lambda *shape: jnp.asarray(rng.randn(*shape), cfg.dtype)  # noqa: E731
+  tokens = lambda k: jnp.asarray(rng.randint(2, cfg.vocab_size, (b, k)), jnp.int32)  # noqa: E731
+  ones = lambda q, k: jnp.ones((b, 1, q, k), jnp.float32)  # noqa: E731
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.float32)), (b, 1, t, t))
+  enc_bias, enc_mask = attn.split_bias_and_mask(floats(b, cfg.num_heads, length, length),
+                                                ones(length, length), cfg.attention_kernel,
+                                                cfg.dtype)
+  dec_bias, dec_mask = attn.split_bias_and_mask(floats(b, cfg.num_heads, t, t), causal,
+                                                cfg.attention_kernel, cfg.dtype)
+  cross_bias, cross_mask = attn.split_bias_and_mask(None, ones(t, m), cfg.attention_kernel,
+                                                    cfg.dtype)
+  positions = lambda k: jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # noqa: E731
+  specs = [
+      ("encoder self-attention", cfg.num_encoder_layers, _AttentionPart(cfg),
+       (floats(b, length, cfg.emb_dim), None, enc_bias, enc_mask)),
+      ("encoder MLP", cfg.num_encoder_layers, _MlpPart(cfg), (floats(b, length, cfg.emb_dim),)),
+      ("decoder self-attention", cfg.num_decoder_layers, _AttentionPart(cfg),
+       (floats(b, t, cfg.emb_dim), None, dec_bias, dec_mask)),
+      ("cross-attention", cfg.num_decoder_layers, _AttentionPart(cfg),
+       (floats(b, t, cfg.emb_dim), floats(b, m, cfg.emb_dim), cross_bias, cross_mask)),
+      ("decoder MLP", cfg.num_decoder_layers, _MlpPart(cfg), (floats(b, t, cfg.emb_dim),)),
+      ("relative position biases", 1, _RelposPart(cfg), (positions(length), positions(t))),
+      ("embeddings, logits, loss", 1, _HeadPart(cfg),
+       (floats(b, t, cfg.emb_dim), tokens(n), tokens(t)))]
+  if cfg.compressed and cfg.compressor == "latents":
+    specs.insert(2, ("DeCAL pooling + concat", 1, _LatentsPart(cfg),
+                     (floats(b, n, cfg.emb_dim), tokens(n), positions(n))))
+  return specs
+
+
+def _median_time(fn, args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _time_part(module, inputs, seed: int, repeats: int):
+  """(seconds, XLA FLOPs) of one forward + backward of `module` (gradients with respect to
+  its params and its float inputs) against a fixed random cotangent."""
+  params = jax.jit(module.init)(jax.random.PRNGKey(seed), *inputs)
+  diff = [i for i, x in enumerate(inputs) if x is not None and
+          jnp.issubdtype(x.dtype, jnp.floating)]
+  outputs = jax.eval_shape(module.apply, params, *inputs)
+  keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(jax.tree_util.tree_leaves(outputs)))
+  cotangents = jax.tree_util.tree_unflatten(
+      jax.tree_util.tree_structure(outputs),
+      [jax.random.normal(k, o.shape, jnp.float32) for k, o in
+       zip(keys, jax.tree_util.tree_leaves(outputs))])
+
+  fixed = [i for i, x in enumerate(inputs) if x is not None and i not in diff]
+
+  def objective(params, floats, others, cotangents):  # arrays are arguments: nothing to fold
+    args = list(inputs)
+    for i, x in list(zip(diff, floats)) + list(zip(fixed, others)):
+      args[i] = x
+    out = module.apply(params, *args)
+    return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in
+               zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(cotangents)))
+
+  grad = jax.jit(jax.grad(objective, argnums=(0, 1)))
+  args = (params, [inputs[i] for i in diff], [inputs[i] for i in fixed], cotangents)
+  compiled = grad.lower(*args).compile()
+  return _median_time(compiled, args, repeats), _cost(compiled).get("xla_flops_per_step")
+
+
+def _time_optimizer(setup: Setup, seed: int, repeats: int):
+  """(seconds, XLA FLOPs) of the optimizer update + apply on the model's parameters."""
+  cfg = trainer.DatasetConfig("synthetic", setup.lengths, batch_size=1)
+  abstract, _ = trainer.abstract_params(setup.model, cfg, setup.partitioner)
+  keys = iter(jax.random.split(jax.random.PRNGKey(seed), len(jax.tree_util.tree_leaves(abstract))))
+  params = jax.tree_util.tree_map(
+      lambda a: 0.05 * jax.random.normal(next(keys), a.shape, a.dtype), abstract)
+  grads = jax.tree_util.tree_map(lambda p: 1e-3 * p, params)
+  state = setup.optimizer.init(params)
+
+  def update(params, state, grads):
+    updates, state = setup.optimizer.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  compiled = jax.jit(update).lower(params, state, grads).compile()
+  return (_median_time(compiled, (params, state, grads), repeats),
+          _cost(compiled).get("xla_flops_per_step"))
+
+
+def breakdown(setup: Setup, step_s: float, seed: int, repeats: int = 5) -> Dict[str, Any]:
+  """Each part of the step timed alone (forward + backward), times its calls per step;
+  what the parts do not add up to is fusion and scheduling across part boundaries."""
+  cfg = getattr(setup.model.module, "config", None)
+  if not isinstance(cfg, T5Config) or "inputs" not in setup.lengths:
+    print("note: --breakdown knows the T5 encoder-decoder only; skipped.")
+    return {}
+  rows = {}
+  for name, calls, module, inputs in _part_specs(setup, np.random.RandomState(seed)):
+    seconds, part_flops = _time_part(module, inputs, seed, repeats)
+    rows[name] = {"calls": calls, "ms_each": 1e3 * seconds, "ms": 1e3 * seconds * calls,
+                  "xla_gflops": part_flops * calls / 1e9 if part_flops else None}
+  seconds, opt_flops = _time_optimizer(setup, seed, repeats)
+  rows["optimizer update"] = {"calls": 1, "ms_each": 1e3 * seconds, "ms": 1e3 * seconds,
+                              "xla_gflops": opt_flops / 1e9 if opt_flops else None}
+  total = sum(r["ms"] for r in rows.values())
+  for r in rows.values():
+    r["share_of_step"] = r["ms"] / (1e3 * step_s)
+  rows["sum of parts"] = {"ms": total, "share_of_step": total / (1e3 * step_s)}
+  _print_breakdown(setup.label, rows, step_s)
+  return rows
+
+
+def _print_breakdown(label: str, rows: Dict[str, Any], step_s: float) -> None:
+  print(f"\nwhere the step goes ({label}; step {1e3 * step_s:.1f} ms; each part timed alone, "
+        "forward + backward):")
+  print(f"  {'part':<28}{'calls':>6}{'ms each':>10}{'ms':>10}{'of step':>9}{'XLA GF':>9}")
+  for name, r in rows.items():
+    gflops = f"{r['xla_gflops']:.2f}" if r.get("xla_gflops") is not None else ""
+    calls = r.get("calls", "")
+    each = f"{r['ms_each']:.2f}" if "ms_each" in r else ""
+    print(f"  {name:<28}{calls:>6}{each:>10}{r['ms']:>10.1f}{100 * r['share_of_step']:>8.1f}%"
+          f"{gflops:>9}")
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--batch_size", type=int, default=None)
+  parser.add_argument("--inputs_length", type=int, default=None)
+  parser.add_argument("--targets_length", type=int, default=None)
+  parser.add_argument("--steps", type=int, default=20, help="timed steps (>= 20 for the "
+                      "issue's protocol)")
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--label", default=None, help="name of configuration A")
+  parser.add_argument("--compare", action="append", default=[], metavar="BINDING",
+                      help="configuration B = A plus this gin binding (repeatable)")
+  parser.add_argument("--compare_gin_file", action="append", default=[])
+  parser.add_argument("--compare_label", default=None)
+  parser.add_argument("--breakdown", action="store_true",
+                      help="also time the parts of a T5 step on their own")
+  parser.add_argument("--out", default=None, help="JSONL file to append to (default "
+                      "docs/results/bench_train_<platform>.jsonl)")
+  args, gin_argv = parser.parse_known_args(argv)
+  if args.steps < 1 or args.warmup < 1:
+    parser.error("--steps and --warmup must be >= 1 (the first step may still compile).")
+  return args, gin_utils.split_args(gin_argv)
+
+
+def main(argv=None):
+  args, (files, paths, bindings) = parse_args(sys.argv[1:] if argv is None else argv)
+  setups = [build(args.label or _describe(files, bindings), files, paths, bindings, args)]
+  if args.compare or args.compare_gin_file:
+    files_b, bindings_b = files + args.compare_gin_file, bindings + args.compare
+    setups.append(build(args.compare_label or _describe(args.compare_gin_file, args.compare),
+                        files_b, paths, bindings_b, args))
+  runners = [Runner(setup, args.seed) for setup in setups]
+  time_steps(runners, args.warmup, args.steps)
+  device = jax.devices()[0]
+  rows = [dict(machine(), **summarize(r, device)) for r in runners]
+  if len(rows) == 2:
+    rows[1]["ratio_to_a"] = compare(rows[0], rows[1])
+  print_table(rows)
+  if args.steps < 20:
+    print(f"note: {args.steps} timed steps; the issue's protocol is a median over >= 20.")
+  if device_peak(device) is None:
+    print(f"note: no bf16 peak known for {device.platform} ({device.device_kind}): MFU not "
+          "reported.")
+  if args.breakdown:
+    for row, setup in zip(rows, setups):
+      row["breakdown"] = breakdown(setup, row["step_s_median"], args.seed)
+  write_jsonl(args.out or f"docs/results/bench_train_{device.platform}.jsonl", rows)
+
+
+def _describe(files: Sequence[str], bindings: Sequence[str]) -> str:
+  names = [os.path.basename(f).replace(".gin", "") for f in files]
+  return "+".join(names + [b.replace(" ", "") for b in bindings]) or "A"
+
+
+if __name__ == "__main__":
+  main()

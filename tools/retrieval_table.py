@@ -1,0 +1,394 @@
+# python tools/retrieval_table.py --init runs/decal_tiny --task decal_beir_builtin --ratios 1 2 4 8 --mean_pooling_ratio 1 --steps 150 --out docs/results/retrieval_builtin.md
+"""Retrieval quality against the passage compression ratio C: for each C, fine-tune the same
+pretrained DeCAL checkpoint as a multi-vector dual encoder (runs/retrieval_finetune.gin,
+queries at C = 1), then index the corpus and score the split's queries with
+`python -m decal_jax.retrieve` (NDCG@10, Recall@100, index size). `--mean_pooling_ratio C`
+adds the single-vector reference: the same encoder at C, its vectors averaged into one
+(cosine similarity, temperature 0.05). Every row uses the same data, steps, batch and seed.
+
+Runs live under --work (default runs/retrieval_table/<task>); a finished row is kept as
+<work>/<row>.row.json, so rerunning the command skips finished rows and resumes unfinished
+fine-tunes from their last checkpoint (an interrupted run loses at most one row's work).
+The settings of the first run are kept in <work>/settings.json: a rerun with other settings
+is refused (choose another --work). Progress is printed per row; each row's full output
+goes to <work>/<row>.log.
+
+A BEIR folder outside the built-in one becomes a task through DECAL_LOCAL_DATA_DIR
+(`<dir>/beir/<name>/` -> `decal_beir_<name>`), e.g. SciFact (train / test qrels; with no
+validation qrels the fine-tune's held-out in-batch loss is read on --eval_split):
+
+  DECAL_LOCAL_DATA_DIR=../shared/data python tools/retrieval_table.py --init runs/decal_tiny \
+    --task decal_beir_scifact --ratios 1 4 --mean_pooling_ratio 1 --out docs/results/retrieval_scifact.md
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF only reads the task data: quiet it
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # importable from tests
+from downstream_table import REPO, run  # noqa: E402  (`python -m decal_jax.<module>`, logged)
+
+MODEL_GINS = ["--gin_file=models/decal_tiny.gin", "--gin_file=models/dual_encoder.gin"]
+SETTINGS = ("init", "task", "validation_split", "eval_split", "steps", "batch_size",
+            "learning_rate", "query_length", "passage_length")  # what every row shares
+HELD_OUT = re.compile(r"Held-out \(validation\) at step (\d+): (.*)")  # trainer._report
+READING = "## Reading"
+
+
+def variants(a):
+  """(label, passage ratio, pooling) rows of the table."""
+  rows = [(f"multi-vector, C = {c}", c, "multi") for c in a.ratios]
+  if a.mean_pooling_ratio:
+    rows.append((f"single vector (mean of C = {a.mean_pooling_ratio})",
+                 a.mean_pooling_ratio, "mean"))
+  return rows
+
+
+def resolve_splits(a) -> None:
+  """Checks that --task is a registered BEIR task whose folder has --eval_split, and picks
+  the fine-tune's held-out split: 'validation' where the folder has one, else --eval_split."""
+  from decal_jax.retrieval import beir  # pylint: disable=import-outside-toplevel
+  from decal_jax.tasks import retrieval_tasks  # registers the built-in and local tasks
+  try:
+    folder = retrieval_tasks.beir_folder(a.task)
+  except ValueError as e:
+    sys.exit(f"--task: {e}\nA folder <dir>/beir/<name>/ becomes decal_beir_<name> with "
+             "DECAL_LOCAL_DATA_DIR=<dir>.")
+  splits = {"validation" if s == "dev" else s for s in beir.qrels_splits(folder)}
+  if a.eval_split not in splits:
+    sys.exit(f"--eval_split {a.eval_split}: {folder} has qrels for {sorted(splits)}; choose "
+             "one of them.")
+  if "train" not in splits:
+    sys.exit(f"{folder} has no qrels/train.tsv to fine-tune on (it has {sorted(splits)}).")
+  a.folder = folder
+  if a.validation_split is None:
+    a.validation_split = "validation" if "validation" in splits else a.eval_split
+  elif a.validation_split not in splits:
+    sys.exit(f"--validation_split {a.validation_split}: {folder} has qrels for "
+             f"{sorted(splits)}.")
+
+
+def held_out(log: pathlib.Path, step: int) -> dict:
+  """{accuracy, loss, ...} of the fine-tune's last held-out report at `step` ({} if none)."""
+  found = [m for m in HELD_OUT.finditer(log.read_text(errors="replace"))
+           if int(m.group(1)) == step]
+  if not found:
+    return {}
+  return {k: float(v) for k, v in re.findall(r"(\w+) (-?[\d.]+)", found[-1].group(2))}
+
+
+def fine_tune(name: str, model, a, work: pathlib.Path) -> dict:
+  """Fine-tunes one row (resuming its MODEL_DIR); returns {minutes, heldout}, kept in
+  <work>/<name>.train.json so that a rerun after a failed search does not train again."""
+  done, log = work / f"{name}.train.json", work / f"{name}.log"
+  if done.exists():
+    return json.loads(done.read_text())
+  minutes = run("train", MODEL_GINS + [
+      "--gin_file=runs/retrieval_finetune.gin", *model, f"--gin.MODEL_DIR='{work / name}'",
+      f"--gin.INITIAL_CHECKPOINT_PATH='{a.init}'", f"--gin.MIXTURE_OR_TASK_NAME='{a.task}'",
+      f"--gin.TRAIN_STEPS={a.steps}", f"--gin.BATCH_SIZE={a.batch_size}",
+      f"--gin.LEARNING_RATE={a.learning_rate}", f"--gin.EVAL_SPLIT='{a.validation_split}'",
+      f"--gin.EVAL_PERIOD={a.steps}", f"--gin.CHECKPOINT_PERIOD={a.steps}",
+      "--gin.EVAL_BATCHES=10", f"--gin.TASK_FEATURE_LENGTHS={{'inputs': {a.query_length}, "
+      f"'targets': {a.passage_length}}}"], log) / 60
+  result = {"minutes": minutes, "heldout": held_out(log, a.steps)}
+  done.write_text(json.dumps(result, sort_keys=True))
+  return result
+
+
+def one_variant(label: str, ratio: int, pooling: str, a, work: pathlib.Path) -> dict:
+  """Fine-tunes, indexes and scores one row (or reads it back when it is finished)."""
+  name = f"{pooling}_c{ratio}"
+  log, done = work / f"{name}.log", work / f"{name}.row.json"
+  if done.exists():
+    print(f"{label}: finished earlier ({done})", flush=True)
+    return json.loads(done.read_text())
+  model = [f"--gin.PASSAGE_COMPRESSION_RATIO={ratio}", f"--gin.POOLING='{pooling}'"]
+  if pooling == "mean":
+    model.append("--gin.TEMPERATURE=0.05")
+  print(f"{label}: fine-tuning {a.steps} steps on {a.task} (log: {log}) ...", flush=True)
+  trained = fine_tune(name, model, a, work)
+  print(f"{label}: fine-tuned in {trained['minutes']:.1f} min (held-out in-batch accuracy "
+        f"{trained['heldout'].get('accuracy')}); indexing the corpus and searching "
+        f"{a.eval_split} ...", flush=True)
+  t_eval = run("retrieve", MODEL_GINS + ["--gin_file=runs/retrieve.gin", *model,
+               f"--gin.MODEL_DIR='{work / name}'", f"--gin.BEIR_TASK='{a.task}'",
+               f"--gin.SPLIT='{a.eval_split}'", f"--gin.QUERY_LENGTH={a.query_length}",
+               f"--gin.PASSAGE_LENGTH={a.passage_length}"], log)
+  metrics = work / name / "retrieval" / f"{a.task}.{a.eval_split}.step{a.steps}.metrics.json"
+  if not metrics.exists():
+    sys.exit(f"retrieve wrote no {metrics}; see {log}")
+  run_file = metrics.with_name(metrics.name.replace(".metrics.json", ".trec"))
+  row = dict(json.loads(metrics.read_text()), label=label, ratio=ratio, pooling=pooling,
+             ndcg_stderr=ndcg_stderr(run_file, a), train_minutes=trained["minutes"],
+             eval_minutes=t_eval / 60,
+             heldout_accuracy=trained["heldout"].get("accuracy"),
+             heldout_loss=trained["heldout"].get("loss"),
+             heldout_queries=trained["heldout"].get("num_queries"))
+  print(f"{label}: NDCG@10 {row['ndcg@10']:.4f}, Recall@100 {row['recall@100']:.4f} "
+        f"({t_eval / 60:.1f} min)", flush=True)
+  done.write_text(json.dumps(row, sort_keys=True))
+  return row
+
+
+def per_query_ndcg(run_file: pathlib.Path, a):
+  """{qid: NDCG@10} of a TREC run over the scored split's queries with a relevant doc."""
+  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  qrels = beir.load_beir(a.folder, a.eval_split).qrels
+  return ir_metrics.ndcg_at_k(ir_metrics.read_trec_run(str(run_file)), qrels, 10)[1]
+
+
+def mean_stderr(values):
+  """(mean, standard error of the mean: sample standard deviation / sqrt n)."""
+  values = list(values)
+  mean = sum(values) / len(values)
+  if len(values) < 2:
+    return mean, 0.0
+  return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
+
+
+def ndcg_stderr(run_file: pathlib.Path, a) -> float:
+  """Standard error of the mean NDCG@10 over the split's queries (their spread / sqrt n)."""
+  return mean_stderr(per_query_ndcg(run_file, a).values())[1]
+
+
+def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
+  return (work / f"{row['pooling']}_c{row['ratio']}" / "retrieval" /
+          f"{a.task}.{a.eval_split}.step{a.steps}.trec")
+
+
+def paired_to_base(rows, a, work: pathlib.Path) -> None:
+  """Adds to each row `ndcg_vs_base`: (mean, s.e.) over queries of its NDCG@10 minus the
+  base row's (multi-vector C = 1, else the first) on the same query."""
+  base = base_row(rows)
+  reference = per_query_ndcg(run_file_of(base, a, work), a)
+  for row in rows:
+    mine = per_query_ndcg(run_file_of(row, a, work), a)
+    row["ndcg_vs_base"] = list(mean_stderr(mine[q] - reference[q] for q in reference))
+
+
+def base_row(rows):
+  return next((r for r in rows if r["ratio"] == 1 and r["pooling"] == "multi"), rows[0])
+
+
+def random_floor(a, repeats: int = 20, seed: int = 0) -> dict:
+  """NDCG@10 and Recall@100 of random rankings of the whole corpus (mean of `repeats`)."""
+  import random  # pylint: disable=import-outside-toplevel
+  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  data = beir.load_beir(a.folder, a.eval_split)
+  docs, rng, totals = list(data.corpus), random.Random(seed), {"ndcg@10": 0.0, "recall@100": 0.0}
+  for _ in range(repeats):
+    run = {q: dict(zip(rng.sample(docs, min(100, len(docs))), range(100, 0, -1)))
+           for q in data.queries}
+    for key, value in ir_metrics.evaluate(run, data.qrels).items():
+      if key in totals:
+        totals[key] += value / repeats
+  return totals
+
+
+def words(text: str):
+  """Lower-cased word tokens (letters, digits, underscore) for the BM25 reference."""
+  return re.findall(r"\w+", text.lower())
+
+
+def bm25_run(corpus, queries, k1: float = 0.9, b: float = 0.4, top_k: int = 100):
+  """Okapi BM25 (Lucene's idf = ln(1 + (N - df + 0.5) / (df + 0.5)); Anserini's k1, b) over
+  `corpus` {doc id: text} for `queries` {qid: text}: {qid: {doc id: score}}, best top_k.
+  Each distinct query word counts once; no stemming or stop words."""
+  postings, lengths = {}, {}
+  for doc, text in corpus.items():
+    tokens = words(text)
+    lengths[doc] = len(tokens)
+    for word in set(tokens):
+      postings.setdefault(word, {})[doc] = tokens.count(word)
+  n, avgdl = len(corpus), sum(lengths.values()) / max(len(corpus), 1)
+  run = {}
+  for qid, text in queries.items():
+    scores = {}
+    for word in set(words(text)):
+      docs = postings.get(word, {})
+      idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
+      for doc, tf in docs.items():
+        norm = k1 * (1 - b + b * lengths[doc] / avgdl)
+        scores[doc] = scores.get(doc, 0.0) + idf * tf * (k1 + 1) / (tf + norm)
+    run[qid] = dict(sorted(scores.items(), key=lambda item: -item[1])[:top_k])
+  return run
+
+
+def bm25_reference(a) -> dict:
+  """NDCG@10 and Recall@100 of BM25 on the scored split (a lexical reference, no training)."""
+  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  data = beir.load_beir(a.folder, a.eval_split)
+  run = bm25_run({d: p.full_text for d, p in data.corpus.items()}, data.queries)
+  return ir_metrics.evaluate(run, data.qrels)
+
+
+def table(rows) -> str:
+  base = base_row(rows)
+  lines = [f"| passages | NDCG@10 ± s.e. | NDCG@10 - {base['label']}, paired ± s.e. | "
+           "Recall@100 | held-out in-batch acc. | vectors / passage | index MiB | index / "
+           f"{base['label']} | fine-tune min | index + search min |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    acc = "-" if r.get("heldout_accuracy") is None else f"{r['heldout_accuracy']:.3f}"
+    diff = ("-" if r is base or "ndcg_vs_base" not in r else
+            "{:+.4f} ± {:.4f}".format(*r["ndcg_vs_base"]))
+    lines.append(f"| {r['label']} | {r['ndcg@10']:.4f} ± {r['ndcg_stderr']:.4f} | {diff} | "
+                 f"{r['recall@100']:.4f} | {acc} | "
+                 f"{r['vectors_per_doc']:.2f} | {r['index_bytes'] / 2**20:.2f} | "
+                 f"{r['index_bytes'] / base['index_bytes']:.3f} | {r['train_minutes']:.1f} | "
+                 f"{r['eval_minutes']:.1f} |")
+  return "\n".join(lines)
+
+
+def check_settings(a, work: pathlib.Path) -> None:
+  """Writes <work>/settings.json on the first run; refuses a rerun with other settings."""
+  settings = {k: getattr(a, k) for k in SETTINGS}
+  path = work / "settings.json"
+  if path.exists():
+    old = json.loads(path.read_text())
+    changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    if changed:
+      sys.exit(f"{work} holds runs made with other settings ("
+               + ", ".join(f"{k}: {o!r} then, {n!r} now" for k, (o, n) in changed.items())
+               + "). Pass another --work, or delete that folder to start over.")
+  else:
+    path.write_text(json.dumps(settings, indent=1, sort_keys=True))
+
+
+def cpu_name() -> str:
+  """The CPU model from /proc/cpuinfo (Linux), else the platform's machine name."""
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+    return re.search(r"model name\s*:\s*(.+)", text).group(1).strip()
+  except (OSError, AttributeError):
+    return platform.machine()
+
+
+def display(path: str) -> str:
+  """`path` relative to the repository when it lies inside it."""
+  p = pathlib.Path(path)
+  return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else path
+
+
+def heldout_queries(rows) -> str:
+  counts = sorted({int(r["heldout_queries"]) for r in rows if r.get("heldout_queries")})
+  return "/".join(map(str, counts)) or "?"
+
+
+def report(a, rows, command: str) -> str:
+  """The Markdown results file (without the reading, which a person writes)."""
+  load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+  minutes = sum(r["train_minutes"] + r["eval_minutes"] for r in rows)
+  floor, bm25 = random_floor(a), bm25_reference(a)
+  return (f"# {a.task}: retrieval quality and index size by passage compression ratio\n\n"
+          f"- command: `{command}`\n"
+          f"- date: {datetime.date.today()}\n"
+          f"- machine: {cpu_name()}, {os.cpu_count()} CPU cores, "
+          f"Python {platform.python_version()}; {minutes:.0f} min of fine-tuning, indexing "
+          f"and search in all; load average (1/5/15 min) {load} when this file was written "
+          "(minutes depend on what else ran on the machine)\n"
+          f"- each row: `{display(a.init)}` (models/decal_tiny.gin + models/dual_encoder.gin, "
+          f"queries at C = 1) fine-tuned {a.steps} steps with in-batch softmax on the task's "
+          f"train qrels (batch {a.batch_size}, learning rate {a.learning_rate}, queries "
+          f"{a.query_length} / passages {a.passage_length} tokens); held-out in-batch accuracy "
+          f"on '{a.validation_split}' ({heldout_queries(rows)} queries in batches of "
+          f"{a.batch_size}, at most 10: is the query's own passage the top one among the batch's "
+          f"passages?); then the whole corpus indexed (float16) and the '{a.eval_split}' "
+          "queries searched with exact MaxSim, top 100\n\n"
+          f"{table(rows)}\n\n"
+          f"{rows[0]['num_queries']} queries, {rows[0]['num_docs']} passages. s.e.: the "
+          "standard error of the mean NDCG@10 over the queries; the paired difference is the "
+          "mean over queries of a row's NDCG@10 minus the base row's on the same query (hard "
+          "queries are hard for every row, so it is tighter than the two means' s.e.). Each "
+          "row is one fine-tune: the spread across fine-tuning seeds is in neither. "
+          "Random rankings (mean of 20) "
+          f"score NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 {floor['recall@100']:.4f}; "
+          f"BM25 (k1 0.9, b 0.4, lower-cased words, no training) NDCG@10 {bm25['ndcg@10']:.4f}, "
+          f"Recall@100 {bm25['recall@100']:.4f}.\n\n"
+          "## Rows (JSON lines)\n\n"
+          "```jsonl\n" + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")
+
+
+def keep_reading(out: pathlib.Path, text: str) -> str:
+  """`text`, followed by the '## Reading' section of the file already at `out`, if any."""
+  if not out.exists() or READING not in out.read_text():
+    return text
+  old = out.read_text()
+  reading = old[old.index(READING):].split("\n## Rows", 1)[0].rstrip() + "\n\n"
+  head, rows = text.split("## Rows (JSON lines)", 1)
+  return head + reading + "## Rows (JSON lines)" + rows
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--init", required=True,
+                      help="pretrained DeCAL checkpoint folder (the main job's MODEL_DIR)")
+  parser.add_argument("--task", default="decal_beir_builtin", help="a decal_beir_<name> task")
+  parser.add_argument("--validation_split", default=None,
+                      help="split for the fine-tune's held-out in-batch loss (default: "
+                      "'validation' where the folder has it, else --eval_split)")
+  parser.add_argument("--eval_split", default="test", help="split whose queries are scored")
+  parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8])
+  parser.add_argument("--mean_pooling_ratio", type=int, default=None,
+                      help="add the single-vector row: mean of the encoder's vectors at C")
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--learning_rate", type=float, default=0.001)
+  parser.add_argument("--query_length", type=int, default=32)
+  parser.add_argument("--passage_length", type=int, default=256)
+  parser.add_argument("--work", default=None,
+                      help="runs folder (default runs/retrieval_table/<task>)")
+  parser.add_argument("--out", default=None, help="write the Markdown table here")
+  a = parser.parse_args(argv)
+  if any(r < 1 for r in a.ratios) or (a.mean_pooling_ratio is not None
+                                      and a.mean_pooling_ratio < 1):
+    parser.error("ratios must be integers >= 1")
+  if len(set(a.ratios)) != len(a.ratios):
+    parser.error(f"--ratios {a.ratios} repeats a ratio")
+  if min(a.steps, a.batch_size, a.query_length - 1, a.passage_length - 1) < 1:
+    parser.error("--steps and --batch_size must be >= 1, --query_length and "
+                 "--passage_length >= 2 (one token and EOS)")
+  if not a.task.startswith("decal_beir_"):
+    parser.error(f"--task {a.task}: give a BEIR task (decal_beir_<name>); the table indexes "
+                 "and searches its corpus")
+  init = pathlib.Path(a.init)
+  if not (init.is_dir() and (re.fullmatch(r"checkpoint_\d+", init.name)
+                             or any(init.glob("checkpoint_*")))):
+    parser.error(f"--init {a.init} holds no checkpoint_<step> folder; give the pretraining "
+                 "run's MODEL_DIR (the README's main job writes runs/decal_tiny)")
+  a.init = str(init.absolute())
+  return a
+
+
+def main(argv=None):
+  a = parse_args(argv)
+  resolve_splits(a)
+  work = pathlib.Path(a.work or REPO / "runs" / "retrieval_table" / a.task).absolute()
+  work.mkdir(parents=True, exist_ok=True)
+  check_settings(a, work)
+  rows = []
+  todo = variants(a)
+  for i, variant in enumerate(todo, start=1):
+    print(f"[{i}/{len(todo)}] ", end="", flush=True)
+    rows.append(one_variant(*variant, a, work))
+  command = "python tools/retrieval_table.py " + " ".join(
+      argv if argv is not None else sys.argv[1:])
+  paired_to_base(rows, a, work)
+  text = report(a, rows, command)
+  print("\n" + table(rows))
+  if a.out:
+    out = pathlib.Path(a.out)
+    out.write_text(keep_reading(out, text))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()
