@@ -1,4 +1,4 @@
-# python tools/retrieval_table.py --init runs/decal_tiny --task decal_beir_builtin --ratios 1 2 4 8 --mean_pooling_ratio 1 --steps 150 --out docs/results/retrieval_builtin.md
+# python tools/retrieval_table.py --init runs/decal_tiny --task decal_beir_builtin --ratios 1 2 4 8 --mean_pooling_ratio 1 --steps 120 --query_length 16 --passage_length 128 --learning_rate 0.01 --out docs/results/retrieval_builtin.md
 """Retrieval quality against the passage compression ratio C: for each C, fine-tune the same
 pretrained DeCAL checkpoint as a multi-vector dual encoder (runs/retrieval_finetune.gin,
 queries at C = 1), then index the corpus and score the split's queries with
@@ -18,7 +18,13 @@ A BEIR folder outside the built-in one becomes a task through DECAL_LOCAL_DATA_D
 validation qrels the fine-tune's held-out in-batch loss is read on --eval_split):
 
   DECAL_LOCAL_DATA_DIR=../shared/data python tools/retrieval_table.py --init runs/decal_tiny \
-    --task decal_beir_scifact --ratios 1 4 --mean_pooling_ratio 1 --out docs/results/retrieval_scifact.md
+    --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 --steps 150 \
+    --learning_rate 0.01 --query_length 32 --passage_length 256 \
+    --out docs/results/retrieval_scifact.md
+
+The results file gets the table, BM25 and random-ranking references, per-query standard
+errors and paired differences to C = 1; a '## Reading' section written into it by hand is
+kept when the command rewrites the file.
 """
 import argparse
 import datetime
