@@ -1,5 +1,5 @@
 """tools/bench_train.py without compiling anything: the peak table's device matching, the
-step's jitted program found inside trainer.make_train_step, and the summary arithmetic
+step's jitted program exposed by trainer.make_train_step, and the summary arithmetic
 (median, throughput, analytical FLOPs, MFU) on hand-made timings."""
 import importlib.util
 import pathlib
@@ -49,7 +49,7 @@ def test_the_trainers_jitted_step_is_found():
   shape, this says so (the tool would fall back to timing the first call)."""
   setup = _setup()
   step = trainer.make_train_step(setup.model, setup.optimizer, setup.partitioner, None)
-  assert hasattr(bench._jitted_step(step), "lower")  # pylint: disable=protected-access
+  assert hasattr(step.jitted, "lower")
 
 
 def test_summary_arithmetic_on_hand_made_timings(monkeypatch):

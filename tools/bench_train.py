@@ -32,7 +32,6 @@ Every run appends one JSON line per configuration to --out.
 import argparse
 import dataclasses
 import datetime
-import inspect
 import json
 import os
 import platform
@@ -42,6 +41,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling tools
 
 import flax.linen as nn  # noqa: E402
 import gin  # noqa: E402
@@ -55,6 +55,7 @@ from decal_jax.compress.latents import DecalLatents  # noqa: E402
 from decal_jax.layers import attention as attn  # noqa: E402
 from decal_jax.layers.core import DenseGeneral, Embed, MlpBlock, RMSNorm  # noqa: E402
 from decal_jax.networks.t5 import T5Config  # noqa: E402
+from bench_encoder import _time  # noqa: E402  (median of timed calls after a warm-up)
 
 # bf16 dense (no 2:4 sparsity) peak TFLOP/s per chip, by a substring of jax's device_kind
 # (first match wins, so the more specific names come first), with the source of each number.
@@ -172,14 +173,6 @@ def model_flops_per_step(setup: Setup) -> Optional[float]:
 
 
 # ----------------------------------------------------------------------------- compile / run
-def _jitted_step(step):
-  """The `jax.jit` object inside `trainer.make_train_step`'s closure, so the step can be
-  lowered and compiled ahead of time (the trainer exposes no hook for it yet); None if the
-  closure changed shape."""
-  jitted = inspect.getclosurevars(step).nonlocals.get("jitted")
-  return jitted if hasattr(jitted, "lower") else None
-
-
 class Runner:
   """A compiled train step with its state, batch and measurements."""
 
@@ -196,16 +189,12 @@ class Runner:
     self._compile(step)
 
   def _compile(self, step) -> None:
-    jitted = _jitted_step(step)
+    """Lowers and compiles the trainer's own jitted step ahead of time."""
     start = time.perf_counter()
-    if jitted is None:  # fall back: compile time = first call - one steady step (below)
-      self.fn, self._first_call = step, True
-      return
     with self.setup.partitioner.activate():
-      lowered = jitted.lower(self.state, self.batch, self.rng)
+      lowered = step.jitted.lower(self.state, self.batch, self.rng)
       traced = time.perf_counter()
       self.fn = lowered.compile()
-    self._first_call = False
     done = time.perf_counter()
     self.info.update(trace_lower_s=traced - start, xla_compile_s=done - traced,
                      compile_s=done - start, **_cost(self.fn))
@@ -215,9 +204,7 @@ class Runner:
     self.state, aux = self.fn(self.state, self.batch, self.rng)
     jax.block_until_ready((self.state, aux))
     elapsed = time.perf_counter() - start
-    if self._first_call:
-      self.info["first_call_s"], self._first_call = elapsed, False
-    elif timed:
+    if timed:
       self.times.append(elapsed)
     self.last_loss = float(aux["loss"])
 
@@ -245,8 +232,6 @@ def summarize(runner: Runner, device) -> Dict[str, Any]:
   setup, times = runner.setup, sorted(runner.times)
   median = statistics.median(times)
   info = dict(runner.info)
-  if "first_call_s" in info:
-    info["compile_s"] = info.pop("first_call_s") - median
   positions = setup.batch_size * sum(setup.lengths.values())
   model_flops = model_flops_per_step(setup)
   peak = device_peak(device)
@@ -413,16 +398,6 @@ def _part_specs(setup: Setup, rng: np.random.RandomState):
   return specs
 
 
-def _median_time(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def _time_part(module, inputs, seed: int, repeats: int):
   """(seconds, XLA FLOPs) of one forward + backward of `module` (gradients with respect to
   its params and its float inputs) against a fixed random cotangent."""
@@ -449,7 +424,7 @@ def _time_part(module, inputs, seed: int, repeats: int):
   grad = jax.jit(jax.grad(objective, argnums=(0, 1)))
   args = (params, [inputs[i] for i in diff], [inputs[i] for i in fixed], cotangents)
   compiled = grad.lower(*args).compile()
-  return _median_time(compiled, args, repeats), _cost(compiled).get("xla_flops_per_step")
+  return _time(compiled, args, repeats), _cost(compiled).get("xla_flops_per_step")
 
 
 def _time_optimizer(setup: Setup, seed: int, repeats: int):
@@ -467,7 +442,7 @@ def _time_optimizer(setup: Setup, seed: int, repeats: int):
     return optax.apply_updates(params, updates), state
 
   compiled = jax.jit(update).lower(params, state, grads).compile()
-  return (_median_time(compiled, (params, state, grads), repeats),
+  return (_time(compiled, (params, state, grads), repeats),
           _cost(compiled).get("xla_flops_per_step"))
 
 
