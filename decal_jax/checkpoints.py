@@ -1,23 +1,54 @@
 """Orbax checkpoints of the train state, the data position and the architecture.
 
-Each step directory holds three items: `state` (params, optimizer state, step), `data`
-(how many batches were consumed, and the dataset seed) and `architecture` (every
-parameter's path and shape). Orbax writes a step to a temporary directory and renames it
+Each step directory holds up to four items: `state` (params, optimizer state, step), `data`
+(how many batches were consumed, the dataset seed and the dropout RNG), `architecture`
+(every parameter's path and shape) and `dataset` (each process's tf.data iterator state,
+`data.batch_iterator`; absent when the pipeline cannot be saved). Orbax writes a step to a temporary directory and renames it
 when complete, so a crash never leaves a half-written checkpoint that looks like the
 latest. Before restoring, the saved architecture is compared with the model's, and a
-mismatch is reported without touching the directory.
+mismatch is reported without touching the directory. Params saved in another layout of
+the T5 network (`T5Config.scan_layers`, `fused_qkv`) are converted when loaded for eval /
+infer (`restore_params`) or to start a run (`restore_matching_params`).
 """
+import dataclasses
 import pathlib
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import flax
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+from decal_jax.data import batch_iterator
+from decal_jax.networks import param_layout
 
 
 class ArchitectureMismatchError(ValueError):
   pass
+
+
+class _DatasetHandler(ocp.CheckpointHandler):
+  """The `dataset` item: every process writes its own iterator state into the item folder
+  (`batch_iterator.process_file`), inside Orbax's temporary step folder, so it is renamed
+  into place with the rest of the checkpoint or not at all."""
+
+  def save(self, directory, args: "DatasetArgs"):
+    args.iterator.save(str(directory / _own_process_file()))
+
+  def restore(self, directory, args: "DatasetArgs"):
+    args.iterator.restore(str(directory / _own_process_file()))
+    return True
+
+
+@ocp.args.register_with_handler(_DatasetHandler, for_save=True, for_restore=True)
+@dataclasses.dataclass
+class DatasetArgs(ocp.args.CheckpointArgs):
+  iterator: batch_iterator.BatchIterator
+
+
+def _own_process_file() -> str:
+  return batch_iterator.process_file(jax.process_index(), jax.process_count())
 
 
 def architecture_of(params: Any) -> Dict[str, list]:
@@ -50,20 +81,23 @@ class Checkpointer:
                                            step_prefix="checkpoint",
                                            enable_async_checkpointing=False)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "data", "architecture"))
+                                         item_names=("state", "data", "architecture", "dataset"))
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def save(self, step: int, state: Any, data_position: Dict[str, int], force: bool = False):
-    """Saves when `step` is a multiple of save_period (or `force`)."""
+  def save(self, step: int, state: Any, data_position: Dict[str, int], force: bool = False,
+           batches: Optional[batch_iterator.BatchIterator] = None):
+    """Saves when `step` is a multiple of save_period (or `force`), with the input
+    pipeline's position when `batches` can save it."""
     if not force and step % self.save_period:
       return False
     if self.manager.latest_step() == step:
       return False  # already saved (e.g. periodic save on the final step)
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               data=ocp.args.JsonSave(dict(data_position)),
-                              architecture=ocp.args.JsonSave(architecture_of(state["params"])))
+                              architecture=ocp.args.JsonSave(architecture_of(state["params"])),
+                              **_dataset_args(batches))
     self.manager.save(step, args=args, force=True)
     self.manager.wait_until_finished()
     return True
@@ -73,14 +107,22 @@ class Checkpointer:
         architecture=ocp.args.JsonRestore()))
     return dict(restored["architecture"])
 
-  def check_architecture(self, step: int, params_like: Any) -> None:
+  def check_architecture(self, step: int, params_like: Any, convert_layout: bool = False) -> str:
+    """Raises ArchitectureMismatchError unless the saved params have the names and shapes
+    of `params_like`, with `convert_layout` once converted to its T5 layout. Returns that
+    conversion (`param_layout.layout_change`), '' for none."""
     saved, current = self.saved_architecture(step), architecture_of(params_like)
+    change = param_layout.layout_change(saved, current) if convert_layout else ""
+    if change:
+      saved = _converted_architecture(saved, current)
     if saved != current:
+      converted = f" (after converting its layout: {change})" if change else ""
       raise ArchitectureMismatchError(
-          f"{self.directory} holds a checkpoint (step {step}) of a different architecture:\n"
-          f"{describe_mismatch(saved, current)}\nUse a new MODEL_DIR, or the gin config "
-          f"that wrote it (saved as {self.directory / 'config.gin'}). Nothing was "
+          f"{self.directory} holds a checkpoint (step {step}) of a different architecture"
+          f"{converted}:\n{describe_mismatch(saved, current)}\nUse a new MODEL_DIR, or the "
+          f"gin config that wrote it (saved as {self.directory / 'config.gin'}). Nothing was "
           "changed on disk.")
+    return change
 
   def restore(self, step: int, abstract_state: Any) -> Tuple[Any, Dict[str, int]]:
     """Restores onto `abstract_state` (ShapeDtypeStructs carrying the target shardings, so
@@ -90,18 +132,49 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["data"])
 
+  def restore_dataset(self, step: int, batches: batch_iterator.BatchIterator) -> bool:
+    """Moves `batches` to the position saved at `step`; False (nothing done) when that
+    checkpoint holds none for this process (older checkpoint, unsavable pipeline, or
+    another process count)."""
+    saved = self.directory / f"checkpoint_{step}" / "dataset" / f"{_own_process_file()}.index"
+    if not saved.exists():
+      return False
+    self.manager.restore(step, args=ocp.args.Composite(dataset=DatasetArgs(batches)))
+    return True
+
   def restore_params(self, step: int, abstract_params: Any) -> Any:
     """Only the params (for eval / infer), whatever optimizer wrote the checkpoint, placed
-    with the shardings of `abstract_params`."""
-    self.check_architecture(step, abstract_params)
+    with the shardings of `abstract_params`; params saved in another T5 layout are
+    converted to that of `abstract_params`."""
+    change = self.check_architecture(step, abstract_params, convert_layout=True)
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(fallback_sharding=_replicated())))
+        state=ocp.args.StandardRestore(fallback_sharding=_replicated())))["state"]["params"]
+    if change:
+      restored = _to_layout_of(restored, abstract_params)
     return jax.tree_util.tree_map(lambda x, a: jax.device_put(x, a.sharding),
-                                  restored["state"]["params"], abstract_params)
+                                  restored, abstract_params)
 
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _dataset_args(batches: Optional[batch_iterator.BatchIterator]) -> Dict[str, Any]:
+  return {"dataset": DatasetArgs(batches)} if batches is not None and batches.checkpointable \
+      else {}
+
+
+def _converted_architecture(saved: Dict[str, list], like: Dict[str, list]) -> Dict[str, list]:
+  """The architecture `saved` would have once converted to the T5 layout of `like`."""
+  shapes = {k: jax.ShapeDtypeStruct(tuple(v), jnp.float32) for k, v in saved.items()}
+  return architecture_of(jax.eval_shape(lambda s: param_layout.to_layout_of(s, like), shapes))
+
+
+def _to_layout_of(params: Any, like: Any) -> Any:
+  """Nested `params` converted to the T5 layout of the nested tree `like`."""
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  names = architecture_of(like)
+  return flax.traverse_util.unflatten_dict(param_layout.to_layout_of(flat, names), sep="/")
 
 
 def _replicated() -> jax.sharding.NamedSharding:
@@ -126,10 +199,12 @@ def resolve_checkpoint(path: str) -> Tuple[str, int]:
   return str(p), step
 
 
-def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, List[str]]]:
+def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, Any]]:
   """`params` with every parameter that the checkpoint at `path` holds under the same name
   and shape replaced by the saved value (placed with the current sharding); the others keep
-  their fresh initialisation. Returns (params, {'restored', 'initialised', 'unused'})."""
+  their fresh initialisation. A T5 checkpoint in another layout (scan_layers, fused_qkv) is
+  converted to that of `params` first. Returns (params, {'restored', 'initialised',
+  'unused', 'converted'}), 'converted' naming the layout change ('' for none)."""
   directory, step = resolve_checkpoint(path)
   ckpt = Checkpointer(directory)
   saved_shapes = ckpt.saved_architecture(step)
@@ -138,7 +213,12 @@ def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, List
   ckpt.close()
   saved = flax.traverse_util.flatten_dict(flax.core.unfreeze(saved), sep="/")
   current = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
-  report = {"restored": [], "initialised": [], "unused": sorted(set(saved) - set(current))}
+  change = param_layout.layout_change(saved, current)
+  if change:
+    saved = param_layout.to_layout_of(saved, current)
+    saved_shapes = architecture_of(saved)
+  report = {"restored": [], "initialised": [], "unused": sorted(set(saved) - set(current)),
+            "converted": change}
   merged = {}
   for name, value in current.items():
     if name in saved and saved_shapes.get(name) == list(value.shape):

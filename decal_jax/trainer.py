@@ -1,8 +1,9 @@
 """The gin-configurable train / evaluate / infer loops (T5X-style, on jax.jit + a mesh).
 
 `train(...)` builds the model's variables sharded over the partitioner's mesh, restores
-the latest checkpoint in MODEL_DIR if there is one (params, optimizer state, step and the
-number of batches consumed, so the data stream continues where it stopped), runs jitted
+the latest checkpoint in MODEL_DIR if there is one (params, optimizer state, step, the
+dropout RNG and the input pipeline's position, so the data stream continues where it
+stopped without re-reading it), runs jitted
 train steps with a progress bar, writes TensorBoard metrics to MODEL_DIR/train and
 MODEL_DIR/eval, saves Orbax checkpoints, evaluates on the validation split and prints a
 decoded example.
@@ -21,7 +22,7 @@ import tensorflow as tf
 import tqdm
 
 from decal_jax import checkpoints, inference, metrics, optimizers, partitioning, resilience
-from decal_jax.data import autoencoding, sentences, span_corruption, text_to_text
+from decal_jax.data import autoencoding, batch_iterator, sentences, span_corruption, text_to_text
 
 Batch = Dict[str, np.ndarray]
 
@@ -93,10 +94,30 @@ def get_dataset(cfg: DatasetConfig, model, num_epochs: Optional[int],
   return ds.batch(cfg.batch_size // shard.count, drop_remainder=num_epochs is None)
 
 
-def train_batches(cfg: DatasetConfig, model, skip: int,
-                  partitioner: Optional[partitioning.Partitioner] = None) -> Iterator[Batch]:
-  """Endless, deterministic batches; `skip` = batches already consumed (resume)."""
-  return get_dataset(cfg, model, None, partitioner).skip(skip).as_numpy_iterator()
+def train_batches(cfg: DatasetConfig, model, skip: int = 0,
+                  partitioner: Optional[partitioning.Partitioner] = None
+                  ) -> batch_iterator.BatchIterator:
+  """Endless, deterministic batches, prefetched; `skip` = batches already consumed."""
+  batches = batch_iterator.BatchIterator(
+      get_dataset(cfg, model, None, partitioner).prefetch(tf.data.AUTOTUNE))
+  batches.advance(skip, show_progress=False)
+  return batches
+
+
+def _resume_batches(cfg: DatasetConfig, model, partitioner: partitioning.Partitioner,
+                    ckpt: checkpoints.Checkpointer, consumed: int) -> batch_iterator.BatchIterator:
+  """The training batches from where the latest checkpoint left them: its saved iterator
+  state when it has one for this process, else by reading the consumed batches again."""
+  batches = train_batches(cfg, model, 0, partitioner)
+  step = ckpt.latest_step()
+  if step is None or ckpt.restore_dataset(step, batches):
+    return batches
+  _log(f"note: checkpoint_{step} holds no input position for process "
+       f"{jax.process_index()} of {jax.process_count()} (its input pipeline cannot be saved, "
+       "or it was written by another number of processes or an older version); reading the "
+       f"{consumed} consumed batches again to resume exactly.")
+  batches.advance(consumed, show_progress=jax.process_index() == 0)
+  return batches
 
 
 def pad_batch(batch: Batch, batch_size: int) -> Batch:
@@ -337,8 +358,8 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
   start = int(jax.device_get(state["step"]))
-  batches = train_batches(train_dataset_cfg, model, skip=position["batches_consumed"],
-                          partitioner=partitioner)
+  batches = _resume_batches(train_dataset_cfg, model, partitioner, ckpt,
+                            position["batches_consumed"])
   rng = jnp.asarray(position["rng"], jnp.uint32)
   eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
   window = metrics.Window(_summarize_fn(model))
@@ -348,7 +369,7 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   def save(step: int, force: bool = False):
     if force or step % checkpoint_period == 0:
       guard.check(ckpt.latest_step(), model_dir)  # never save after a non-finite step
-    ckpt.save(step, state, position, force=force)
+    ckpt.save(step, state, position, force=force, batches=batches)
 
   with resilience.PreemptionWatcher() as preemption:
     for step in bar:
@@ -419,6 +440,8 @@ def _start_from(path: str, params):
   _log(f"Starting from {path}: {len(report['restored'])} parameters restored, "
        f"{len(report['initialised'])} newly initialised, {len(report['unused'])} in the "
        "checkpoint unused.")
+  if report["converted"]:
+    _log(f"  converted the checkpoint's layout: {report['converted']}")
   for key in ("initialised", "unused"):
     if report[key]:
       _log(f"  {key}: " + ", ".join(report[key][:8]) + (" ..." if len(report[key]) > 8 else ""))

@@ -1,4 +1,5 @@
 """Test-session setup shared by every test module."""
+import os
 import sys
 
 # TensorFlow (which seqio imports) and Triton's compiler library crash the process when
@@ -6,3 +7,34 @@ import sys
 # The tests run PyTorch on CPU only, which needs no Triton: hide it before torch looks.
 if "triton" not in sys.modules:
   sys.modules["triton"] = None
+
+# Many tests compile the same programs (the same tiny models, trained and evaluated again
+# by each resume / restart test, in this process and in the CLI subprocesses they start).
+# XLA's persistent compilation cache turns every repeat into a load of the stored
+# executable: the same binary, so results are unchanged, and the suite runs about a third
+# faster. Set here, before JAX is imported; subprocesses inherit it through the environment.
+_CACHE_ROOT = os.environ.get("DECAL_CACHE_DIR") or os.path.join(
+    os.path.expanduser("~"), ".cache", "decal_jax")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_CACHE_ROOT, "xla_test_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+# The two xdist workers take whole files (`--dist loadfile`) in collection order. By
+# default xdist reorders files by their number of tests, which leaves a slow file with few
+# tests for the end while the other worker idles. Instead, the slowest files (measured with
+# `--durations`, about 2-4 minutes each on 2 cores) go first and the many short ones fill
+# in behind them, so both workers finish together.
+SLOWEST_FIRST = ("test_entry_points.py", "test_ablation.py", "test_trainer.py",
+                 "test_fault_tolerance.py", "test_partitioning.py", "test_squid_train.py",
+                 "test_dodo_lm.py", "test_dodo.py", "test_retrieval_e2e.py")
+
+
+def pytest_configure(config):
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable for the rest

@@ -4,7 +4,8 @@ Each option (T5Config.scan_layers, remat_policy, dtype, fused_qkv, attention_ker
 checked against the plain configuration with the same weights mapped between layouts
 (`networks/param_layout.py`): logits, gradients and, for scan, Adafactor steps. The
 attention kernels are also checked against each other at the layer level with a relative
-position bias, a padding mask and a causal mask. All on a tiny DeCAL 4x model.
+position bias, a padding mask and a causal mask. Checkpoints written in one layout load,
+converted, into the other. All on a tiny DeCAL 4x model.
 """
 import dataclasses
 import functools
@@ -15,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from decal_jax import models, optimizers
+from decal_jax import checkpoints, models, optimizers, trainer
 from decal_jax.layers import attention as attn
 from decal_jax.networks import param_layout
 from decal_jax.networks.t5 import REMAT_POLICIES, T5Config, Transformer
@@ -278,3 +279,53 @@ def test_all_options_keep_decal_and_cached_decoding_equal_full_forward():
     steps.append(logits)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, axis=1)), np.asarray(full),
                              atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+SCANNED_FUSED = dataclasses.replace(PLAIN, scan_layers=True, fused_qkv=True)
+
+
+def _logits(cfg, params):
+  logits = _model(cfg)._compute_logits  # pylint: disable=protected-access
+  return np.asarray(_compiled(logits, params, _batch()))  # [batch, targets, vocab]
+
+
+def _save(directory, params):
+  ckpt = checkpoints.Checkpointer(str(directory))
+  ckpt.save(3, {"params": params, "step": jnp.int32(3)}, {"batches_consumed": 3}, force=True)
+  ckpt.close()
+
+
+@pytest.mark.parametrize("src,dst", [(PLAIN, SCANNED_FUSED), (SCANNED_FUSED, PLAIN)],
+                         ids=["unrolled_to_scanned", "scanned_to_unrolled"])
+def test_checkpoints_load_converted_into_the_other_layout(tmp_path, capsys, src, dst):
+  """A checkpoint written in one layout starts a run (INITIAL_CHECKPOINT_PATH) and is
+  evaluated (eval / infer's restore) in the other: every parameter restored, and the
+  model computes the logits of the model that wrote it."""
+  saved = _random_params(src)
+  _save(tmp_path, saved)
+  fresh = _random_params(dst, seed=1)
+  params, report = checkpoints.restore_matching_params(str(tmp_path), fresh)
+  names = sorted(checkpoints.architecture_of(fresh))
+  assert sorted(report["restored"]) == names
+  assert report["initialised"] == [] and report["unused"] == []
+  assert report["converted"] == (f"scan_layers: {src.scan_layers} -> {dst.scan_layers}, "
+                                 f"fused_qkv: {src.fused_qkv} -> {dst.fused_qkv}")
+  trainer._start_from(str(tmp_path), fresh)  # pylint: disable=protected-access
+  assert f"converted the checkpoint's layout: {report['converted']}" in capsys.readouterr().out
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  evaluated = ckpt.restore_params(3, checkpoints.abstract_like(fresh))
+  ckpt.close()
+  _assert_trees_close(evaluated, params, atol=0)
+  np.testing.assert_allclose(_logits(dst, params), _logits(src, saved), atol=1e-5)
+
+
+def test_eval_restore_still_refuses_another_architecture_after_conversion(tmp_path):
+  _save(tmp_path, _random_params(PLAIN))
+  wider = dataclasses.replace(SCANNED_FUSED, mlp_dim=64)
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(checkpoints.ArchitectureMismatchError,
+                     match=r"(?s)after converting its layout: scan_layers: False -> True.*"
+                           r"shape differs: +encoder/layers/mlp/wi_0/kernel.*Use a new MODEL_DIR"):
+    ckpt.restore_params(3, _own_layout(wider)["params"])
+  ckpt.close()

@@ -1,6 +1,7 @@
 """Trainer: the loss falls, a resumed run equals an uninterrupted one, bad input is refused."""
 import os
 import pathlib
+import shutil
 
 import jax
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 import decal_jax.tasks  # noqa: F401
 from decal_jax import checkpoints, models, optimizers, partitioning, trainer
-from decal_jax.data import vocabularies
+from decal_jax.data import batch_iterator, vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
 
 LENGTHS = {"inputs": 32, "targets": 12}
@@ -73,19 +74,34 @@ def _restore(model_dir):
   return _restore_with(model_dir, _optimizer())
 
 
-def test_resume_continues_where_it_stopped(tmp_path, capsys):
+def test_resume_continues_where_it_stopped(tmp_path, capsys, monkeypatch):
   _train(tmp_path / "straight", 6)
   _train(tmp_path / "resumed", 3)
+  assert (tmp_path / "resumed/checkpoint_3/dataset/process_0-of-1.index").exists()
+  # A checkpoint without the input position (written before it was saved) still resumes
+  # exactly, by reading the consumed batches again.
+  shutil.copytree(tmp_path / "resumed", tmp_path / "old_format")
+  shutil.rmtree(tmp_path / "old_format/checkpoint_3/dataset")
+  advanced = []
+  monkeypatch.setattr(batch_iterator.BatchIterator, "advance",
+                      lambda self, n, show_progress=True: advanced.append(n) or
+                      [next(self._iterator) for _ in range(n)])
   _train(tmp_path / "resumed", 6)  # the same command again, with more steps
   assert "Resuming from step 3" in capsys.readouterr().out
+  assert sum(advanced) == 0  # the saved position, not 3 batches read again
+  _train(tmp_path / "old_format", 6)
+  assert "reading the 3 consumed batches again" in capsys.readouterr().out
+  assert sum(advanced) == 3
   straight, straight_data = _restore(tmp_path / "straight")
-  resumed, resumed_data = _restore(tmp_path / "resumed")
-  assert int(resumed["step"]) == int(straight["step"]) == 6
-  assert resumed_data == straight_data == {"batches_consumed": 6, "seed": 0, "rng": [0, 1]}
-  # Bitwise: the same compiled step on the same batches from the same state.
-  jax.tree_util.tree_map(np.testing.assert_array_equal, resumed["params"], straight["params"])
-  jax.tree_util.tree_map(np.testing.assert_array_equal, resumed["opt_state"],
-                         straight["opt_state"])
+  for name in ("resumed", "old_format"):
+    resumed, resumed_data = _restore(tmp_path / name)
+    assert int(resumed["step"]) == int(straight["step"]) == 6
+    assert resumed_data == straight_data == {"batches_consumed": 6, "seed": 0, "rng": [0, 1]}
+    # Bitwise: the same compiled step on the same batches from the same state.
+    jax.tree_util.tree_map(np.testing.assert_array_equal, resumed["params"],
+                           straight["params"])
+    jax.tree_util.tree_map(np.testing.assert_array_equal, resumed["opt_state"],
+                           straight["opt_state"])
   # The batch after a resume at step 3 is the 4th batch of an uninterrupted stream.
   model = _model()
   fresh = trainer.train_batches(_cfg(), model, skip=0)

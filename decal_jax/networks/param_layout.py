@@ -12,10 +12,14 @@ Two `T5Config` options change the checkpoint layout (the function stays the same
 `convert_params(params, src, dst)` maps a params tree (or anything shaped like it: a
 gradient, an Adam moment) from the layout of config `src` to that of config `dst`, e.g. to
 start a scanned run from an unrolled checkpoint. Works on numpy and jax arrays alike.
+`layout_of` reads a layout from parameter names and `to_layout_of` converts flat
+('/'-joined) params to another tree's layout: `checkpoints` uses them so that
+INITIAL_CHECKPOINT_PATH and eval / infer load a checkpoint written in either layout.
 """
 import re
-from typing import Any, Dict
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Union
 
+import flax
 import jax.numpy as jnp
 
 from decal_jax.networks.t5 import T5Config
@@ -28,7 +32,14 @@ _SELF_QKV = ("attention_qkv", "latent_attention_qkv", "self_attention")
 _CROSS_QKV = ("encoder_decoder_attention",)
 
 
-def convert_params(params: Tree, src: T5Config, dst: T5Config) -> Tree:
+class Layout(NamedTuple):
+  """The layout options of a `T5Config`, alone (what `convert_params` reads)."""
+  scan_layers: bool
+  fused_qkv: bool
+
+
+def convert_params(params: Tree, src: Union[T5Config, Layout],
+                   dst: Union[T5Config, Layout]) -> Tree:
   """`params` in the layout of `src` -> the same values in the layout of `dst`."""
   tree = dict(params)
   if src.scan_layers:
@@ -40,6 +51,42 @@ def convert_params(params: Tree, src: T5Config, dst: T5Config) -> Tree:
   if dst.scan_layers:
     tree = _map_stacks(tree, stack_layers)
   return tree
+
+
+# ----------------------------------------------------------------------------- detection
+def layout_of(names: Iterable[str]) -> Optional[Layout]:
+  """The `Layout` of a T5 network's params from their '/'-joined names: `encoder/layers/..`
+  (scanned) or `encoder/layers_0/..`, `../qkv_fused/kernel` or `../query/kernel`. None
+  when the names are not those of one T5 network's layers (no encoder and decoder stacks,
+  or both stack layouts at once)."""
+  paths = [name.split("/") for name in names]
+  stacks = [p for p in paths if len(p) > 2 and p[0] in ("encoder", "decoder")]
+  scanned = {p[0] for p in stacks if p[1] == "layers"}
+  unrolled = {p[0] for p in stacks if _UNROLLED.match(p[1])}
+  if scanned | unrolled != {"encoder", "decoder"} or (scanned and unrolled):
+    return None
+  fused = any("qkv_fused" in p or "kv_fused" in p for p in stacks)
+  return Layout(scan_layers=bool(scanned), fused_qkv=fused)
+
+
+def layout_change(names: Iterable[str], like: Iterable[str]) -> str:
+  """'scan_layers: False -> True, fused_qkv: False -> True' (the options that differ) when
+  `names` and `like` are both T5 params in different layouts; '' otherwise."""
+  src, dst = layout_of(names), layout_of(like)
+  if src is None or dst is None or src == dst:
+    return ""
+  return ", ".join(f"{field}: {a} -> {b}" for field, a, b in zip(Layout._fields, src, dst)
+                   if a != b)
+
+
+def to_layout_of(flat: Dict[str, Any], like: Iterable[str]) -> Dict[str, Any]:
+  """Flat params ('/'-joined name -> array) converted to the layout of the names `like`
+  (unchanged unless `layout_change(flat, like)`)."""
+  if not layout_change(flat, like):
+    return dict(flat)
+  tree = convert_params(flax.traverse_util.unflatten_dict(flat, sep="/"), layout_of(flat),
+                        layout_of(like))
+  return flax.traverse_util.flatten_dict(tree, sep="/")
 
 
 # ----------------------------------------------------------------------------- scan
