@@ -10,7 +10,7 @@ decoded example.
 """
 import dataclasses
 import functools
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -189,21 +189,33 @@ def init_state(model, optimizer, partitioner, cfg: DatasetConfig, seed: int):
 
 
 def _opt_state_shardings(abstract, params_sharding, partitioner):
-  """Optimizer-state subtrees that mirror the params (Adam moments, unfactored Adafactor
-  statistics) are sharded like the params where shapes agree; the rest is replicated."""
-  params_tree = jax.tree_util.tree_structure(abstract["params"])
+  """Each optimizer-state leaf of a parameter's shape that sits under that parameter's
+  path (Adam moments, Adafactor's unfactored statistics, also inside `multi_transform` /
+  `optimizers.per_layer` states whose trees do not mirror the params) is sharded like the
+  parameter; the rest (factored row / column statistics, counters) is replicated."""
+  params = {_dict_keys(path): (leaf.shape, sharding) for (path, leaf), sharding in zip(
+      jax.tree_util.tree_flatten_with_path(abstract["params"])[0],
+      jax.tree_util.tree_leaves(params_sharding))}
 
-  def mirrors_params(node):
-    return jax.tree_util.tree_structure(node) == params_tree
+  def shard(path, leaf):
+    keys = _dict_keys(path)
+    for start in range(len(keys)):  # the param path is the leaf path's trailing dict keys
+      shape, sharding = params.get(keys[start:], (None, None))
+      if shape is not None:
+        return sharding if shape == leaf.shape else partitioner.replicated()
+    return partitioner.replicated()
 
-  def shard(node):
-    if not mirrors_params(node):
-      return jax.tree_util.tree_map(lambda _: partitioner.replicated(), node)
-    return jax.tree_util.tree_map(
-        lambda leaf, param, sharding: sharding if leaf.shape == param.shape
-        else partitioner.replicated(), node, abstract["params"], params_sharding)
+  return jax.tree_util.tree_map_with_path(shard, abstract["opt_state"])
 
-  return jax.tree_util.tree_map(shard, abstract["opt_state"], is_leaf=mirrors_params)
+
+def _dict_keys(path) -> Tuple[str, ...]:
+  """The trailing run of dict keys of a pytree path: ('encoder', 'layers', ..., 'kernel')."""
+  keys = []
+  for key in reversed(path):
+    if not isinstance(key, jax.tree_util.DictKey):
+      break
+    keys.append(str(key.key))
+  return tuple(reversed(keys))
 
 
 def make_train_step(model, optimizer, partitioner, shardings):

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from decal_jax import checkpoints, models, optimizers, trainer
+from decal_jax import checkpoints, models, optimizers, partitioning, trainer
 from decal_jax.layers import attention as attn
 from decal_jax.networks import param_layout
 from decal_jax.networks.t5 import REMAT_POLICIES, T5Config, Transformer
@@ -140,6 +140,27 @@ def test_scan_equals_unrolled_logits_grads_and_adafactor_steps():
 
 
 # ----------------------------------------------------------------------------- remat
+def test_scanned_adafactor_statistics_are_sharded_like_their_params():
+  """`optimizers.per_layer` state does not mirror the params tree; its statistics of a
+  parameter's shape must still follow that parameter's (FSDP) sharding, not be replicated."""
+  cfg = dataclasses.replace(PLAIN, scan_layers=True)
+  model = _model(cfg)
+  data = trainer.DatasetConfig("unused", {"inputs": 11, "targets": 6}, batch_size=2)
+  part = partitioning.Partitioner()
+  state, _ = trainer.init_state(model, optimizers.adafactor(), part, data, seed=0)
+  params = {jax.tree_util.keystr(path): leaf for path, leaf in
+            jax.tree_util.tree_flatten_with_path(state["params"])[0]}
+  checked = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state["opt_state"])[0]:
+    owner = [name for name in params if jax.tree_util.keystr(path).endswith(name)]
+    if owner and params[owner[0]].shape == leaf.shape:
+      assert leaf.sharding.spec == params[owner[0]].sharding.spec, owner[0]
+      checked.append(owner[0])
+  stacked = [name for name in checked if "['layers']" in name]
+  assert stacked and any(params[n].sharding.spec != jax.sharding.PartitionSpec()
+                         for n in stacked)
+
+
 def test_remat_policies_equal_plain_loss_and_grads():
   plain = _plain_run()
   assert set(REMAT_POLICIES) == {"none", "full", "dots_saveable",
