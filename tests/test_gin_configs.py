@@ -189,6 +189,16 @@ def test_t5x_gin_files_put_our_module_into_t5x_models(fake_t5x, name, emb, layer
   assert (module.config.emb_dim, module.config.num_encoder_layers) == (emb, layers)
   assert module.config.compression_ratio == 4 and module.config.dropout_rate == 0.1
   assert model.kwargs["optimizer_def"].kwargs["decay_rate"] == 0.8
+  assert module.config.dtype == "bfloat16" and not module.config.scan_layers  # T5X's default
+
+
+def test_t5x_gin_files_pass_the_performance_options(fake_t5x):
+  _parse("t5x/decal_t5_1_1_large.gin", bindings=[
+      "DROPOUT_RATE = 0.0", "SCAN_LAYERS = True", "REMAT_POLICY = 'full'", "FUSED_QKV = True",
+      "ATTENTION_KERNEL = 'xla'", "ACTIVATION_DTYPE = 'float32'"])
+  config = _build_model().kwargs["module"].config
+  assert (config.scan_layers, config.remat_policy, config.fused_qkv, config.attention_kernel,
+          config.dtype) == (True, "full", True, "xla", "float32")
 
 
 @pytest.mark.parametrize("run_file,fn_name", [
