@@ -105,18 +105,28 @@ def train_batches(cfg: DatasetConfig, model, skip: int = 0,
 
 
 def _resume_batches(cfg: DatasetConfig, model, partitioner: partitioning.Partitioner,
-                    ckpt: checkpoints.Checkpointer, consumed: int) -> batch_iterator.BatchIterator:
+                    ckpt: checkpoints.Checkpointer, position: Dict[str, Any]
+                    ) -> batch_iterator.BatchIterator:
   """The training batches from where the latest checkpoint left them: its saved iterator
-  state when it has one for this process, else by reading the consumed batches again."""
+  state when it has one for this process, else by reading the consumed batches again.
+  After a change of data seed the stream starts over in the new order."""
   batches = train_batches(cfg, model, 0, partitioner)
   step = ckpt.latest_step()
-  if step is None or ckpt.restore_dataset(step, batches):
+  if step is None or position.get("seed_changed"):
     return batches
-  _log(f"note: checkpoint_{step} holds no input position for process "
-       f"{jax.process_index()} of {jax.process_count()} (its input pipeline cannot be saved, "
-       "or it was written by another number of processes or an older version); reading the "
-       f"{consumed} consumed batches again to resume exactly.")
-  batches.advance(consumed, show_progress=jax.process_index() == 0)
+  try:
+    if ckpt.restore_dataset(step, batches):
+      return batches
+    why = (f"holds no input position for process {jax.process_index()} of "
+           f"{jax.process_count()} (its input pipeline cannot be saved, or it was written by "
+           "another number of processes or an older version)")
+  except tf.errors.OpError as e:  # a pipeline of another shape than the one saved
+    why = (f"holds an input position this input pipeline cannot take "
+           f"({batch_iterator.tf_reason(e)[:160]}...: was the task or its preprocessing changed?)")
+    batches = train_batches(cfg, model, 0, partitioner)  # nothing half-restored
+  _log(f"note: checkpoint_{step} {why}; reading the {position['batches_consumed']} consumed "
+       "batches again to resume exactly.")
+  batches.advance(position["batches_consumed"], show_progress=jax.process_index() == 0)
   return batches
 
 
@@ -370,8 +380,8 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
   start = int(jax.device_get(state["step"]))
-  batches = _resume_batches(train_dataset_cfg, model, partitioner, ckpt,
-                            position["batches_consumed"])
+  batches = _resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
+  position.pop("seed_changed", None)  # not part of what a checkpoint stores
   rng = jnp.asarray(position["rng"], jnp.uint32)
   eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
   window = metrics.Window(_summarize_fn(model))
@@ -438,13 +448,15 @@ def _maybe_restore(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig, se
   if step is None:
     return state, {"batches_consumed": 0, "seed": cfg.seed, "rng": fresh_rng}
   restored, data = ckpt.restore(step, checkpoints.abstract_like(state))
-  if data.get("seed", cfg.seed) != cfg.seed:
+  seed_changed = data.get("seed", cfg.seed) != cfg.seed
+  if seed_changed:
     _log(f"note: the checkpoint's data seed {data['seed']} differs from {cfg.seed}; the data "
-         "stream restarts from a new order.")
+         "stream restarts from the start of the new order.")
   _log(f"Resuming from step {step} in {ckpt.directory} "
        f"({data.get('batches_consumed', 0)} batches consumed).")
   return restored, {"batches_consumed": int(data.get("batches_consumed", 0)), "seed": cfg.seed,
-                    "rng": data.get("rng", fresh_rng)}  # checkpoints before the RNG was saved
+                    "rng": data.get("rng", fresh_rng),  # checkpoints before the RNG was saved
+                    "seed_changed": seed_changed}
 
 
 def _start_from(path: str, params):

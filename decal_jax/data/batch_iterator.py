@@ -30,6 +30,11 @@ def process_file(process_index: int, process_count: int) -> str:
   return f"process_{process_index}-of-{process_count}"
 
 
+def tf_reason(error: tf.errors.OpError) -> str:
+  """A TF op error's message without the function-node prefix and op suffix."""
+  return error.message.split("}}")[-1].split("[Op:")[0].strip()
+
+
 class BatchIterator(Iterator[Batch]):
   """Numpy batches from a tf.data pipeline, with `save(prefix)` / `restore(prefix)` of the
   iterator's position."""
@@ -60,7 +65,7 @@ class BatchIterator(Iterator[Batch]):
       try:
         self._checkpoint.write(os.path.join(tmp, "probe"))
       except _UNSAVABLE as e:
-        return e.message.split("}}")[-1].split("[Op:")[0].strip()
+        return tf_reason(e)
     return None
 
   def __next__(self) -> Batch:
