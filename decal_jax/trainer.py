@@ -349,7 +349,8 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
           checkpoint_period: int = 200, keep_checkpoints: int = 3,
           show_example: bool = True, gin_config_text: str = "",
           initial_checkpoint_path: Optional[str] = None,
-          nonfinite_policy: str = "raise") -> Dict[str, float]:
+          nonfinite_policy: str = "raise",
+          checkpoint_input: bool = True) -> Dict[str, float]:
   """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics
   (and, with `show_example`, prints one validation example decoded by the model).
 
@@ -365,7 +366,11 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
 
   `nonfinite_policy`: a step with a NaN / Inf loss or gradient never changes the state;
   'raise' then stops with `resilience.NonFiniteError` naming the step (no checkpoint after
-  it is written), 'skip' notes it and goes on."""
+  it is written), 'skip' notes it and goes on.
+
+  `checkpoint_input`: each checkpoint also holds every process's input-pipeline position
+  (`data.batch_iterator`), so a resume reads nothing twice; False leaves it out (smaller
+  checkpoints when shuffle buffers are large; a resume then re-reads the consumed batches)."""
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
   guard = resilience.NonFiniteGuard(nonfinite_policy)
@@ -391,7 +396,8 @@ def train(*, model, train_dataset_cfg: DatasetConfig,
   def save(step: int, force: bool = False):
     if force or step % checkpoint_period == 0:
       guard.check(ckpt.latest_step(), model_dir)  # never save after a non-finite step
-    ckpt.save(step, state, position, force=force, batches=batches)
+    ckpt.save(step, state, position, force=force,
+              batches=batches if checkpoint_input else None)
 
   with resilience.PreemptionWatcher() as preemption:
     for step in bar:

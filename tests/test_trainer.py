@@ -151,7 +151,8 @@ def test_infer_refuses_empty_input(tmp_path):
 
 
 def test_tensorboard_metrics_and_config_are_written(tmp_path):
-  _train(tmp_path, 3, gin_config_text="# operative config\n")
+  _train(tmp_path, 3, gin_config_text="# operative config\n", checkpoint_input=False)
+  assert not (tmp_path / "checkpoint_3" / "dataset").exists()  # switched off
   assert (tmp_path / "config.gin").read_text() == "# operative config\n"
   for split in ("train", "eval"):
     assert list((tmp_path / split).glob("events.out.tfevents.*")), split
