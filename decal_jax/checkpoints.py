@@ -3,9 +3,9 @@
 Each step directory holds up to four items: `state` (params, optimizer state, step), `data`
 (how many batches were consumed, the dataset seed and the dropout RNG), `architecture`
 (every parameter's path and shape) and `dataset` (each process's tf.data iterator state,
-`data.batch_iterator`; absent when the pipeline cannot be saved). Orbax writes a step to a temporary directory and renames it
-when complete, so a crash never leaves a half-written checkpoint that looks like the
-latest. Before restoring, the saved architecture is compared with the model's, and a
+`data.batch_iterator`; absent when the pipeline cannot be saved). Orbax writes a step to
+a temporary directory and renames it when complete, so a crash never leaves a
+half-written checkpoint that looks like the latest. Before restoring, the saved architecture is compared with the model's, and a
 mismatch is reported without touching the directory. Params saved in another layout of
 the T5 network (`T5Config.scan_layers`, `fused_qkv`) are converted when loaded for eval /
 infer (`restore_params`) or to start a run (`restore_matching_params`).

@@ -139,7 +139,6 @@ def test_scan_equals_unrolled_logits_grads_and_adafactor_steps():
                       plain["trained"], atol=1e-5)
 
 
-# ----------------------------------------------------------------------------- remat
 def test_scanned_adafactor_statistics_are_sharded_like_their_params():
   """`optimizers.per_layer` state does not mirror the params tree; its statistics of a
   parameter's shape must still follow that parameter's (FSDP) sharding, not be replicated."""
@@ -161,6 +160,7 @@ def test_scanned_adafactor_statistics_are_sharded_like_their_params():
                          for n in stacked)
 
 
+# ----------------------------------------------------------------------------- remat
 def test_remat_policies_equal_plain_loss_and_grads():
   plain = _plain_run()
   assert set(REMAT_POLICIES) == {"none", "full", "dots_saveable",
