@@ -364,6 +364,9 @@ def test_two_processes_match_one(tmp_path, eight):
   # Only process 0 wrote metrics and the config; both wrote the checkpoint's shards.
   events, losses = _train_losses(model_dir)
   assert len(events) == 1 and "MESH_SHAPE = (1, 2, 1)" in (model_dir / "config.gin").read_text()
+  positions = model_dir / f"checkpoint_{STEPS}" / "dataset"  # each its input position
+  assert {p.name for p in positions.glob("*.index")} == {"process_0-of-2.index",
+                                                         "process_1-of-2.index"}
   # The losses and parameters of one device on the global batches that the two processes'
   # seqio shards make up: so both took part, each feeding its own shard.
   np.testing.assert_allclose(losses, eight["one"]["losses"], rtol=1e-5)
