@@ -236,7 +236,7 @@ def forced_decode(inputs, cache, tokens_to_logits, eos_id, forced=None, **unused
   substitutes) and records the argmax of its logits. -> (predictions `[b, 1, k]`, zeros)."""
   del eos_id, unused
   batch, length = inputs.shape
-  feed = jnp.pad(forced, ((0, 0), (1, 0)))  # [b, k + 1]: a placeholder, then the text
+  feed = jnp.pad(forced, ((0, 0), (1, 0)))  # [b, k + 1]: a start slot, then the text
 
   def step(i, carry):
     predicted, cache = carry

@@ -15,7 +15,7 @@ progress bar.
 """
 import os
 import tempfile
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +23,7 @@ import tqdm
 
 Batch = Dict[str, np.ndarray]
 _UNSAVABLE = (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError)
+_UNPROBED = "not probed yet"
 
 
 def process_file(process_index: int, process_count: int) -> str:
@@ -46,15 +47,15 @@ class BatchIterator(Iterator[Batch]):
     self._iterator = iter(dataset.with_options(options))
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
     self._started = False
-    self._probed: Optional[Tuple[Optional[str]]] = None
+    self._reason: Optional[str] = _UNPROBED
 
   @property
   def unsavable_reason(self) -> Optional[str]:
     """TF's reason why this iterator's position cannot be saved; None when it can, or
     before the first batch (a fresh generator iterator saves; a started one does not)."""
-    if self._probed is None and self._started:
-      self._probed = (self._probe(),)  # once, so that a checkpoint never fails half-way
-    return self._probed[0] if self._probed else None
+    if self._reason is _UNPROBED and self._started:
+      self._reason = self._probe()  # once, so that a checkpoint never fails half-way
+    return None if self._reason is _UNPROBED else self._reason
 
   @property
   def checkpointable(self) -> bool:
