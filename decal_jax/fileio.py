@@ -1,0 +1,51 @@
+"""Files that are written whole or not at all.
+
+`atomic_write` is the one way the library writes a result file: into a temporary file in
+the target's own folder (so the final rename never crosses a file system), then
+`os.replace` over the target. A reader sees the old file or the new one, never a part; a
+failure (an exception, Ctrl-C) removes the temporary file and leaves the target as it was.
+"""
+import contextlib
+import os
+import pathlib
+import tempfile
+from typing import IO, Iterator, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike, mode: str = "w",
+                 encoding: str = "utf-8") -> Iterator[IO]:
+  """Opens a temporary file beside `path` for writing; renames it over `path` on success.
+
+  `mode` is 'w' (text, `encoding`) or 'wb' (bytes). Parent folders are created. The file
+  gets mode 0o644 (mkstemp's 0o600 would hide results from other users of a shared disk).
+  """
+  if mode not in ("w", "wb"):
+    raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', not {mode!r}")
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+  try:
+    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    pathlib.Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def write_text_atomic(path: PathLike, text: str) -> None:
+  """Writes `text` (UTF-8) to `path` whole or not at all."""
+  with atomic_write(path, "w") as f:
+    f.write(text)
+
+
+def write_bytes_atomic(path: PathLike, data: bytes) -> None:
+  """Writes `data` to `path` whole or not at all."""
+  with atomic_write(path, "wb") as f:
+    f.write(data)
