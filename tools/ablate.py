@@ -18,15 +18,14 @@ import datetime
 import importlib.util
 import os
 import pathlib
-import platform
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from decal_jax import ablation  # noqa: E402
+from decal_jax import ablation, benchmarking, fileio  # noqa: E402
+
+REPO = pathlib.Path(benchmarking.REPO)
 
 
 def main(argv=None):
@@ -70,7 +69,7 @@ def main(argv=None):
   if png:
     ablation.plot(budget, results, png)
   total = sum(sum(r["seconds"].values()) for r in results) / 60
-  out.write_text(report(a, budget, table, total, png.name if png else None))
+  fileio.write_text_atomic(out, report(a, budget, table, total, png.name if png else None))
   print(f"\nwrote {out}" + (f" and {png}" if png else "") +
         f" ({minutes:.1f} min this invocation)")
 
@@ -81,7 +80,7 @@ def report(a, budget, table: str, total_minutes: float, png: str) -> str:
   return f"""# Ablations, budget '{budget.name}'
 
 Command: `{cmd}`
-Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} (JAX backend: {_backend()})
+Machine: {benchmarking.machine()}
 Date: {datetime.date.today().isoformat()}. The variants' stages took {total_minutes:.1f} min in all
 (the "wall" column; process start-up not included; variants finished by an earlier
 invocation keep the wall time they had then).
@@ -98,11 +97,6 @@ from the baseline's pretrained checkpoint, so it has had twice the pretraining s
 
 {table}
 """ + (f"\n![metric against compression ratio]({png})\n" if png else "")
-
-
-def _backend() -> str:
-  import jax
-  return jax.default_backend()
 
 
 if __name__ == "__main__":

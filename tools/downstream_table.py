@@ -13,22 +13,12 @@ import datetime
 import json
 import pathlib
 import platform
-import subprocess
 import sys
-import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from decal_jax import benchmarking
+from decal_jax.benchmarking import run_entry_point as run  # python -m decal_jax.<module>
 
-
-def run(module: str, args, log: pathlib.Path) -> float:
-  """Runs `python -m decal_jax.<module> args`, output to `log`; returns seconds taken."""
-  start = time.time()
-  with open(log, "a") as f:
-    proc = subprocess.run([sys.executable, "-m", f"decal_jax.{module}", *args], cwd=REPO,
-                          stdout=f, stderr=subprocess.STDOUT)
-  if proc.returncode:
-    sys.exit(f"{module} failed (exit {proc.returncode}); see {log}")
-  return time.time() - start
+REPO = pathlib.Path(benchmarking.REPO)
 
 
 def one_ratio(ratio: int, a, work: pathlib.Path) -> dict:
@@ -87,12 +77,11 @@ def main(argv=None):
           f"span-corruption steps on the built-in corpus, then {a.finetune_steps} fine-tuning "
           f"steps (runs/finetune_builtin.gin), inputs {a.inputs} / targets {a.targets} tokens, "
           "greedy decoding.\n\n"
-          f"Command: `{command}`  \nMachine: {platform.machine()}, {platform.processor() or 'CPU'}, "
+          f"Command: `{command}`  \nMachine: {benchmarking.machine()}, "
           f"Python {platform.python_version()}; date {datetime.date.today()}.\n")
   print("\n" + text)
   if a.out:
-    pathlib.Path(a.out).write_text(text)
-    print(f"wrote {a.out}")
+    benchmarking.write_text(a.out, text)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,8 @@ abstract_text) need no conversion: copy or link the files to <out>/<name>/<split
 """
 import argparse
 import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from decal_jax.data import convert  # noqa: E402
+from decal_jax.data import convert
 
 
 def main(argv=None):

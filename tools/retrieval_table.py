@@ -29,7 +29,6 @@ kept when the command rewrites the file.
 import argparse
 import datetime
 import json
-import math
 import os
 import pathlib
 import platform
@@ -37,8 +36,11 @@ import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF only reads the task data: quiet it
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # importable from tests
-from downstream_table import REPO, run  # noqa: E402  (`python -m decal_jax.<module>`, logged)
+
+from decal_jax import benchmarking, fileio  # noqa: E402
+from decal_jax.benchmarking import run_entry_point as run  # noqa: E402  (python -m decal_jax.X)
+
+REPO = pathlib.Path(benchmarking.REPO)
 
 MODEL_GINS = ["--gin_file=models/decal_tiny.gin", "--gin_file=models/dual_encoder.gin"]
 SETTINGS = ("init", "task", "validation_split", "eval_split", "steps", "batch_size",
@@ -198,41 +200,12 @@ def random_floor(a, repeats: int = 20, seed: int = 0) -> dict:
   return totals
 
 
-def words(text: str):
-  """Lower-cased word tokens (letters, digits, underscore) for the BM25 reference."""
-  return re.findall(r"\w+", text.lower())
-
-
-def bm25_run(corpus, queries, k1: float = 0.9, b: float = 0.4, top_k: int = 100):
-  """Okapi BM25 (Lucene's idf = ln(1 + (N - df + 0.5) / (df + 0.5)); Anserini's k1, b) over
-  `corpus` {doc id: text} for `queries` {qid: text}: {qid: {doc id: score}}, best top_k.
-  Each distinct query word counts once; no stemming or stop words."""
-  postings, lengths = {}, {}
-  for doc, text in corpus.items():
-    tokens = words(text)
-    lengths[doc] = len(tokens)
-    for word in set(tokens):
-      postings.setdefault(word, {})[doc] = tokens.count(word)
-  n, avgdl = len(corpus), sum(lengths.values()) / max(len(corpus), 1)
-  run = {}
-  for qid, text in queries.items():
-    scores = {}
-    for word in set(words(text)):
-      docs = postings.get(word, {})
-      idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
-      for doc, tf in docs.items():
-        norm = k1 * (1 - b + b * lengths[doc] / avgdl)
-        scores[doc] = scores.get(doc, 0.0) + idf * tf * (k1 + 1) / (tf + norm)
-    run[qid] = dict(sorted(scores.items(), key=lambda item: -item[1])[:top_k])
-  return run
-
-
 def bm25_reference(a) -> dict:
   """NDCG@10 and Recall@100 of BM25 on the scored split (a lexical reference, no training)."""
-  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  from decal_jax.retrieval import beir, bm25, ir_metrics  # pylint: disable=import-outside-toplevel
   data = beir.load_beir(a.folder, a.eval_split)
-  run = bm25_run({d: p.full_text for d, p in data.corpus.items()}, data.queries)
-  return ir_metrics.evaluate(run, data.qrels)
+  ranked = bm25.run({d: p.full_text for d, p in data.corpus.items()}, data.queries)
+  return ir_metrics.evaluate(ranked, data.qrels)
 
 
 def table(rows) -> str:
@@ -268,15 +241,6 @@ def check_settings(a, work: pathlib.Path) -> None:
     path.write_text(json.dumps(settings, indent=1, sort_keys=True))
 
 
-def cpu_name() -> str:
-  """The CPU model from /proc/cpuinfo (Linux), else the platform's machine name."""
-  try:
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-    return re.search(r"model name\s*:\s*(.+)", text).group(1).strip()
-  except (OSError, AttributeError):
-    return platform.machine()
-
-
 def display(path: str) -> str:
   """`path` relative to the repository when it lies inside it."""
   p = pathlib.Path(path)
@@ -296,7 +260,7 @@ def report(a, rows, command: str) -> str:
   return (f"# {a.task}: retrieval quality and index size by passage compression ratio\n\n"
           f"- command: `{command}`\n"
           f"- date: {datetime.date.today()}\n"
-          f"- machine: {cpu_name()}, {os.cpu_count()} CPU cores, "
+          f"- machine: {benchmarking.cpu_name()}, {os.cpu_count()} CPU cores, "
           f"Python {platform.python_version()}; {minutes:.0f} min of fine-tuning, indexing "
           f"and search in all; load average (1/5/15 min) {load} when this file was written "
           "(minutes depend on what else ran on the machine)\n"
@@ -392,7 +356,7 @@ def main(argv=None):
   print("\n" + table(rows))
   if a.out:
     out = pathlib.Path(a.out)
-    out.write_text(keep_reading(out, text))
+    fileio.write_text_atomic(out, keep_reading(out, text))
     print(f"wrote {a.out}")
 
 
