@@ -8,6 +8,7 @@ import datetime
 import json
 import math
 import os
+import pathlib
 import platform
 import shlex
 import statistics
@@ -22,7 +23,7 @@ import numpy as np
 
 from decal_jax import fileio
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = pathlib.Path(__file__).resolve().parents[1]  # the repository (tools run from here)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -217,10 +218,9 @@ def cpu_cores() -> int:
 
 
 def machine() -> str:
-  """One line: CPU, cores, jax version, backend and device kind."""
-  device = jax.devices()[0]
-  return (f"{cpu_name()}, {cpu_cores()} CPU cores; jax {jax.__version__}, "
-          f"{jax.default_backend()} device: {device.device_kind}")
+  """One line: CPU, cores, jax version, JAX backend and device kind."""
+  return (f"{cpu_name()}, {cpu_cores()} CPU cores; jax {jax.__version__}; JAX backend: "
+          f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
 
 
 def machine_record() -> Dict[str, Any]:
@@ -278,7 +278,7 @@ def header(title: str, command_line: str, *settings: str) -> List[str]:
   bullet per setting."""
   return [f"# {title}", "", f"- command: `python {command_line}`",
           f"- date: {datetime.date.today().isoformat()}",
-          f"- machine: {machine()}; JAX backend: {jax.default_backend()}",
+          f"- machine: {machine()}",
           *(f"- {line}" for line in settings if line)]
 
 
@@ -320,6 +320,19 @@ def report(text: str, out: Optional[str]) -> None:
   print(text)
   if out:
     write_text(out, text)
+
+
+def run_and_report(args, run: Callable, markdown: Callable, plot: Callable):
+  """rows = run(args); the plot (with args.plot) and the Markdown results (printed, and
+  written to args.out); weights that do not fit end the tool with a message."""
+  try:
+    rows = run(args)
+  except DoesNotFit as e:
+    raise SystemExit(f"error: {e}") from e
+  if args.plot:
+    plot(rows, args.plot)
+  report(markdown(args, rows), args.out)
+  return rows
 
 
 def write_jsonl(path: str, rows: Sequence[Dict[str, Any]]) -> None:
