@@ -1,6 +1,7 @@
-# python tools/bench_encoder.py --size small --lengths 512 2048 --ratios 1 2 4 8 \
-#     --out docs/results/bench_encoder_cpu.md --plot docs/results/bench_encoder_cpu.png
 """Encoder / decoder cost of DeCAL at compression ratios C, as ratios to C = 1.
+
+  python tools/bench_encoder.py --size small --lengths 512 2048 --ratios 1 2 4 8 --out \
+      docs/results/bench_encoder_cpu.md --plot docs/results/bench_encoder_cpu.png
 
 For every input length n and ratio C this measures, in one process and one run:
   * encoder step: one jitted forward pass of `encode` over n tokens (DeCAL runs over the

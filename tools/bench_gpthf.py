@@ -483,15 +483,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> List[Row]:
-  args = parse_args(argv)
-  try:
-    rows = run(args)
-  except DoesNotFit as e:  # the weights themselves
-    raise SystemExit(f"error: {e}") from e
-  if args.plot:
-    plot(rows, args.plot)
-  benchmarking.report(markdown(args, rows), args.out)
-  return rows
+  return benchmarking.run_and_report(parse_args(argv), run, markdown, plot)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-# python tools/bench_nuggets.py --contexts 1024,4096,16384 --out docs/results/nuggets_cache_cpu.md
 """Dodo's compressed KV cache vs a plain decoder's full cache: bytes, decode step, context cost.
 
   python tools/bench_nuggets.py --contexts 1024,4096,16384 \

@@ -41,7 +41,7 @@ from decal_jax.benchmarking import (DoesNotFit, Run, Side, available_bytes, chec
 from decal_jax.networks.decoder import Decoder, DecoderConfig, causal_bias
 from decal_jax.networks.squid import Squid, SquidConfig
 
-REPO = pathlib.Path(benchmarking.REPO)
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 QWEN2_GIN = REPO / "gin" / "models" / "squid_qwen2.gin"
 
@@ -452,15 +452,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> List[Row]:
-  args = parse_args(argv)
-  try:
-    rows = run(args)
-  except DoesNotFit as e:  # the weights themselves
-    raise SystemExit(f"error: {e}") from e
-  if args.plot:
-    plot(rows, args.plot)
-  benchmarking.report(markdown(args, rows), args.out)
-  return rows
+  return benchmarking.run_and_report(parse_args(argv), run, markdown, plot)
 
 
 if __name__ == "__main__":

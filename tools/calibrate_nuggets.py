@@ -1,5 +1,3 @@
-# python tools/calibrate_nuggets.py --gin_file=models/decoder_tiny.gin --gin_file=models/dodo_lm.gin \
-#     --gin_file=runs/lm_builtin.gin --gin.MODEL_DIR="'runs/dodo_lm_tiny'"
 """Calibrate Dodo's nugget threshold Λ for a trained compressed-history LM, so that about
 1 / r of the tokens become nuggets; cached generation needs it.
 

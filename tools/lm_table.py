@@ -1,4 +1,3 @@
-# python tools/lm_table.py --out docs/results/dodo_lm_builtin.md
 """Compressed-history language modelling at a fixed state budget (the Dodo paper's Table 1,
 at CPU scale): the same tiny decoder trained on the built-in corpus as
 

@@ -1,6 +1,8 @@
-# python tools/prepare_jsonl.py squad ../shared/data/squad/dev-v1.1.json --split validation --out data/local
 """Converts official dataset releases into the local JSONL layout the downstream tasks read
 (`<out>/<name>/<split>.jsonl`); then `export DECAL_LOCAL_DATA_DIR=<out>`.
+
+  python tools/prepare_jsonl.py squad ../shared/data/squad/dev-v1.1.json --split validation \
+      --out data/local
 
   squad     SQuAD v1.1 / v2.0 JSON file             -> <out>/squad/<split>.jsonl
   hotpotqa  HotpotQA JSON file (distractor or fullwiki) -> <out>/hotpotqa/<split>.jsonl

@@ -1,4 +1,3 @@
-# python tools/show_nuggets.py --model_dir=runs/dodo_tiny_ae --task=decal_builtin_autoencode --max_length=128 --out=docs/results/dodo_nuggets
 """Shows which tokens a trained Dodo scorer keeps as nuggets (our form of the Dodo paper's
 Figures 5 and 7): every token shaded by its score, the kept ones outlined, and a table of the
 token types kept most often next to how common they are in the text.
@@ -24,7 +23,6 @@ import datetime
 import html
 import os
 import pathlib
-import platform
 import re
 import shlex
 import sys
@@ -39,6 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
+
+from decal_jax import benchmarking  # noqa: E402
 
 DEFAULT_GIN = "models/dodo_tiny.gin"
 WORD_START = "\u2581"  # SentencePiece's '▁': the piece starts a new word
@@ -370,11 +370,6 @@ def plot_frequencies(path: pathlib.Path, rows: Sequence[Dict], ratio: float) -> 
 
 
 # ------------------------------------------------------------------------------ main
-def jax_backend() -> str:
-  import jax
-  return jax.default_backend()
-
-
 def parse_args(argv: Optional[Sequence[str]]):
   from decal_jax import gin_utils
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -427,8 +422,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
            ("nuggets.html", "nuggets.png", "selected_tokens.md", "selected_tokens.png")}
   command = "python tools/show_nuggets.py " + shlex.join(sys.argv[1:] if argv is None else argv)
   meta = {"command": command,
-          "written": f"{datetime.date.today()} on {platform.machine()} "
-                     f"({os.cpu_count()} CPU cores, JAX backend {jax_backend()})",
+          "written": f"{datetime.date.today()} on {benchmarking.machine()}",
           "model": "; ".join([" ".join(args.gin_files) or DEFAULT_GIN] + args.gin_bindings),
           "checkpoint": f"{args.model_dir} (step {step})", "texts": source,
           "scorer layer ι": str(cfg.scorer_layer)}

@@ -1,4 +1,3 @@
-# python tools/squid_answer.py --gin_file=runs/squid_instruct_builtin.gin --model_dir=runs/squid_3 --context_file=doc.txt --question="Which section of the Python language reference is this from?"
 """Compress a context once with a trained Squid, then answer any number of questions from
 the kept memory vectors, without reading the context again.
 
