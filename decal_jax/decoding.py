@@ -1,4 +1,5 @@
-"""Autoregressive decoding over a KV cache: temperature / top-k sampling and beam search.
+"""Autoregressive decoding over a KV cache: temperature / top-k sampling, beam search, and
+`forced_decode` (the given tokens fed through the same cached steps).
 
 The function signatures follow T5X's `t5x.decoding` so a `decode_fn` can be swapped:
 `tokens_to_logits(DecodingState) -> (logits [batch * num_decodes, vocab], new_cache)`.
@@ -194,3 +195,24 @@ def beam_search(inputs: Array, cache: Any, tokens_to_logits: TokensToLogits, eos
   order = jnp.argsort(scores, axis=-1)  # ascending: best last
   return (jnp.take_along_axis(seqs, order[:, :, None], axis=1),
           jnp.take_along_axis(scores, order, axis=1))
+
+
+def forced_decode(inputs, cache, tokens_to_logits, eos_id, forced=None, **unused):
+  """A `decode_fn` (`temperature_sample`'s signature) that feeds the given tokens instead
+  of sampling (teacher forcing through the cached steps, e.g. to time generation on real text):
+  step i feeds forced[:, i - 1] (step 0: the prompt's last token, which `generate`
+  substitutes) and records the argmax of its logits. -> (predictions `[b, 1, k]`, zeros)."""
+  del eos_id, unused
+  batch, length = inputs.shape
+  feed = jnp.pad(forced, ((0, 0), (1, 0)))  # [b, k + 1]: a start slot, then the text
+
+  def step(i, carry):
+    predicted, cache = carry
+    token = jax.lax.dynamic_slice(feed, (0, i), (batch, 1))  # [b, 1]
+    logits, cache = tokens_to_logits(DecodingState(i, predicted, token, cache))
+    best = jnp.argmax(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
+    predicted = jax.lax.dynamic_update_slice(predicted, best[:, None].astype(jnp.int32), (0, i))
+    return predicted, cache
+
+  predicted, _ = jax.lax.fori_loop(0, length, step, (inputs, cache))
+  return predicted[:, None, :], jnp.zeros((batch, 1), jnp.float32)

@@ -2,13 +2,15 @@
 
 `--gin_file=F` (repeatable; resolved against the paths given, `--gin_search_paths`, the
 current directory and the repository's gin/ folder), `--gin.NAME=VALUE` (one binding, e.g.
-`--gin.MODEL_DIR="'/tmp/m'"`) and `--gin_bindings='NAME = VALUE'`.
+`--gin.MODEL_DIR="'/tmp/m'"`) and `--gin_bindings='NAME = VALUE'`; `load_model` builds the
+gin `MODEL` and restores its latest checkpoint (what the tools and scripts need).
 """
 import argparse
 import logging
 import pathlib
+import re
 import sys
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import gin
 
@@ -112,3 +114,44 @@ def run(fn: Callable, argv: Optional[Sequence[str]] = None, pass_config: bool = 
     if "missing" in str(e) and "argument" in str(e):
       raise GinConfigError(f"error: {e}. Bind it in a gin file or with --gin.NAME=VALUE.") from e
     raise
+
+
+class LoadedModel(NamedTuple):
+  """What `load_model` gives: the gin `MODEL`, and with a MODEL_DIR its latest params."""
+  model: Any
+  params: Any            # None without a model_dir
+  step: Optional[int]    # the checkpoint's step; None without a model_dir
+  partitioner: Any       # the partitioner the params were restored with (None without)
+
+
+def load_model(gin_files: Sequence[str], model_dir: Optional[str] = None, *,
+               search_paths: Sequence[str] = (), bindings: Sequence[str] = (),
+               feature_lengths: Optional[Mapping[str, int]] = None,
+               partitioner=None) -> LoadedModel:
+  """The model that gin files + bindings configure (`MODEL`), and with `model_dir` the
+  params of the latest checkpoint there. Parameter shapes do not depend on the lengths;
+  `feature_lengths` (default: the gin `TASK_FEATURE_LENGTHS`) only shape the dummy batch
+  that traces them. The gin config stays parsed for the caller's further queries."""
+  parse(gin_files, search_paths, bindings)
+  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  if model_dir is None:
+    return LoadedModel(model, None, None, None)
+  from decal_jax import partitioning, trainer  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(model_dir)
+  if not path.is_dir():
+    raise FileNotFoundError(f"--model_dir {model_dir} does not exist: give the MODEL_DIR of a "
+                            "trained run (python -m decal_jax.train ... --gin.MODEL_DIR=...).")
+  if not any(re.fullmatch(r"checkpoint_\d+", p.name) for p in path.iterdir() if p.is_dir()):
+    raise FileNotFoundError(f"No checkpoint in {model_dir} (no checkpoint_<step> folder): "
+                            "train first with `python -m decal_jax.train ... "
+                            "--gin.MODEL_DIR=...`, or point --model_dir at a finished run.")
+  if feature_lengths is None:
+    try:
+      feature_lengths = gin.query_parameter("%TASK_FEATURE_LENGTHS")
+    except ValueError as e:
+      raise ValueError("load_model needs feature_lengths (or a gin TASK_FEATURE_LENGTHS) "
+                       "to trace the parameter shapes.") from e
+  partitioner = partitioner or partitioning.Partitioner()
+  cfg = trainer.DatasetConfig("", dict(feature_lengths))
+  params, step = trainer.restore_params(model, model_dir, cfg, partitioner)
+  return LoadedModel(model, params, step, partitioner)

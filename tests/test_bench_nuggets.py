@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import seqio
 
-from decal_jax import models
+from decal_jax import benchmarking, models
 from decal_jax.networks.decoder import DecoderConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -119,11 +119,11 @@ def test_run_reports_a_context_that_does_not_fit_instead_of_running_it(setup, mo
 
 def test_check_fits_compares_the_compiled_need_with_free_memory(monkeypatch):
   compiled = jax.jit(lambda x: x * 2).lower(jnp.ones((256, 256))).compile()
-  monkeypatch.setattr(bench, "available_bytes", lambda: 1 << 40)
-  bench.check_fits(compiled, "toy")  # 512 KiB of 1 TiB: fits
-  monkeypatch.setattr(bench, "available_bytes", lambda: 1024)
-  with pytest.raises(bench.DoesNotFit, match="toy needs"):
-    bench.check_fits(compiled, "toy")
+  monkeypatch.setattr(benchmarking, "available_bytes", lambda: 1 << 40)
+  benchmarking.check_fits(compiled, "toy")  # 512 KiB of 1 TiB: fits
+  monkeypatch.setattr(benchmarking, "available_bytes", lambda: 1024)
+  with pytest.raises(benchmarking.DoesNotFit, match="toy needs"):
+    benchmarking.check_fits(compiled, "toy")
 
 
 def test_bad_contexts_are_rejected():

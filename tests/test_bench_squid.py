@@ -60,7 +60,7 @@ def test_markdown_has_the_run_description_and_a_row_per_ratio(result):
   rows, _, text, plot = result
   assert "- command: `python" in text and "--preset tiny" in text
   assert f"jax {jax.__version__}" in text and f"JAX backend: {jax.default_backend()}" in text
-  assert "## Reading" in text and "![latency and FLOPs" in text
+  assert "![latency and FLOPs" in text
   table = _table_rows(text)
   assert set(table) == {(CONTEXT, r) for r in RATIOS}
   for r in RATIOS:

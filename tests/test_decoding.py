@@ -117,3 +117,15 @@ def test_cache_is_expanded_per_beam_and_index_left_alone():
 
   decoding.beam_search(jnp.zeros((2, LENGTH), jnp.int32), _cache(2), fn, EOS, num_decodes=3)
   assert seen == {"shape": (6,), "index_shape": ()}
+
+
+def test_forced_decode_feeds_the_given_tokens_and_records_each_argmax():
+  table = _table(5)
+  forced = np.array([[2, 3, 4], [4, 4, 0]], np.int32)  # [batch, LENGTH - 1]
+  seqs, scores = decoding.forced_decode(jnp.zeros((2, LENGTH), jnp.int32), _cache(2),
+                                        _tokens_to_logits(table), EOS, forced=jnp.asarray(forced))
+  for b in range(2):
+    fed = [0] + list(forced[b])  # step 0 reads the start slot, step i forced[:, i - 1]
+    want = [int(np.argmax(table[i, fed[i]])) for i in range(LENGTH)]  # no stop at EOS
+    assert list(np.asarray(seqs[b, 0])) == want
+  assert seqs.shape == (2, 1, LENGTH) and not np.asarray(scores).any()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from decal_jax.retrieval import beir, ir_metrics
+from decal_jax.retrieval import beir, bm25, ir_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("retrieval_table",
@@ -100,7 +100,7 @@ def test_bm25_reference_equals_scores_worked_by_hand():
   #   d2: cherry tf 1, K = 0.9 (0.6 + 0.4 * 2 / 2) = 0.90 -> ln 1.6 * 1.9 / 1.9
   #   d3: cherry tf 1, K = 0.9 (0.6 + 0.4 * 1 / 2) = 0.72 -> ln 1.6 * 1.9 / 1.72
   corpus = {"d1": "apple banana apple", "d2": "Banana, cherry!", "d3": "cherry"}
-  run = table.bm25_run(corpus, {"q": "Apple cherry"}, top_k=2)
+  run = bm25.run(corpus, {"q": "Apple cherry"}, top_k=2)
   d1 = math.log(8 / 3) * 3.8 / 3.08
   d3 = math.log(1.6) * 1.9 / 1.72
   assert run["q"] == pytest.approx({"d1": d1, "d3": d3})  # d2 (ln 1.6 = 0.47) cut by top_k

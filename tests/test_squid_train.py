@@ -94,9 +94,11 @@ def test_each_stage_starts_from_the_previous_one(stages):
 def test_answer_tool_reuses_a_saved_compression(stages, tmp_path):
   """tools/squid_answer.py: answers from a saved .npz equal answers from the context, and
   both equal the model's own predict_batch on [context; question] (which recompresses)."""
-  import sys
-  sys.path.insert(0, str(gin_utils.REPO_GIN_DIR.parent / "tools"))
-  import squid_answer
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "squid_answer", gin_utils.REPO_GIN_DIR.parent / "tools" / "squid_answer.py")
+  squid_answer = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(squid_answer)
   context = ("The assignment statement binds names to objects. Targets may be attribute "
              "references, subscriptions or slicings.")
   (tmp_path / "ctx.txt").write_text(context)
@@ -109,9 +111,8 @@ def test_answer_tool_reuses_a_saved_compression(stages, tmp_path):
   reread = squid_answer.main(common + [f"--compressed={tmp_path / 'c.npz'}"]
                              + [f"--question={q}" for q in questions])
   assert direct == reread
-  model = squid_answer.load_model(squid_answer.parse_args(
+  model, params, _ = squid_answer.load_model(squid_answer.parse_args(
       common + [f"--compressed={tmp_path / 'c.npz'}", "--question=x"]))
-  params, _ = squid_answer.restore(model, str(stages[2]))
   vocab = model.input_vocabulary
   predict = jax.jit(model.predict_batch)
   for question, got in zip(questions, direct):

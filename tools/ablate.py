@@ -1,4 +1,3 @@
-# python tools/ablate.py --budget smoke
 """Trains every variant of gin/experiments/variants/ under one budget
 (gin/experiments/budgets/<budget>.gin), evaluates each on the same held-out data and writes
 a Markdown table (printed, and saved to --out) plus a plot of the fine-tune metric against the
@@ -14,19 +13,17 @@ different budget is refused (its results would not be comparable). A new variant
 file under gin/experiments/variants/, not new code (see decal_jax/ablation.py).
 """
 import argparse
-import datetime
 import importlib.util
 import os
 import pathlib
-import platform
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from decal_jax import ablation  # noqa: E402
+from decal_jax import ablation, benchmarking, fileio  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
@@ -70,39 +67,32 @@ def main(argv=None):
   if png:
     ablation.plot(budget, results, png)
   total = sum(sum(r["seconds"].values()) for r in results) / 60
-  out.write_text(report(a, budget, table, total, png.name if png else None))
+  fileio.write_text_atomic(out, report(a, budget, table, total, png.name if png else None))
   print(f"\nwrote {out}" + (f" and {png}" if png else "") +
         f" ({minutes:.1f} min this invocation)")
 
 
 def report(a, budget, table: str, total_minutes: float, png: str) -> str:
-  cmd = "python tools/ablate.py --budget " + budget.name + (
+  cmd = "tools/ablate.py --budget " + budget.name + (
       " --variants " + " ".join(a.variants) if a.variants else "")
-  return f"""# Ablations, budget '{budget.name}'
-
-Command: `{cmd}`
-Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} (JAX backend: {_backend()})
-Date: {datetime.date.today().isoformat()}. The variants' stages took {total_minutes:.1f} min in all
-(the "wall" column; process start-up not included; variants finished by an earlier
-invocation keep the wall time they had then).
-
-Budget (gin/experiments/budgets/{budget.name}.gin): model `{budget.model_gin}`, pretraining
-{budget.pretrain_steps} steps ({budget.span_corruption_task} {dict(budget.pretrain_lengths)} or
-{budget.autoencode_task} {dict(budget.autoencode_lengths)}), fine-tuning {budget.finetune_steps}
-steps on {budget.finetune_task} {dict(budget.finetune_lengths)}, batch {budget.batch_size},
-seed {budget.seed}. EM / F1 over the validation split, greedy decoding. "pretrain acc" is
-the held-out target-token accuracy of the variant's own pretraining task (so the
-autoencode rows are not comparable with the span-corruption rows). FLOPs are per example at
-the fine-tuning lengths, relative to the baseline (decal_jax/flops.py). CCProxy continues
-from the baseline's pretrained checkpoint, so it has had twice the pretraining steps.
-
-{table}
-""" + (f"\n![metric against compression ratio]({png})\n" if png else "")
-
-
-def _backend() -> str:
-  import jax
-  return jax.default_backend()
+  lines = benchmarking.header(
+      f"Ablations, budget '{budget.name}'", cmd,
+      f"the variants' stages took {total_minutes:.1f} min in all (the \"wall\" column; process "
+      "start-up not included; variants finished by an earlier invocation keep their wall time)",
+      f"budget (gin/experiments/budgets/{budget.name}.gin): model `{budget.model_gin}`, "
+      f"pretraining {budget.pretrain_steps} steps ({budget.span_corruption_task} "
+      f"{dict(budget.pretrain_lengths)} or {budget.autoencode_task} "
+      f"{dict(budget.autoencode_lengths)}), fine-tuning {budget.finetune_steps} steps on "
+      f"{budget.finetune_task} {dict(budget.finetune_lengths)}, batch {budget.batch_size}, "
+      f"seed {budget.seed}",
+      "EM / F1: the validation split, greedy decoding; pretrain acc: held-out target-token "
+      "accuracy of the variant's own pretraining task; FLOPs: per example at the fine-tuning "
+      "lengths, relative to the baseline (decal_jax/flops.py); CCProxy continues from the "
+      "baseline's pretrained checkpoint (twice the pretraining steps)")
+  lines += ["", table]
+  if png:
+    lines += ["", f"![metric against compression ratio]({png})"]
+  return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

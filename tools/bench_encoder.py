@@ -1,6 +1,7 @@
-# python tools/bench_encoder.py --size small --lengths 512 2048 --ratios 1 2 4 8 \
-#     --out docs/results/bench_encoder_cpu.md --plot docs/results/bench_encoder_cpu.png
 """Encoder / decoder cost of DeCAL at compression ratios C, as ratios to C = 1.
+
+  python tools/bench_encoder.py --size small --lengths 512 2048 --ratios 1 2 4 8 --out \
+      docs/results/bench_encoder_cpu.md --plot docs/results/bench_encoder_cpu.png
 
 For every input length n and ratio C this measures, in one process and one run:
   * encoder step: one jitted forward pass of `encode` over n tokens (DeCAL runs over the
@@ -13,18 +14,15 @@ Times are the median of --repeats runs after a warm-up. The table is printed and
 """
 import argparse
 import dataclasses
-import datetime
 import functools
-import os
-import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from decal_jax import benchmarking
+from decal_jax.benchmarking import median_seconds, xla_cost
 from decal_jax.networks.t5 import T5Config, Transformer
 
 SIZES = {  # T5.1.1 published dimensions (tiny is ours)
@@ -39,30 +37,13 @@ SIZES = {  # T5.1.1 published dimensions (tiny is ours)
 }
 
 
-def _flops(compiled) -> float:
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):  # older jax returns one dict per device
-    analysis = analysis[0]
-  return float(analysis.get("flops", float("nan"))) if analysis else float("nan")
-
-
-def _time(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def measure(cfg: T5Config, batch: int, n: int, decode_len: int, repeats: int, params):
   """Returns (encoder seconds, encoder flops, decoder-step seconds, decoder-step flops)."""
   model = Transformer(cfg)
   tokens = jnp.asarray(np.random.RandomState(0).randint(2, cfg.vocab_size, (batch, n)), jnp.int32)
   encode = jax.jit(functools.partial(model.apply, enable_dropout=False, method=model.encode))
   enc_compiled = encode.lower({"params": params}, tokens).compile()
-  enc_time = _time(enc_compiled, ({"params": params}, tokens), repeats)
+  enc_time = median_seconds(enc_compiled, ({"params": params}, tokens), repeats)
   encoded = enc_compiled({"params": params}, tokens)
 
   dummy_dec = jnp.ones((batch, decode_len), jnp.int32)
@@ -74,18 +55,13 @@ def measure(cfg: T5Config, batch: int, n: int, decode_len: int, repeats: int, pa
   one = jnp.ones((batch, 1), jnp.int32)
   step_args = ({"params": params, "cache": cache["cache"]}, encoded, tokens, one, one)
   dec_compiled = step.lower(*step_args).compile()
-  dec_time = _time(dec_compiled, step_args, repeats)
-  return enc_time, _flops(enc_compiled), dec_time, _flops(dec_compiled)
+  dec_time = median_seconds(dec_compiled, step_args, repeats)
+  return enc_time, xla_cost(enc_compiled), dec_time, xla_cost(dec_compiled)
 
 
 def plot(rows, path: str, title: str) -> None:
   """Encoder and decoder-step cost relative to C = 1, per input length (needs matplotlib)."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError as e:
-    raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from e
+  plt = benchmarking.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
   for ax, (col, name) in zip(axes, ((7, "encoder"), (9, "decoder step"))):
     for n in sorted({r[0] for r in rows}):
@@ -100,8 +76,7 @@ def plot(rows, path: str, title: str) -> None:
   axes[0].set_ylabel("ratio to C = 1")
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}")
+  benchmarking.save_figure(fig, path)
 
 
 def run(args) -> str:
@@ -129,16 +104,13 @@ def run(args) -> str:
 
 
 def _markdown(args, rows) -> str:
-  device = jax.devices()[0]
-  lines = [
-      f"# DeCAL encoder / decoder cost vs compression ratio (T5.1.1 {args.size})", "",
-      f"- command: `python {' '.join(sys.argv)}`",
-      f"- date: {datetime.date.today().isoformat()}",
-      f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__}, "
-      f"device {device.platform} ({device.device_kind})",
-      f"- batch {args.batch}; decoder step = one cached token with a {args.decode_len}-slot "
+  lines = benchmarking.header(
+      f"DeCAL encoder / decoder cost vs compression ratio (T5.1.1 {args.size})",
+      " ".join(sys.argv),
+      f"batch {args.batch}; decoder step = one cached token with a {args.decode_len}-slot "
       f"cache; times are medians of {args.repeats} runs after warm-up; FLOPs from XLA "
-      "`compiled.cost_analysis()`; ratios are to C = 1 at the same n, measured in this run.",
+      "`compiled.cost_analysis()`; ratios are to C = 1 at the same n, measured in this run.")
+  lines += [
       "",
       "| n | C | m | encoder ms | encoder GFLOP | decoder step ms | decoder step MFLOP "
       "| enc time / C=1 | enc FLOPs / C=1 | dec time / C=1 | dec FLOPs / C=1 |",
@@ -166,10 +138,7 @@ def main(argv=None):
   table = run(args)
   print(table)
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      f.write(table)
-    print(f"wrote {args.out}")
+    benchmarking.write_text(args.out, table)
 
 
 if __name__ == "__main__":

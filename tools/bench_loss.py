@@ -1,7 +1,8 @@
-# python tools/bench_loss.py --batch_size=8 --length=128 --vocab=32128 --label_smoothing=0.1
 """The token loss's cost: ours (`losses.compute_weighted_cross_entropy`, which never builds
 a `[batch, length, vocab]` target tensor) against the one-hot formulation T5X uses
 (`jax.nn.one_hot` of the targets, smoothed, times the log-softmax), side by side.
+
+  python tools/bench_loss.py --batch_size=8 --length=128 --vocab=32128 --label_smoothing=0.1
 
 Both compute the value and the gradient with respect to the logits (what a train step
 does), compiled for the default device. Reported per formulation: XLA's temporary bytes
@@ -11,18 +12,16 @@ Appends one JSON line per run to --out.
 """
 import argparse
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling tools
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from decal_jax import losses  # noqa: E402
-from bench_encoder import _time  # noqa: E402  (median of timed calls after a warm-up)
-from bench_train import machine, write_jsonl  # noqa: E402
+from decal_jax.benchmarking import (machine_record, median_seconds, write_jsonl,  # noqa: E402
+                                    xla_cost)
 
 
 def onehot_loss(logits, targets, weights, label_smoothing: float, z_loss: float):
@@ -58,12 +57,10 @@ def measure(fn, args, label_smoothing: float, z_loss: float, repeats: int):
   """(value, gradient, {temp_bytes, bytes_accessed, seconds}) of value_and_grad(fn)."""
   step = jax.jit(jax.value_and_grad(lambda l, t, w: fn(l, t, w, label_smoothing, z_loss)))
   compiled = step.lower(*args).compile()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   value, grad = compiled(*args)
   return value, grad, {"temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
-                       "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
-                       "seconds": _time(compiled, args, repeats)}
+                       "bytes_accessed": xla_cost(compiled, "bytes accessed"),
+                       "seconds": median_seconds(compiled, args, repeats)}
 
 
 def run(batch: int, length: int, vocab: int, label_smoothing: float, z_loss: float,
@@ -96,7 +93,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   row = run(args.batch_size, args.length, args.vocab, args.label_smoothing, args.z_loss,
             args.dtype, args.repeats)
-  row.update(machine())
+  row.update(machine_record())
   print(f"loss + gradient over logits {row['shape']} {args.dtype}, "
         f"label smoothing {args.label_smoothing}")
   print(f"{'formulation':<16}{'temp MB':>10}{'GB accessed':>13}{'ms':>9}")

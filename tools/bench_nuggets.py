@@ -1,4 +1,3 @@
-# python tools/bench_nuggets.py --contexts 1024,4096,16384 --out docs/results/nuggets_cache_cpu.md
 """Dodo's compressed KV cache vs a plain decoder's full cache: bytes, decode step, context cost.
 
   python tools/bench_nuggets.py --contexts 1024,4096,16384 \
@@ -22,15 +21,11 @@ is reported as such instead of taking the machine down. Runs unchanged on CPU an
 """
 import argparse
 import dataclasses
-import datetime
 import functools
 import math
-import os
-import platform
 import shlex
 import statistics
 import sys
-import time
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import flax
@@ -39,6 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from decal_jax import benchmarking
+from decal_jax.benchmarking import (DoesNotFit, check_fits, gib, greedy, load_average,
+                                    needed_bytes, timed, xla_cost)
 from decal_jax.networks.decoder import Decoder, DecoderConfig
 from decal_jax.networks.dodo import Dodo, DodoConfig, Nuggets
 
@@ -61,10 +59,6 @@ class Generation(NamedTuple):
   step_flops: float           # XLA's FLOP count of one compiled decode step
   step_bytes_accessed: float  # XLA's estimate of the bytes one decode step reads + writes
   context_memory: Optional[int]  # XLA's memory need of the prefill / encode program
-
-
-class DoesNotFit(RuntimeError):
-  """A compiled program needs more memory than the machine has available."""
 
 
 # ----------------------------------------------------------------------------- models
@@ -105,63 +99,7 @@ def nugget_bytes(nuggets: Nuggets) -> int:
   return nuggets.keys.nbytes + nuggets.values.nbytes
 
 
-# ----------------------------------------------------------------------------- memory
-def available_bytes() -> Optional[int]:
-  """Free memory of the default device (host MemAvailable on CPU); None when unknown."""
-  device = jax.devices()[0]
-  if device.platform == "cpu":
-    try:
-      with open("/proc/meminfo") as f:
-        for line in f:
-          if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    except OSError:
-      return None
-    return None
-  stats = device.memory_stats() or {}
-  if "bytes_limit" not in stats:
-    return None
-  return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-
-
-def needed_bytes(compiled) -> Optional[int]:
-  """Arguments + outputs + temporaries of a compiled program (XLA's own estimate)."""
-  try:
-    stats = compiled.memory_analysis()
-  except (NotImplementedError, RuntimeError):  # a backend without the analysis
-    return None
-  if stats is None:
-    return None
-  return (stats.argument_size_in_bytes + stats.output_size_in_bytes
-          + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-
-
-def check_fits(compiled, what: str, headroom: float = 0.9) -> None:
-  """Raises DoesNotFit when `compiled` needs more than `headroom` of the free memory."""
-  need, have = needed_bytes(compiled), available_bytes()
-  if need is not None and have is not None and need > headroom * have:
-    raise DoesNotFit(f"{what} needs {need / 2**30:.1f} GiB (XLA memory analysis), "
-                     f"{have / 2**30:.1f} GiB available")
-
-
 # ----------------------------------------------------------------------------- timing
-def _cost(compiled, key: str) -> float:
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):  # older jax: one dict per device
-    analysis = analysis[0]
-  return float(analysis.get(key, float("nan"))) if analysis else float("nan")
-
-
-def _timed(fn, *args):
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn(*args))
-  return out, time.perf_counter() - start
-
-
-def _greedy(logits):
-  return jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)  # [batch, 1]
-
-
 def _zero_cache(init_fn, *args):
   """The 'cache' a dummy decode=True call creates; jitted so XLA drops the dead forward pass
   (the cache's initial values do not depend on it)."""
@@ -191,7 +129,7 @@ def decode_side_by_side(paths: Sequence[Prepared], steps: int,
   times = [[] for _ in paths]
   for _ in tqdm.trange(steps, desc=desc, leave=False, dynamic_ncols=True):
     for i, path in enumerate(paths):
-      (tokens[i], caches[i]), seconds = _timed(path.step, caches[i], tokens[i])
+      (tokens[i], caches[i]), seconds = timed(path.step, caches[i], tokens[i])
       produced[i].append(tokens[i])
       times[i].append(seconds)
   return [Generation(np.concatenate([path.prefix, *map(np.asarray, out)], axis=1),
@@ -213,21 +151,21 @@ def prepare_full_cache(decoder: Decoder, params, context: jax.Array,
   def prefill(params, cache, tokens):
     logits, new_vars = decoder.apply({"params": params, "cache": cache}, tokens, decode=True,
                                      prefill=True, enable_dropout=False, mutable=["cache"])
-    return _greedy(logits), new_vars["cache"]  # [batch, 1]
+    return greedy(logits), new_vars["cache"]  # [batch, 1]
 
   def step(params, cache, token):
     logits, new_vars = decoder.apply({"params": params, "cache": cache}, token, decode=True,
                                      enable_dropout=False, mutable=["cache"])
-    return _greedy(logits), new_vars["cache"]
+    return greedy(logits), new_vars["cache"]
 
   prefill_fn = jax.jit(prefill, donate_argnums=1).lower(params, cache, context).compile()
   check_fits(prefill_fn, f"prefill of {n} tokens")
   cache_bytes = kv_cache_bytes(cache)
-  (first, cache), seconds = _timed(prefill_fn, params, cache, context)
+  (first, cache), seconds = timed(prefill_fn, params, cache, context)
   step_fn = jax.jit(step, donate_argnums=1).lower(params, cache, first).compile()
   return Prepared(functools.partial(step_fn, params), cache, first, np.asarray(first),
-                  cache_bytes, seconds, needed_bytes(prefill_fn), _cost(step_fn, "flops"),
-                  _cost(step_fn, "bytes accessed"))
+                  cache_bytes, seconds, needed_bytes(prefill_fn), xla_cost(step_fn, "flops"),
+                  xla_cost(step_fn, "bytes accessed"))
 
 
 def prepare_nugget_cache(dodo: Dodo, params, context: jax.Array, new_tokens: int) -> Prepared:
@@ -238,7 +176,7 @@ def prepare_nugget_cache(dodo: Dodo, params, context: jax.Array, new_tokens: int
                                                 method=Dodo.encode))
   encode_fn = encode.lower(params, context).compile()
   check_fits(encode_fn, f"encode of {n} tokens")
-  nuggets, seconds = _timed(encode_fn, params, context)
+  nuggets, seconds = timed(encode_fn, params, context)
   cache = _zero_cache(lambda p, tokens: dodo.apply(
       {"params": p}, jnp.ones_like(tokens), jnp.ones((batch, new_tokens), jnp.int32),
       jnp.ones((batch, new_tokens), jnp.int32), decode=True, enable_dropout=False,
@@ -249,7 +187,7 @@ def prepare_nugget_cache(dodo: Dodo, params, context: jax.Array, new_tokens: int
                                   token, enable_dropout=False, decode=True,
                                   max_decode_length=new_tokens, mutable=["cache"],
                                   method=Dodo.decode)
-    return _greedy(logits), new_vars["cache"]
+    return greedy(logits), new_vars["cache"]
 
   bos = jnp.zeros((batch, 1), jnp.int32)
   step_fn = jax.jit(step, donate_argnums=1).lower(params, cache, nuggets, context,
@@ -257,8 +195,8 @@ def prepare_nugget_cache(dodo: Dodo, params, context: jax.Array, new_tokens: int
   return Prepared(lambda cache, token: step_fn(params, cache, nuggets, context, token),
                   cache, bos, np.zeros((batch, 0), np.int32),
                   kv_cache_bytes(cache) + nugget_bytes(nuggets), seconds,
-                  needed_bytes(encode_fn), _cost(step_fn, "flops"),
-                  _cost(step_fn, "bytes accessed"))
+                  needed_bytes(encode_fn), xla_cost(step_fn, "flops"),
+                  xla_cost(step_fn, "bytes accessed"))
 
 
 def full_cache_generate(decoder: Decoder, params, context: jax.Array,
@@ -298,10 +236,6 @@ def median_step(gen: Generation, warmup: int) -> float:
   return statistics.median(gen.step_seconds[warmup:])
 
 
-def load_average() -> str:
-  return "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-
-
 def run(args) -> List[Row]:
   args.load_before = load_average()
   cfg = decoder_config(args)
@@ -335,46 +269,25 @@ def _summary(row: Row, warmup: int) -> str:
           f"encode {dodo.context_seconds:.2f} s")
 
 
-def machine() -> str:
-  device = jax.devices()[0]
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return (f"{cpu}, {cores} CPU cores; jax {jax.__version__}, {jax.default_backend()} "
-          f"device: {device.device_kind}")
-
-
-def _gib(size: Optional[int]) -> str:
-  return "n/a" if size is None else f"{size / 2**30:.2f}"
-
-
 def markdown(args, rows: Sequence[Row]) -> str:
   cfg = decoder_config(args)
-  lines = [
-      "# Dodo's nugget KV cache vs the full KV cache", "",
-      f"- command: `python {shlex.join(sys.argv)}`",
-      f"- date: {datetime.date.today().isoformat()}",
-      f"- machine: {machine()}",
-      f"- model (both): {cfg.num_layers} layers, emb {cfg.emb_dim}, {cfg.num_heads} heads / "
+  lines = benchmarking.header(
+      "Dodo's nugget KV cache vs the full KV cache", shlex.join(sys.argv),
+      f"model (both): {cfg.num_layers} layers, emb {cfg.emb_dim}, {cfg.num_heads} heads / "
       f"{cfg.kv_heads} kv heads x {cfg.head_dim}, mlp {cfg.mlp_dim}, vocab {cfg.vocab_size}, "
       f"{jnp.dtype(cfg.dtype).name}; Dodo r = {args.ratio:g} (k = ceil(n / r)), "
       f"shared stack weights; batch {args.batch}; {args.new_tokens} new tokens.",
-      "- cache = keys + values of every layer held while decoding: full = n + new_tokens "
+      "cache = keys + values of every layer held while decoding: full = n + new_tokens "
       "positions; Dodo = k nuggets + new_tokens generated positions.",
-      f"- step = one jitted greedy decode step (cache donated), the two paths interleaved "
+      f"step = one jitted greedy decode step (cache donated), the two paths interleaved "
       f"step by step; median over the {args.new_tokens - args.warmup} steps after "
       f"{args.warmup} warm-up steps; MFLOP and MiB accessed = XLA `cost_analysis()` of the "
       "step. Context cost = prefill (full) / encode (Dodo), one "
       "run after compilation; its GiB = arguments + outputs + temporaries from XLA's "
       "`memory_analysis()` (dense attention: heads x n x n floats per layer).",
-      f"- host load average (1/5/15 min) before / after the run: "
-      f"{getattr(args, 'load_before', 'n/a')} / {getattr(args, 'load_after', 'n/a')}."]
-  if args.note:
-    lines.append(f"- note: {args.note}")
+      f"host load average (1/5/15 min) before / after the run: "
+      f"{getattr(args, 'load_before', 'n/a')} / {getattr(args, 'load_after', 'n/a')}.",
+      args.note and f"note: {args.note}")
   lines += [
       "",
       "| context n | nuggets k | full cache MiB | Dodo cache MiB | cache ratio | full step ms "
@@ -394,7 +307,7 @@ def markdown(args, rows: Sequence[Row]) -> str:
         f"{full.step_flops / 1e6:.1f} / {dodo.step_flops / 1e6:.1f} | "
         f"{full.step_bytes_accessed / 2**20:.1f} / {dodo.step_bytes_accessed / 2**20:.1f} | "
         f"{full.context_seconds:.2f} | {dodo.context_seconds:.2f} | "
-        f"{_gib(full.context_memory)} / {_gib(dodo.context_memory)} |")
+        f"{gib(full.context_memory)} / {gib(dodo.context_memory)} |")
   return "\n".join(lines) + "\n"
 
 
@@ -439,10 +352,7 @@ def main(argv=None):
   table = markdown(args, run(args))
   print(table)
   if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      f.write(table)
-    print(f"wrote {args.out}")
+    benchmarking.write_text(args.out, table)
 
 
 if __name__ == "__main__":

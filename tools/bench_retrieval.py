@@ -1,4 +1,3 @@
-# python tools/bench_retrieval.py --beir_folder ../shared/data/beir/scifact --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md --plot docs/results/retrieval_bench_cpu.png
 """Compressed multi-vector retrieval at passage ratios C: index bytes, corpus encoding time
 and query scoring time, as ratios to C = 1, measured side by side in one process.
 
@@ -32,60 +31,50 @@ weights read the passages (`DualEncoderConfig.passage_compression_ratio = C`):
 """
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
 import pathlib
-import shlex
 import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only seqio's input pipeline
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-
-from bench_nuggets import load_average, machine  # noqa: E402
-from decal_jax import flops, gin_utils, trainer  # noqa: E402
+from decal_jax import benchmarking, flops, gin_utils  # noqa: E402
+from decal_jax.benchmarking import alternating, load_average  # noqa: E402
 from decal_jax.retrieval import beir, index, pipeline  # noqa: E402
 
 SIZES = ("tiny", "small", "base")
 
 
 # ----------------------------------------------------------------------------- model
-def load_model(args):
-  """The dual encoder that the size's gin files (plus --gin_bindings) configure, its
-  passages at the largest ratio, so that the weights include DeCAL's latent parameters."""
+def load_model(args) -> Tuple[Any, dict, str]:
+  """(model, params, where they come from): the dual encoder that the size's gin files (plus
+  --gin_bindings) configure, its passages at the largest ratio so that the weights include
+  DeCAL's latent parameters; the latest checkpoint in --model_dir, else random weights."""
   import gin  # pylint: disable=import-outside-toplevel
   files = [f"models/t5_1_1_{args.size}.gin", "models/decal.gin", "models/dual_encoder.gin"]
   bindings = [f"COMPRESSION_RATIO = {max(args.ratios)}",
               f"PROJECTION_DIM = {args.projection_dim}", *args.gin_bindings]
-  gin_utils.parse(files, [], bindings)
+  lengths = {"inputs": args.query_length, "targets": args.passage_length}
   try:
-    return gin.query_parameter("%MODEL").scoped_configurable_fn()
+    model, params, step, _ = gin_utils.load_model(files, args.model_dir, bindings=bindings,
+                                                  feature_lengths=lengths)
   finally:
     gin.clear_config()
-
-
-def load_params(model, args) -> Tuple[dict, str]:
-  """(params, where they come from): the latest checkpoint in --model_dir, else random."""
   if args.model_dir:
-    lengths = {"inputs": args.query_length, "targets": args.passage_length}
-    params, step = trainer.restore_params(model, args.model_dir,
-                                          trainer.DatasetConfig("unused", lengths), None)
-    return params, f"checkpoint {os.path.abspath(args.model_dir)}, step {step}"
+    return model, params, f"checkpoint {os.path.abspath(args.model_dir)}, step {step}"
   shapes = model.input_shapes({"inputs": 8, "targets": 8})
   variables = jax.jit(lambda rng: model.get_initial_variables(rng, shapes))(
       jax.random.PRNGKey(args.seed))
-  return variables["params"], (f"random initialisation (seed {args.seed}): the cost does "
-                               "not depend on the weight values")
+  return model, variables["params"], (f"random initialisation (seed {args.seed}): the cost "
+                                      "does not depend on the weight values")
 
 
 def with_passage_ratio(model, ratio: int):
@@ -183,9 +172,7 @@ def _first_call_per_width(encode, batches) -> float:
 
 
 def _seconds(fn, *args) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start
+  return benchmarking.timed(fn, *args)[1]
 
 
 def encoder_flops(model, ratio: int, corpus: Corpus, batch_size: int) -> float:
@@ -237,8 +224,7 @@ def encode_again(encoders: Dict[int, Callable], rows: Dict[int, Row], corpus: Co
   """--encode_repeats - 1 more encoder passes over the corpus (no index write), the
   ratios alternating within each repeat, each pass's time appended to its row."""
   for repeat in range(1, args.encode_repeats):
-    order = args.ratios if repeat % 2 == 0 else args.ratios[::-1]
-    for ratio in order:
+    for ratio in alternating(args.ratios, repeat):
       start = time.perf_counter()
       for tokens in corpus.token_batches():
         encoders[ratio](tokens)  # host arrays: waits for the device
@@ -279,8 +265,7 @@ def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries, args) 
                                                 vectors.shape[1], args.doc_batch_size,
                                                 args.query_batch_size)
   for repeat in range(args.repeats):
-    order = args.ratios if repeat % 2 == 0 else args.ratios[::-1]
-    for ratio in order:
+    for ratio in alternating(args.ratios, repeat):
       rows[ratio].scoring_s.append(_seconds(search, ratio))
     _log(f"scoring repeat {repeat + 1}/{args.repeats}: " + ", ".join(
         f"C={r} {rows[r].scoring_s[-1]:.2f} s" for r in args.ratios))
@@ -293,8 +278,7 @@ def _log(text: str) -> None:
 def run(args) -> Tuple[List[Row], dict]:
   """Every ratio's row, and what describes the run (for the Markdown)."""
   args.load_before = load_average()
-  model = load_model(args)
-  params, source = load_params(model, args)
+  model, params, source = load_model(args)
   corpus = load_corpus(args, model.input_vocabulary)
   query_vectors, query_valid = pipeline.encode_texts(
       corpus.query_texts, model, params, "query", args.query_length, args.batch_size)
@@ -381,31 +365,6 @@ def tables(rows: Sequence[Row]) -> List[str]:
   return lines
 
 
-def reading(rows: Sequence[Row]) -> List[str]:
-  """Sentences drawn from the numbers only."""
-  rel = ratios_to_first(rows)
-  exact = all(row.num_vectors == row.expected_vectors and row.index_bytes == row.expected_bytes
-              for row in rows)
-  pairs = lambda key, digits=2: ", ".join(f"{r[key]:.{digits}f}" for r in rel[1:])  # noqa: E731
-  ratios = " / ".join(str(row.ratio) for row in rows[1:])
-  lines = [
-      f"- Index bytes {'equal' if exact else 'differ from'} Σ⌈n_i / C⌉ x d x bytes per "
-      f"value at every C{'' if exact else ' (see the JSON rows)'}: "
-      f"{pairs('index_bytes', 3)} of C = 1 at C = {ratios}, against 1/C = "
-      f"{pairs('inverse_ratio', 3)} (⌈n / C⌉ rounds "
-      "every passage up).",
-      f"- Encoding takes {pairs('encode')} of C = 1's time at C = {ratios}; the analytical "
-      f"encoder FLOPs are {pairs('encoder_flops')} of C = 1 (DeCAL's encoder reads the m "
-      "latents and the n tokens together, so compression costs encoder work, less the "
-      "larger C).",
-      f"- Scoring takes {pairs('scoring')} of C = 1's time at C = {ratios}; the valid "
-      f"query x passage vector pairs are {pairs('valid_pairs')} of C = 1 and the pairs "
-      f"`Index.search` computes (padding included) {pairs('computed_pairs')}. Queries stay "
-      "at C = 1, so the saving is 1/C; with queries compressed as well it would approach "
-      "1/C² (the paper's setting)."]
-  return lines
-
-
 def _model_line(model) -> str:
   cfg = model.module.config
   enc = cfg.encoder
@@ -422,24 +381,21 @@ def markdown(args, rows: Sequence[Row], about: dict) -> str:
   lengths = corpus.lengths
   clipped = int(np.sum(lengths >= args.passage_length))
   q_lengths = about["query_lengths"]
-  lines = [
-      "# Compressed multi-vector retrieval: index bytes, encoding and scoring time vs the "
-      "passage ratio C", "",
-      f"- command: `python {args.command}`",
-      f"- date: {datetime.date.today().isoformat()}",
-      f"- machine: {machine()}; JAX backend: {jax.default_backend()}",
-      f"- model: `--size {args.size}` ({_model_line(about['model'])}); weights: "
+  lines = benchmarking.header(
+      "Compressed multi-vector retrieval: index bytes, encoding and scoring time vs the "
+      "passage ratio C", args.command,
+      f"model: `--size {args.size}` ({_model_line(about['model'])}); weights: "
       f"{about['source']}.",
-      f"- corpus: {corpus.name} ({args.beir_folder or 'the built-in BEIR folder'}), "
+      f"corpus: {corpus.name} ({args.beir_folder or 'the built-in BEIR folder'}), "
       f"{len(corpus.doc_ids)} passages, {lengths.mean():.1f} tokens on average (EOS "
       f"included; {clipped} cut to --passage_length {args.passage_length}); "
       f"{len(corpus.query_ids)} {args.split} queries, {np.mean(q_lengths):.1f} tokens on "
       f"average (--query_length {args.query_length}, padded width {about['query_width']}).",
-      f"- settings: batch {args.batch_size} passages (padded widths "
+      f"settings: batch {args.batch_size} passages (padded widths "
       f"{sorted({t.shape[1] for _, t in corpus.batches})}); index {args.index_dtype}; search "
       f"top {args.top_k}, doc chunks of {args.doc_batch_size}, query batches of "
       f"{args.query_batch_size}, precision {args.precision}.",
-      "- encode s: time inside the encoder calls, after a warm-up batch per width (compile "
+      "encode s: time inside the encoder calls, after a warm-up batch per width (compile "
       "s = first call - second call of that batch, summed over widths): the index build's, "
       f"then {args.encode_repeats - 1} more pass(es) over the corpus, the ratios alternating "
       "within each repeat; median. build s: the one `index.build_index` call (encode + float "
@@ -447,11 +403,9 @@ def markdown(args, rows: Sequence[Row], about: dict) -> str:
       f"scoring s: `Index.search` of all queries over the whole index, median of "
       f"{args.repeats} after one untimed call, the ratios alternating within each repeat. "
       "Every ratio is to the C = 1 row of this run; 'expected' columns are analytical.",
-      f"- host load average (1/5/15 min) before / after: {args.load_before} / "
-      f"{args.load_after}."]
-  if args.note:
-    lines.append(f"- note: {args.note}")
-  lines += ["", *tables(rows), "", "## Reading", "", *reading(rows)]
+      f"host load average (1/5/15 min) before / after: {args.load_before} / "
+      f"{args.load_after}.", args.note and f"note: {args.note}")
+  lines += ["", *tables(rows)]
   if args.plot:
     lines += ["", f"![ratios to C = 1]({os.path.basename(args.plot)})"]
   lines += ["", "## Rows (JSON lines)", "", "```jsonl", *json_rows(rows), "```"]
@@ -460,12 +414,7 @@ def markdown(args, rows: Sequence[Row], about: dict) -> str:
 
 def plot(rows: Sequence[Row], path: str) -> None:
   """Measured ratios to C = 1 (solid) against their expectations (dashed)."""
-  try:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from e
+  plt = benchmarking.pyplot()
   rel = ratios_to_first(rows)
   xs = [row.ratio for row in rows]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -477,17 +426,11 @@ def plot(rows: Sequence[Row], path: str) -> None:
     ax.plot(xs, [r[expected] for r in rel], "s--", color=color, alpha=0.6,
             label=f"{label} (expected)")
   ax.plot(xs, [1 / x for x in xs], ":", color="gray", label="1/C")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log", base=2)
+  benchmarking.log_log_axes(ax, "passage compression ratio C", None, "ratio to C = 1",
+                            xbase=2, ybase=2, fontsize=7)
   ax.set_xticks(xs, [str(x) for x in xs])
-  ax.set_xlabel("passage compression ratio C")
-  ax.set_ylabel("ratio to C = 1")
-  ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=7)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  benchmarking.save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- main
@@ -524,9 +467,7 @@ def parse_args(argv=None):
   parser.add_argument("--encode_repeats", type=int, default=1,
                       help="timed encoder passes over the corpus per ratio (the first is "
                            "the index build's)")
-  parser.add_argument("--out", default=None, help="write the Markdown results here")
-  parser.add_argument("--plot", default=None, help="write a PNG plot here (matplotlib)")
-  parser.add_argument("--note", default="", help="a line for the results file")
+  benchmarking.add_output_args(parser)
   args = parser.parse_args(argv)
   if 1 not in args.ratios:
     parser.error(f"--ratios must include 1 (every ratio is reported relative to C = 1), got "
@@ -538,14 +479,10 @@ def parse_args(argv=None):
     if getattr(args, name) < 2:
       parser.error(f"--{name} must be >= 2 (one token and EOS), got {getattr(args, name)}.")
   for name in ("batch_size", "top_k", "doc_batch_size", "query_batch_size", "repeats",
-               "encode_repeats"):
-    if getattr(args, name) < 1:
+               "encode_repeats", "max_docs", "projection_dim"):
+    if getattr(args, name) is not None and getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
-  if args.max_docs is not None and args.max_docs < 1:
-    parser.error(f"--max_docs must be >= 1, got {args.max_docs}.")
-  if args.projection_dim is not None and args.projection_dim < 1:
-    parser.error(f"--projection_dim must be >= 1, got {args.projection_dim}.")
-  args.command = shlex.join(sys.argv if argv is None else ["tools/bench_retrieval.py", *argv])
+  args.command = benchmarking.command("tools/bench_retrieval.py", argv)
   return args
 
 
@@ -554,13 +491,7 @@ def main(argv=None) -> List[Row]:
   rows, about = run(args)
   if args.plot:
     plot(rows, args.plot)
-  text = markdown(args, rows, about)
-  print(text)
-  if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-      f.write(text)
-    print(f"wrote {args.out}")
+  benchmarking.report(markdown(args, rows, about), args.out)
   return rows
 
 

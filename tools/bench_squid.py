@@ -1,4 +1,3 @@
-# python tools/bench_squid.py --contexts 512,2048,8192 --ratios 4,8,16 --out docs/results/squid_latency_cpu.md --plot docs/results/squid_latency_cpu.png
 """Squid against its large decoder reading the whole context: latency and FLOPs, side by side.
 
   python tools/bench_squid.py --contexts 512,2048,8192 --ratios 4,8,16 \
@@ -25,13 +24,8 @@ shapes, bf16: for a GPU), `tiny` (tests).
 """
 import argparse
 import dataclasses
-import datetime
-import math
 import os
 import pathlib
-import shlex
-import statistics
-import sys
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
@@ -39,14 +33,15 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+from decal_jax import benchmarking, flops
+from decal_jax.benchmarking import (DoesNotFit, Run, Side, available_bytes, check_fits,
+                                    decoder_line, gflop, gib, greedy, greedy_steps,
+                                    load_average, ms, needed_bytes, timed, xla_cost,
+                                    zeros_like_tree)
+from decal_jax.networks.decoder import Decoder, DecoderConfig, causal_bias
+from decal_jax.networks.squid import Squid, SquidConfig
 
-from bench_nuggets import (DoesNotFit, _cost, _timed, available_bytes, check_fits,  # noqa: E402
-                           load_average, machine, needed_bytes)
-from decal_jax import flops  # noqa: E402
-from decal_jax.networks.decoder import Decoder, DecoderConfig, causal_bias  # noqa: E402
-from decal_jax.networks.squid import Squid, SquidConfig  # noqa: E402
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 QWEN2_GIN = REPO / "gin" / "models" / "squid_qwen2.gin"
 
@@ -157,41 +152,13 @@ def _param_shapes(config: SquidConfig):
 
 def param_bytes(config: SquidConfig) -> int:
   """Bytes of the weights in the compute dtype (how the benchmark holds them)."""
-  itemsize = jnp.dtype(config.large.dtype).itemsize
-  return sum(math.prod(x.shape) * itemsize for x in jax.tree.leaves(_param_shapes(config)))
-
-
-RANDOM_BLOCK = 1 << 22  # random values drawn once and shared by every weight matrix
-
-
-def random_params(config: SquidConfig, seed: int = 0) -> dict:
-  """Random weights in the compute dtype: norm scales 1, every other leaf a stretch of one
-  block of N(0, 0.02) values drawn on the host (from a random offset; tiled past the block).
-  Seconds for Qwen2-7B as for a toy, where jitting `Squid.init` would compile the forward
-  pass and the per-leaf RNG; the timing does not depend on the values."""
-  rng = np.random.default_rng(seed)
-  block = 0.02 * rng.standard_normal(RANDOM_BLOCK, dtype=np.float32)
-  dtype = config.large.dtype
-
-  def make(path, shape):
-    if path[-1].key == "scale":
-      return jnp.ones(shape.shape, dtype)
-    size = math.prod(shape.shape)
-    if size <= RANDOM_BLOCK:
-      start = int(rng.integers(0, RANDOM_BLOCK - size + 1))
-      return jnp.asarray(block[start:start + size].reshape(shape.shape), dtype)
-    return jnp.resize(jnp.asarray(block, dtype), shape.shape)
-
-  return jax.tree_util.tree_map_with_path(make, _param_shapes(config))
+  return benchmarking.param_count(_param_shapes(config)) * jnp.dtype(config.large.dtype).itemsize
 
 
 def build(config: SquidConfig, seed: int = 0) -> Models:
   """Random Squid weights (after checking that they fit) and the baseline sharing them."""
-  need, have = param_bytes(config), available_bytes()
-  if have is not None and need > 0.5 * have:
-    raise DoesNotFit(f"the weights need {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB "
-                     "available (a smaller --preset, or a machine with more memory)")
-  params = random_params(config, seed)
+  benchmarking.check_weights_fit(param_bytes(config), available_bytes())
+  params = benchmarking.random_params(_param_shapes(config), config.large.dtype, seed)
   return Models(config, params, Decoder(config.large), {"stack": params["large_decoder"]})
 
 
@@ -203,45 +170,7 @@ def squid_with_memory(models: Models, n: int) -> Tuple[Squid, dict]:
   return Squid(config), params
 
 
-def _greedy(logits):
-  return jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)  # [batch, 1]
-
-
-def _zeros_like_tree(shapes):
-  """A function making a fresh zero tree of these shapes (a donated cache is used up)."""
-  return lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
 # ----------------------------------------------------------------------------- sides
-class Run(NamedTuple):
-  seconds: Dict[str, float]  # phase -> wall seconds
-  tokens: np.ndarray         # [batch, answer_length] greedy answer
-
-  @property
-  def total(self) -> float:
-    return sum(self.seconds.values())
-
-
-class Side:
-  """One way to answer: compiled phases, runnable end to end, collecting timed runs."""
-
-  def __init__(self, name: str, phases: Tuple[str, ...], runner: Callable[[], Run],
-               xla_flops: float, memory_bytes: Optional[int]):
-    self.name, self.phases, self.runner = name, phases, runner
-    self.xla_flops = xla_flops  # per example, XLA's count of every compiled phase
-    self.memory_bytes = memory_bytes
-    self.runs: List[Run] = []
-
-  def median(self, phase: Optional[str] = None) -> float:
-    """Median seconds of one phase, or (phase None) of the end-to-end total."""
-    return statistics.median(r.total if phase is None else r.seconds[phase] for r in self.runs)
-
-  def total_ms(self) -> str:
-    """'median (min-max)' of the end-to-end milliseconds."""
-    totals = [r.total for r in self.runs]
-    return f"{_ms(self.median())} ({_ms(min(totals))}-{_ms(max(totals))})"
-
-
 def _prefill_last_logits(module: Decoder, tokens):
   """`Decoder`'s prefill, but only the last position's logits (the first answer token): the
   LM head over the whole prompt would charge the baseline for logits nobody reads."""
@@ -262,17 +191,17 @@ def baseline_side(decoder: Decoder, params, context, query, answer_length: int) 
   cache_shapes = jax.eval_shape(lambda p: decoder.apply(
       {"params": p}, jnp.ones((batch, length + answer_length), jnp.int32), decode=True,
       enable_dropout=False, mutable=["cache"])[1]["cache"], params)
-  fresh_cache = _zeros_like_tree(cache_shapes)
+  fresh_cache = zeros_like_tree(cache_shapes)
 
   def prefill(params, cache, tokens):
     logits, new = decoder.apply({"params": params, "cache": cache}, tokens,
                                 method=_prefill_last_logits, mutable=["cache"])
-    return _greedy(logits), new["cache"]
+    return greedy(logits), new["cache"]
 
   def step(params, cache, token):
     logits, new = decoder.apply({"params": params, "cache": cache}, token, decode=True,
                                 enable_dropout=False, mutable=["cache"])
-    return _greedy(logits), new["cache"]
+    return greedy(logits), new["cache"]
 
   cache = fresh_cache()
   prefill_fn = jax.jit(prefill, donate_argnums=1).lower(params, cache, prompt).compile()
@@ -282,25 +211,15 @@ def baseline_side(decoder: Decoder, params, context, query, answer_length: int) 
 
   def run() -> Run:
     cache = jax.block_until_ready(fresh_cache())
-    (token, cache), prefill_s = _timed(prefill_fn, params, cache, prompt)
+    (token, cache), prefill_s = timed(prefill_fn, params, cache, prompt)
     tokens = [token]
-    (token, cache), generation_s = _timed(_steps(step_fn, params, answer_length - 1, tokens),
-                                          cache, token)
+    steps = greedy_steps(step_fn, params, answer_length - 1, tokens)
+    (token, cache), generation_s = timed(steps, cache, token)
     return Run({"prefill": prefill_s, "generation": generation_s},
                np.concatenate([np.asarray(t) for t in tokens], axis=1))
 
-  xla = (_cost(prefill_fn, "flops") + (answer_length - 1) * _cost(step_fn, "flops")) / batch
-  return Side("baseline", ("prefill", "generation"), run, xla, needed_bytes(prefill_fn))
-
-
-def _steps(step_fn, params, count: int, tokens: list, *extra):
-  """A function running `count` greedy steps (appending each token to `tokens`)."""
-  def steps(cache, token):
-    for _ in range(count):
-      token, cache = step_fn(params, cache, *extra, token)
-      tokens.append(token)
-    return token, cache
-  return steps
+  xla = (xla_cost(prefill_fn) + (answer_length - 1) * xla_cost(step_fn)) / batch
+  return Side("baseline", run, needed_bytes(prefill_fn), xla)
 
 
 def squid_side(squid: Squid, params, context, query, answer_length: int, name: str) -> Side:
@@ -317,13 +236,13 @@ def squid_side(squid: Squid, params, context, query, answer_length: int, name: s
   cache_shapes = jax.eval_shape(lambda p, pre: squid.apply(
       {"params": p}, pre, None, answer, decode=True, enable_dropout=False, mutable=["cache"],
       method=Squid.decode)[1]["cache"], params, prefix)
-  fresh_cache = _zeros_like_tree(cache_shapes)
+  fresh_cache = zeros_like_tree(cache_shapes)
 
   def step(params, cache, prefix, token):
     logits, new = squid.apply({"params": params, "cache": cache}, prefix, None, token,
                               decode=True, enable_dropout=False, mutable=["cache"],
                               method=Squid.decode)
-    return _greedy(logits), new["cache"]
+    return greedy(logits), new["cache"]
 
   bos = jnp.zeros((batch, 1), jnp.int32)
   step_fn = jax.jit(step, donate_argnums=1).lower(params, fresh_cache(), prefix,
@@ -331,16 +250,16 @@ def squid_side(squid: Squid, params, context, query, answer_length: int, name: s
 
   def run() -> Run:
     cache = jax.block_until_ready(fresh_cache())
-    compressed, compress_s = _timed(compress_fn, params, context)
-    prefix, read_s = _timed(read_fn, params, compressed, query)
+    compressed, compress_s = timed(compress_fn, params, context)
+    prefix, read_s = timed(read_fn, params, compressed, query)
     tokens = []
-    _, generation_s = _timed(_steps(step_fn, params, answer_length, tokens, prefix), cache, bos)
+    steps = greedy_steps(step_fn, params, answer_length, tokens, prefix)
+    _, generation_s = timed(steps, cache, bos)
     return Run({"compress": compress_s, "read": read_s, "generation": generation_s},
                np.concatenate([np.asarray(t) for t in tokens], axis=1))
 
-  xla = (_cost(compress_fn, "flops") + _cost(read_fn, "flops")
-         + answer_length * _cost(step_fn, "flops")) / batch
-  return Side(name, ("compress", "read", "generation"), run, xla, needed_bytes(compress_fn))
+  xla = (xla_cost(compress_fn) + xla_cost(read_fn) + answer_length * xla_cost(step_fn)) / batch
+  return Side(name, run, needed_bytes(compress_fn), xla)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -355,16 +274,6 @@ class Row:
   squid_flops: Optional[flops.SquidFlops] = None
   inputs: Optional[Tuple[np.ndarray, np.ndarray]] = None  # (context, query) token ids
   note: str = ""
-
-
-def measure(sides: Sequence[Side], warmup: int, repeats: int, desc: str) -> None:
-  """Runs every side warmup + repeats times, reversing the order every repeat."""
-  for repeat in tqdm.trange(warmup + repeats, desc=desc, leave=False, dynamic_ncols=True):
-    order = sides if repeat % 2 == 0 else list(reversed(sides))
-    for side in order:
-      result = side.runner()
-      if repeat >= warmup:
-        side.runs.append(result)
 
 
 def run(args) -> List[Row]:
@@ -402,7 +311,7 @@ def run(args) -> List[Row]:
         sides.append(row.squid)
       except DoesNotFit as e:
         row.note = f"Squid did not fit: {e}"
-    measure(sides, args.warmup, args.repeats, f"L={length}")
+    benchmarking.measure_sides(sides, args.warmup, args.repeats, f"L={length}")
     for row in length_rows:
       tqdm.tqdm.write(_summary(row))
   args.load_after = load_average()
@@ -423,25 +332,9 @@ def total_flop_ratio(row: Row) -> float:
 
 
 def _summary(row: Row) -> str:
-  if row.note:
-    return f"L={row.context} ρ={row.ratio}: {row.note}"
-  return (f"L={row.context} ρ={row.ratio} N={row.memory}: baseline "
-          f"{row.baseline.median():.3f} s, Squid {row.squid.median():.3f} s "
-          f"({latency_ratio(row):.2f}x); large-decoder GFLOP "
-          f"{row.base_flops.total / 1e9:.2f} vs "
-          f"{row.squid_flops.large_decoder / 1e9:.2f} ({large_flop_ratio(row):.1f}x)")
-
-
-def _ms(seconds: float) -> str:
-  return f"{seconds * 1e3:.1f}"
-
-
-def _gib(size: Optional[int]) -> str:
-  return "n/a" if size is None else f"{size / 2**30:.2f}"
-
-
-def _gflop(value: float) -> str:
-  return f"{value / 1e9:.3g}"
+  return f"L={row.context} ρ={row.ratio} N={row.memory}: " + (row.note or (
+      f"baseline {row.baseline.median():.3f} s, Squid {row.squid.median():.3f} s "
+      f"({latency_ratio(row):.2f}x); large-decoder FLOP ratio {large_flop_ratio(row):.1f}"))
 
 
 def table(rows: Sequence[Row]) -> List[str]:
@@ -460,78 +353,17 @@ def table(rows: Sequence[Row]) -> List[str]:
     base, squid = row.baseline, row.squid
     lines.append(
         f"| {row.context} | {row.ratio} | {row.memory} | "
-        f"{_ms(base.median('prefill'))} / {_ms(base.median('generation'))} | "
-        f"{base.total_ms()} | "
-        f"{_ms(squid.median('compress'))} / {_ms(squid.median('read'))} / "
-        f"{_ms(squid.median('generation'))} | {squid.total_ms()} | "
+        f"{ms(base.median('prefill'))} / {ms(base.median('generation'))} | "
+        f"{base.ms_range()} | "
+        f"{ms(squid.median('compress'))} / {ms(squid.median('read'))} / "
+        f"{ms(squid.median('generation'))} | {squid.ms_range()} | "
         f"{latency_ratio(row):.2f} | "
-        f"{_gflop(row.base_flops.total)} / "
-        f"{_gflop(row.squid_flops.large_decoder)} | {large_flop_ratio(row):.1f} | "
-        f"{_gflop(row.base_flops.total)} / {_gflop(row.squid_flops.total)} | "
-        f"{total_flop_ratio(row):.1f} | {_gflop(base.xla_flops)} / {_gflop(squid.xla_flops)} | "
-        f"{_gib(base.memory_bytes)} / {_gib(squid.memory_bytes)} |")
+        f"{gflop(row.base_flops.total)} / "
+        f"{gflop(row.squid_flops.large_decoder)} | {large_flop_ratio(row):.1f} | "
+        f"{gflop(row.base_flops.total)} / {gflop(row.squid_flops.total)} | "
+        f"{total_flop_ratio(row):.1f} | {gflop(base.xla_flops)} / {gflop(squid.xla_flops)} | "
+        f"{gib(base.memory_bytes)} / {gib(squid.memory_bytes)} |")
   return lines
-
-
-def reading(rows: Sequence[Row]) -> List[str]:
-  """A few sentences drawn from the numbers (no claims beyond them)."""
-  done = [row for row in rows if not row.note]
-  if not done:
-    return ["- nothing ran to completion; see the notes in the table."]
-  lines = []
-  for length in sorted({row.context for row in done}):
-    at = [row for row in done if row.context == length]
-    base = at[0].baseline
-    share = lambda side, phase: side.median(phase) / side.median()  # noqa: E731
-    lines.append(
-        f"- L = {length}: baseline / Squid end-to-end latency {_range(map(latency_ratio, at))}"
-        f" (ρ = {', '.join(str(row.ratio) for row in at)}); Squid's large decoder does "
-        f"{_range(map(large_flop_ratio, at))}x fewer FLOPs and Squid as a whole "
-        f"{_range(map(total_flop_ratio, at))}x fewer. Squid's time: compress "
-        f"{_range([share(row.squid, 'compress') for row in at], 100, 0)} %, read "
-        f"{_range([share(row.squid, 'read') for row in at], 100, 0)} %, generation "
-        f"{_range([share(row.squid, 'generation') for row in at], 100, 0)} %; the "
-        f"baseline's: prefill {share(base, 'prefill') * 100:.0f} %, generation "
-        f"{share(base, 'generation') * 100:.0f} %.")
-  for row in done:
-    if latency_ratio(row) < 1:
-      saved = row.baseline.median("prefill") - row.squid.median("read")
-      lines.append(
-          f"- At L = {row.context}, ρ = {row.ratio} Squid is slower: reading N + query "
-          f"instead of prefilling L + query saves {_ms(saved)} ms, compressing costs "
-          f"{_ms(row.squid.median('compress'))} ms, and generation takes "
-          f"{_ms(row.squid.median('generation'))} ms vs the baseline's "
-          f"{_ms(row.baseline.median('generation'))} ms.")
-  longest = max(row.context for row in done)
-  at = [row for row in done if row.context == longest]
-  base = at[0].baseline
-  lines.append(
-      f"- Where the time goes at L = {longest}: the baseline's prefill of L + query takes "
-      f"{_ms(base.median('prefill'))} ms and its generation {_ms(base.median('generation'))} "
-      f"ms (every step scores all L + query + answer cache slots); Squid's compress takes "
-      f"{_range([row.squid.median('compress') * 1e3 for row in at])} ms, its read "
-      f"{_range([row.squid.median('read') * 1e3 for row in at])} ms and its generation "
-      f"{_range([row.squid.median('generation') * 1e3 for row in at])} ms (steps over N + "
-      "query + answer keys).")
-  closer = [row for row in done if abs(math.log(latency_ratio(row) / total_flop_ratio(row)))
-            < abs(math.log(latency_ratio(row) / large_flop_ratio(row)))]
-  lines.append(
-      f"- In {len(closer)} of {len(done)} rows the latency ratio is closer to the total FLOP "
-      "ratio (small decoder + projector + large decoder) than to the large decoder's alone "
-      "(the small decoder reads all L + N positions; the large one's FLOPs are not all of "
-      "the time either: generation steps are bound by memory traffic and dispatch).")
-  deviation = max(abs(side.xla_flops / want - 1) for row in done for side, want in (
-      (row.baseline, row.base_flops.total), (row.squid, row.squid_flops.total)))
-  lines.append(f"- XLA's FLOP count of the compiled programs is within {deviation * 100:.1f} % "
-               "of the analytical totals in every row.")
-  return lines
-
-
-def _range(values, scale: float = 1.0, digits: int = 1) -> str:
-  values = list(values)
-  low, high = min(values) * scale, max(values) * scale
-  return f"{low:.{digits}f}" if f"{low:.{digits}f}" == f"{high:.{digits}f}" else (
-      f"{low:.{digits}f}-{high:.{digits}f}")
 
 
 def size_ratio(small: DecoderConfig, large: DecoderConfig, length: int) -> float:
@@ -540,52 +372,32 @@ def size_ratio(small: DecoderConfig, large: DecoderConfig, length: int) -> float
           / flops.decoder_flops(small, length, logits_positions=0))
 
 
-def _decoder_line(cfg: DecoderConfig) -> str:
-  return (f"{cfg.num_layers} layer{'s' if cfg.num_layers != 1 else ''}, emb {cfg.emb_dim}, {cfg.num_heads} heads / "
-          f"{cfg.kv_heads} kv heads x {cfg.head_dim}, mlp {cfg.mlp_dim}, vocab "
-          f"{cfg.vocab_size}{', q/k/v bias' if cfg.qkv_bias else ''}"
-          f"{', tied embeddings' if cfg.tie_embeddings else ''}")
-
-
 def markdown(args, rows: Sequence[Row]) -> str:
   config = squid_config(args)
   qwen_small, qwen_large = _qwen2_hard_coded()
   size_ratios = lambda small, large: " / ".join(  # noqa: E731
       f"{size_ratio(small, large, n):.1f}" for n in args.contexts)
-  lines = [
-      "# Squid vs the large decoder reading the whole context: latency and FLOPs", "",
-      f"- command: `python {args.command}`",
-      f"- date: {datetime.date.today().isoformat()}",
-      f"- machine: {machine()}; JAX backend: {jax.default_backend()}",
-      f"- shapes: {args.preset_value.source}; {jnp.dtype(config.large.dtype).name}; random "
+  lines = benchmarking.header(
+      "Squid vs the large decoder reading the whole context: latency and FLOPs", args.command,
+      f"shapes: {args.preset_value.source}; {jnp.dtype(config.large.dtype).name}; random "
       "weights.",
-      f"- small decoder: {_decoder_line(config.small)}; large decoder: "
-      f"{_decoder_line(config.large)}; projector Linear-GELU-Linear. Over L = "
+      f"small decoder: {decoder_line(config.small)}; large decoder: "
+      f"{decoder_line(config.large)}; projector Linear-GELU-Linear. Over L = "
       f"{' / '.join(map(str, args.contexts))} positions the large decoder does "
       f"{size_ratios(config.small, config.large)}x the small one's FLOPs (Qwen2-7B / "
       f"Qwen2-0.5B: {size_ratios(qwen_small, qwen_large)}x).",
-      f"- batch {args.batch}; query {args.query_length} tokens; answer {args.answer_length} "
-      "greedy tokens. Baseline: `Decoder(large)` with Squid's large-decoder weights prefills "
-      "[context; query] (LM head at the last position only), then "
-      f"{args.answer_length - 1} cached steps. Squid (fixed N = L / ρ): compress (small "
-      "decoder over L + N, projector), read (large decoder's keys / values of N + query), "
-      f"then {args.answer_length} cached steps from BOS.",
-      f"- times: median of {args.repeats} end-to-end runs per side after compilation and "
-      f"{args.warmup} warm-up run(s); the baseline and every ρ of one L run once per "
-      "repeat, in an order reversed every repeat. Phase medians need not add up to the "
-      "end-to-end median.",
-      "- FLOPs: analytical (`decal_jax.flops.answer_flops` / `squid_flops`: matmuls, dense "
-      "attention over every key shown, including a preallocated cache's empty slots), per "
-      "example; ratios = baseline / Squid. The last column is XLA's "
-      "`cost_analysis()` of the compiled programs (all phases), a check on the analytical "
-      "totals. GiB = XLA's `memory_analysis()` (arguments + outputs + temporaries) of the "
-      "baseline's prefill and of Squid's compress, the two programs that grow with L "
-      "(dense attention: heads x L x L scores per layer).",
-      f"- host load average (1/5/15 min) before / after: "
-      f"{getattr(args, 'load_before', 'n/a')} / {getattr(args, 'load_after', 'n/a')}."]
-  if args.note:
-    lines.append(f"- note: {args.note}")
-  lines += ["", *table(rows), "", "## Reading", "", *reading(rows)]
+      f"batch {args.batch}; query {args.query_length} tokens; answer {args.answer_length} "
+      "greedy tokens; N = ceil(L / ρ) memory tokens; sides and phases as in the tool's "
+      "docstring.",
+      f"times: median of {args.repeats} end-to-end runs per side after compilation and "
+      f"{args.warmup} warm-up run(s), the sides' order reversed every repeat.",
+      "FLOPs: analytical, per example (`decal_jax.flops.answer_flops` / `squid_flops`); XLA "
+      "GFLOP: `cost_analysis()` of the compiled phases; GiB: `memory_analysis()` of the "
+      "baseline's prefill / Squid's compress.",
+      f"host load average (1/5/15 min) before / after: "
+      f"{getattr(args, 'load_before', 'n/a')} / {getattr(args, 'load_after', 'n/a')}.",
+      args.note and f"note: {args.note}")
+  lines += ["", *table(rows)]
   if args.plot:
     lines += ["", f"![latency and FLOPs vs context length]({os.path.basename(args.plot)})"]
   return "\n".join(lines) + "\n"
@@ -593,9 +405,7 @@ def markdown(args, rows: Sequence[Row]) -> str:
 
 def plot(rows: Sequence[Row], path: str) -> None:
   """End-to-end latency and large-decoder FLOPs vs L: the baseline and one line per ρ."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = benchmarking.pyplot()
   done = [row for row in rows if not row.note]
   fig, (latency_ax, flops_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
   by_length = {row.context: row for row in done}  # the baseline is shared by every ρ
@@ -612,30 +422,12 @@ def plot(rows: Sequence[Row], path: str) -> None:
                   label=f"Squid ρ={ratio} (large decoder)")
   for ax, title, unit in ((latency_ax, "end-to-end latency", "seconds"),
                           (flops_ax, "large-decoder FLOPs", "GFLOP")):
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context length L (tokens)")
-    ax.set_ylabel(unit)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    benchmarking.log_log_axes(ax, "context length L (tokens)", title, unit, xbase=2)
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  benchmarking.save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- main
-def _int_list(parser, text: str, name: str) -> List[int]:
-  try:
-    values = [int(v) for v in text.split(",") if v.strip()]
-  except ValueError:
-    parser.error(f"{name} must be comma-separated integers, got {text!r}.")
-  if not values or min(values) < 1:
-    parser.error(f"{name} needs at least one positive integer, got {text!r}.")
-  return values
-
-
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -645,43 +437,22 @@ def parse_args(argv=None):
   parser.add_argument("--query_length", type=int, default=32)
   parser.add_argument("--answer_length", type=int, default=32, help="greedy answer tokens")
   parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--repeats", type=int, default=3, help="timed runs per side")
-  parser.add_argument("--warmup", type=int, default=1, help="untimed runs per side first")
-  parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                      help="compute dtype and weights (default: the preset's)")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=None, help="write the Markdown results here")
-  parser.add_argument("--plot", default=None, help="write a PNG plot here (matplotlib)")
-  parser.add_argument("--note", default="", help="a line for the results file")
+  benchmarking.add_side_by_side_args(parser)
   args = parser.parse_args(argv)
-  args.contexts = _int_list(parser, args.contexts, "--contexts")
-  args.ratios = sorted(_int_list(parser, args.ratios, "--ratios"))
+  args.contexts = benchmarking.int_list(parser, args.contexts, "--contexts")
+  args.ratios = sorted(benchmarking.int_list(parser, args.ratios, "--ratios"))
   for name in ("query_length", "answer_length", "batch", "repeats"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
   if args.warmup < 0:
     parser.error(f"--warmup must be >= 0, got {args.warmup}.")
   args.preset_value = PRESETS[args.preset]()
-  args.command = shlex.join(sys.argv if argv is None else ["tools/bench_squid.py", *argv])
+  args.command = benchmarking.command("tools/bench_squid.py", argv)
   return args
 
 
 def main(argv=None) -> List[Row]:
-  args = parse_args(argv)
-  try:
-    rows = run(args)
-  except DoesNotFit as e:  # the weights themselves
-    raise SystemExit(f"error: {e}") from e
-  if args.plot:
-    plot(rows, args.plot)
-  text = markdown(args, rows)
-  print(text)
-  if args.out:
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      f.write(text)
-    print(f"wrote {args.out}")
-  return rows
+  return benchmarking.run_and_report(parse_args(argv), run, markdown, plot)
 
 
 if __name__ == "__main__":

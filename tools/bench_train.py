@@ -1,5 +1,7 @@
-# python tools/bench_train.py --gin_file=models/t5_1_1_small.gin --gin_file=models/decal.gin --batch_size=8 --inputs_length=512 --targets_length=128 --compare="COMPRESSION_RATIO = 1"
 """Training-step speed of a gin-configured model: compile time, step time, throughput, MFU.
+
+  python tools/bench_train.py --gin_file=models/t5_1_1_small.gin --gin_file=models/decal.gin \
+      --batch_size=8 --inputs_length=512 --targets_length=128 --compare="COMPRESSION_RATIO = 1"
 
 The model, optimizer and partitioner come from the gin files and bindings a train run uses
 (`--gin_file`, `--gin.NAME=VALUE`, `--gin_bindings`, as `python -m decal_jax.train`; without
@@ -31,17 +33,13 @@ Every run appends one JSON line per configuration to --out.
 """
 import argparse
 import dataclasses
-import datetime
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling tools
 
 import flax.linen as nn  # noqa: E402
 import gin  # noqa: E402
@@ -51,45 +49,15 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from decal_jax import flops, gin_utils, losses, optimizers, partitioning, trainer  # noqa: E402
+from decal_jax.benchmarking import (device_peak, machine_record, median_seconds,  # noqa: E402
+                                    write_jsonl, xla_cost)
 from decal_jax.compress.latents import DecalLatents  # noqa: E402
 from decal_jax.layers import attention as attn  # noqa: E402
 from decal_jax.layers.core import DenseGeneral, Embed, MlpBlock, RMSNorm  # noqa: E402
 from decal_jax.networks.t5 import T5Config  # noqa: E402
-from bench_encoder import _time  # noqa: E402  (median of timed calls after a warm-up)
 
-# bf16 dense (no 2:4 sparsity) peak TFLOP/s per chip, by a substring of jax's device_kind
-# (first match wins, so the more specific names come first), with the source of each number.
-PEAKS = (
-    ("H100 PCIe", 756.0, "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): PCIe "
-                         "BF16 Tensor Core 1,513 TFLOPS with sparsity; dense is half"),
-    ("H100 NVL", 835.0, "NVIDIA H100 datasheet: NVL BF16 1,671 TFLOPS with sparsity; half"),
-    ("H100", 989.0, "NVIDIA H100 datasheet: SXM BF16 Tensor Core 1,979 TFLOPS with "
-                    "sparsity; dense is half"),
-    ("H200", 989.0, "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 "
-                    "1,979 TFLOPS with sparsity; dense is half"),
-    ("A100", 312.0, "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): BF16 "
-                    "Tensor Core 312 TFLOPS dense (624 with sparsity)"),
-    ("TPU v4", 275.0, "Cloud TPU v4 docs (cloud.google.com/tpu/docs/v4): 275 TFLOPS "
-                      "bf16 per chip"),
-    ("TPU v5 lite", 197.0, "Cloud TPU v5e docs (cloud.google.com/tpu/docs/v5e): 197 "
-                           "TFLOPS bf16 per chip"),
-    ("TPU v5e", 197.0, "Cloud TPU v5e docs: 197 TFLOPS bf16 per chip"),
-    ("TPU v5p", 459.0, "Cloud TPU v5p docs (cloud.google.com/tpu/docs/v5p): 459 TFLOPS "
-                       "bf16 per chip"),
-    ("TPU v5", 459.0, "Cloud TPU v5p docs: 459 TFLOPS bf16 per chip (jax names v5p 'TPU v5')"),
-)
 SYNTHETIC = ("synthetic batches: random ids, exact shapes, no padding or packing, on the "
              "mesh before timing (no input-pipeline cost)")
-
-
-def device_peak(device) -> Optional[Dict[str, Any]]:
-  """{'tflops', 'source'} of a device's bf16 dense peak, or None (CPU, unknown)."""
-  if device.platform == "cpu":
-    return None
-  for name, tflops, source in PEAKS:
-    if name.lower() in device.device_kind.lower():
-      return {"tflops": tflops, "source": source}
-  return None
 
 
 # ----------------------------------------------------------------------------- setup
@@ -126,11 +94,11 @@ def _macro(name: str):
 def build(label: str, files: Sequence[str], paths: Sequence[str], bindings: Sequence[str],
           args) -> Setup:
   """Parses the gin config and builds the model, optimizer, partitioner and batch shape."""
-  gin_utils.parse(files, paths, bindings)
-  model = _bound("%MODEL")
-  if model is None:
+  try:
+    model = gin_utils.load_model(files, search_paths=paths, bindings=bindings).model
+  except ValueError:
     raise SystemExit("error: the gin files define no MODEL; give a model gin file, e.g. "
-                     "--gin_file=models/t5_1_1_small.gin.")
+                     "--gin_file=models/t5_1_1_small.gin.") from None
   optimizer = _bound("decal_jax.trainer.train.optimizer") or optimizers.adafactor()
   partitioner = _bound("decal_jax.trainer.train.partitioner") or partitioning.Partitioner()
   lengths = dict(_macro("TASK_FEATURE_LENGTHS") or {})
@@ -210,10 +178,7 @@ class Runner:
 
 
 def _cost(compiled) -> Dict[str, Any]:
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):  # older jax: one dict per device
-    analysis = analysis[0] if analysis else {}
-  out = {"xla_flops_per_step": float(analysis.get("flops", float("nan")))} if analysis else {}
+  out = {"xla_flops_per_step": xla_cost(compiled)}
   memory = compiled.memory_analysis()
   if memory is not None:
     out.update(temp_bytes=int(memory.temp_size_in_bytes),
@@ -261,14 +226,6 @@ def _config_summary(cfg) -> Optional[Dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- report
-def machine() -> Dict[str, Any]:
-  device = jax.devices()[0]
-  return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-          "command": "python " + " ".join(sys.argv), "host": platform.node(),
-          "cpu_cores": os.cpu_count(), "platform": device.platform,
-          "device_kind": device.device_kind, "jax": jax.__version__, "note": SYNTHETIC}
-
-
 def print_table(rows: Sequence[Dict[str, Any]]) -> None:
   print(f"{'config':<28}{'compile s':>10}{'step ms':>10}{'p10-p90 ms':>15}{'seq/s':>9}"
         f"{'tok/s':>10}{'XLA GF':>9}{'model GF':>9}{'MFU':>7}{'temp MB':>9}")
@@ -289,14 +246,6 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
   print(f"\nB / A  ({b['label']}  vs  {a['label']}):  " +
         ", ".join(f"{k} x{v:.3f}" for k, v in ratios.items()))
   return ratios
-
-
-def write_jsonl(path: str, rows: Sequence[Dict[str, Any]]) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "a") as f:
-    for row in rows:
-      f.write(json.dumps(row, default=str) + "\n")
-  print(f"appended {len(rows)} line(s) to {path}")
 
 
 # ----------------------------------------------------------------------------- breakdown
@@ -424,7 +373,7 @@ def _time_part(module, inputs, seed: int, repeats: int):
   grad = jax.jit(jax.grad(objective, argnums=(0, 1)))
   args = (params, [inputs[i] for i in diff], [inputs[i] for i in fixed], cotangents)
   compiled = grad.lower(*args).compile()
-  return _time(compiled, args, repeats), _cost(compiled).get("xla_flops_per_step")
+  return median_seconds(compiled, args, repeats), _cost(compiled).get("xla_flops_per_step")
 
 
 def _time_optimizer(setup: Setup, seed: int, repeats: int):
@@ -442,7 +391,7 @@ def _time_optimizer(setup: Setup, seed: int, repeats: int):
     return optax.apply_updates(params, updates), state
 
   compiled = jax.jit(update).lower(params, state, grads).compile()
-  return (_time(compiled, (params, state, grads), repeats),
+  return (median_seconds(compiled, (params, state, grads), repeats),
           _cost(compiled).get("xla_flops_per_step"))
 
 
@@ -517,7 +466,7 @@ def main(argv=None):
   runners = [Runner(setup, args.seed) for setup in setups]
   time_steps(runners, args.warmup, args.steps)
   device = jax.devices()[0]
-  rows = [dict(machine(), **summarize(r, device)) for r in runners]
+  rows = [dict(machine_record(), note=SYNTHETIC, **summarize(r, device)) for r in runners]
   if len(rows) == 2:
     rows[1]["ratio_to_a"] = compare(rows[0], rows[1])
   print_table(rows)

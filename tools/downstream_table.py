@@ -1,34 +1,23 @@
-# python tools/downstream_table.py --ratios 1 2 4 --pretrain-steps 400 --finetune-steps 200 --out docs/results/downstream_builtin_qa.md
 """Task x compression-ratio results table: for each ratio C, pretrain a tiny model on the
 built-in corpus (span corruption), fine-tune it on the task, and evaluate it with
 `python -m decal_jax.eval` (which writes MODEL_DIR/eval_results/*.metrics.json); the table is
 built from those metrics files. Every run uses the same budget, seed and data.
+
+  python tools/downstream_table.py --ratios 1 2 4 --pretrain-steps 400 --finetune-steps 200 \
+      --out docs/results/downstream_builtin_qa.md
 
 Runs live under --work (default runs/downstream/<task>); rerunning the command resumes
 unfinished runs and re-evaluates finished ones, so the table can always be regenerated.
 Other tasks: --task decal_squad etc. with their data available (DECAL_LOCAL_DATA_DIR).
 """
 import argparse
-import datetime
 import json
 import pathlib
-import platform
-import subprocess
-import sys
-import time
+
+from decal_jax import benchmarking
+from decal_jax.benchmarking import run_entry_point as run  # python -m decal_jax.<module>
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def run(module: str, args, log: pathlib.Path) -> float:
-  """Runs `python -m decal_jax.<module> args`, output to `log`; returns seconds taken."""
-  start = time.time()
-  with open(log, "a") as f:
-    proc = subprocess.run([sys.executable, "-m", f"decal_jax.{module}", *args], cwd=REPO,
-                          stdout=f, stderr=subprocess.STDOUT)
-  if proc.returncode:
-    sys.exit(f"{module} failed (exit {proc.returncode}); see {log}")
-  return time.time() - start
 
 
 def one_ratio(ratio: int, a, work: pathlib.Path) -> dict:
@@ -81,18 +70,16 @@ def main(argv=None):
   work = pathlib.Path(a.work or REPO / "runs" / "downstream" / a.task).absolute()
   work.mkdir(parents=True, exist_ok=True)
   rows = [one_ratio(r, a, work) for r in a.ratios]
-  command = "python tools/downstream_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-  text = (f"## {a.task} ({a.split}) by compression ratio\n\n{table(rows, a.task)}\n\n"
-          f"Tiny T5.1.1 (models/decal_tiny.gin with COMPRESSION_RATIO=C): {a.pretrain_steps} "
-          f"span-corruption steps on the built-in corpus, then {a.finetune_steps} fine-tuning "
-          f"steps (runs/finetune_builtin.gin), inputs {a.inputs} / targets {a.targets} tokens, "
-          "greedy decoding.\n\n"
-          f"Command: `{command}`  \nMachine: {platform.machine()}, {platform.processor() or 'CPU'}, "
-          f"Python {platform.python_version()}; date {datetime.date.today()}.\n")
+  command = benchmarking.command("tools/downstream_table.py", argv)
+  text = "\n".join(benchmarking.header(
+      f"{a.task} ({a.split}) by compression ratio", command,
+      f"model: tiny T5.1.1 (models/decal_tiny.gin with COMPRESSION_RATIO=C), "
+      f"{a.pretrain_steps} span-corruption steps on the built-in corpus, then "
+      f"{a.finetune_steps} fine-tuning steps (runs/finetune_builtin.gin); inputs {a.inputs} / "
+      f"targets {a.targets} tokens; greedy decoding")) + f"\n\n{table(rows, a.task)}\n"
   print("\n" + text)
   if a.out:
-    pathlib.Path(a.out).write_text(text)
-    print(f"wrote {a.out}")
+    benchmarking.write_text(a.out, text)
 
 
 if __name__ == "__main__":

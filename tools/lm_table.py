@@ -1,4 +1,3 @@
-# python tools/lm_table.py --out docs/results/dodo_lm_builtin.md
 """Compressed-history language modelling at a fixed state budget (the Dodo paper's Table 1,
 at CPU scale): the same tiny decoder trained on the built-in corpus as
 
@@ -24,6 +23,8 @@ import os
 import pathlib
 import sys
 import time
+
+from decal_jax import fileio
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RATIO, WINDOW, CHUNK = 10, 32, 16
@@ -93,28 +94,21 @@ def run(name: str, args, work: pathlib.Path) -> dict:
             "accuracy": float(metrics["accuracy"]), "loss": float(metrics["loss"]),
             "seconds": seconds, "states": states_read(name, args.length), "note": note}
   done.parent.mkdir(parents=True, exist_ok=True)
-  tmp = done.with_suffix(".tmp")
-  tmp.write_text(json.dumps(result, indent=1))
-  os.replace(tmp, done)
+  fileio.write_text_atomic(done, json.dumps(result, indent=1))
   return result
 
 
 def _calibrated_eval(files, bindings, model_dir):
   import gin
-  from decal_jax import gin_utils, partitioning, trainer
-  sys.path.insert(0, str(REPO / "tools"))
-  import calibrate_nuggets
-  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  from decal_jax import calibration, gin_utils, trainer
+  model, params, _, _ = gin_utils.load_model(files, str(model_dir), bindings=bindings)
   train_cfg = gin.get_configurable("train/trainer.DatasetConfig")()
   eval_cfg = gin.get_configurable("validation/trainer.DatasetConfig")()
-  params, _ = trainer.restore_params(model, str(model_dir), train_cfg,
-                                     partitioning.Partitioner())
-  found = calibrate_nuggets.calibrate(model, params, train_cfg, eval_cfg)
-  calibrate_nuggets.write_binding(str(model_dir), found["threshold"])
-  gin_utils.parse(files, [], list(bindings) + [f"NUGGET_THRESHOLD = {found['threshold']!r}"])
-  metrics = gin.get_configurable(trainer.evaluate)(model=gin.query_parameter("%MODEL")
-                                                  .scoped_configurable_fn(),
-                                                  model_dir=str(model_dir))
+  found = calibration.calibrate(model, params, train_cfg, eval_cfg)
+  calibration.write_binding(str(model_dir), found["threshold"])
+  calibrated = list(bindings) + [f"NUGGET_THRESHOLD = {found['threshold']!r}"]
+  model = gin_utils.load_model(files, bindings=calibrated).model
+  metrics = gin.get_configurable(trainer.evaluate)(model=model, model_dir=str(model_dir))
   note = (f"Λ = {found['threshold']:.4g} calibrated on training text: "
           f"{100 * found['validation_fraction']:.1f} % of validation tokens are nuggets "
           f"(target {100 * found['target_fraction']:.0f} %)")
@@ -122,21 +116,16 @@ def _calibrated_eval(files, bindings, model_dir):
 
 
 def header(args) -> str:
-  import datetime
-  import platform
-  import jax
-  cores = os.cpu_count()
-  return "\n".join([
-      "# Compressed-history language modelling at a fixed state budget (built-in corpus)", "",
-      f"- command: `python tools/lm_table.py --steps {args.steps} --batch {args.batch} "
-      f"--length {args.length} --out {args.out}`",
-      f"- date: {datetime.date.today()}; machine: {platform.machine()} {platform.system()}, "
-      f"{cores} CPU cores, jax {jax.__version__} on {jax.devices()[0].platform}",
-      f"- model: models/decoder_tiny.gin (4 layers, emb 128, GQA 4/2 heads), trained from "
+  from decal_jax import benchmarking
+  return "\n".join(benchmarking.header(
+      "Compressed-history language modelling at a fixed state budget (built-in corpus)",
+      f"tools/lm_table.py --steps {args.steps} --batch {args.batch} --length {args.length} "
+      f"--out {args.out}",
+      f"model: models/decoder_tiny.gin (4 layers, emb 128, GQA 4/2 heads), trained from "
       f"scratch for {args.steps} steps of batch {args.batch} x {args.length} tokens "
       f"(runs/lm_builtin.gin: AdamW, cosine 3e-3); Dodo / compressive: r = {RATIO}, "
       f"τ = {WINDOW}, c = {CHUNK}, scorer on layer ι = 3; perplexity per subword on the "
-      "validation split (teacher-forced).", ""])
+      "validation split (teacher-forced).") + [""])
 
 
 def table(results, args) -> str:
@@ -172,7 +161,7 @@ def main(argv=None):
   if args.out:
     out = pathlib.Path(args.out)
     out = out if out.is_absolute() else REPO / out
-    out.write_text(text + "\n")
+    fileio.write_text_atomic(out, text + "\n")
     print(f"table written to {out}")
 
 

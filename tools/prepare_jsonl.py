@@ -1,6 +1,8 @@
-# python tools/prepare_jsonl.py squad ../shared/data/squad/dev-v1.1.json --split validation --out data/local
 """Converts official dataset releases into the local JSONL layout the downstream tasks read
 (`<out>/<name>/<split>.jsonl`); then `export DECAL_LOCAL_DATA_DIR=<out>`.
+
+  python tools/prepare_jsonl.py squad ../shared/data/squad/dev-v1.1.json --split validation \
+      --out data/local
 
   squad     SQuAD v1.1 / v2.0 JSON file             -> <out>/squad/<split>.jsonl
   hotpotqa  HotpotQA JSON file (distractor or fullwiki) -> <out>/hotpotqa/<split>.jsonl
@@ -11,10 +13,8 @@ abstract_text) need no conversion: copy or link the files to <out>/<name>/<split
 """
 import argparse
 import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from decal_jax.data import convert  # noqa: E402
+from decal_jax.data import convert
 
 
 def main(argv=None):

@@ -1,4 +1,3 @@
-# python tools/retrieval_table.py --init runs/decal_tiny --task decal_beir_builtin --ratios 1 2 4 8 --mean_pooling_ratio 1 --steps 120 --query_length 16 --passage_length 128 --learning_rate 0.01 --out docs/results/retrieval_builtin.md
 """Retrieval quality against the passage compression ratio C: for each C, fine-tune the same
 pretrained DeCAL checkpoint as a multi-vector dual encoder (runs/retrieval_finetune.gin,
 queries at C = 1), then index the corpus and score the split's queries with
@@ -27,18 +26,18 @@ errors and paired differences to C = 1; a '## Reading' section written into it b
 kept when the command rewrites the file.
 """
 import argparse
-import datetime
 import json
-import math
 import os
 import pathlib
-import platform
 import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF only reads the task data: quiet it
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # importable from tests
-from downstream_table import REPO, run  # noqa: E402  (`python -m decal_jax.<module>`, logged)
+
+from decal_jax import benchmarking, fileio  # noqa: E402
+from decal_jax.benchmarking import run_entry_point as run  # noqa: E402  (python -m decal_jax.X)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 MODEL_GINS = ["--gin_file=models/decal_tiny.gin", "--gin_file=models/dual_encoder.gin"]
 SETTINGS = ("init", "task", "validation_split", "eval_split", "steps", "batch_size",
@@ -198,41 +197,12 @@ def random_floor(a, repeats: int = 20, seed: int = 0) -> dict:
   return totals
 
 
-def words(text: str):
-  """Lower-cased word tokens (letters, digits, underscore) for the BM25 reference."""
-  return re.findall(r"\w+", text.lower())
-
-
-def bm25_run(corpus, queries, k1: float = 0.9, b: float = 0.4, top_k: int = 100):
-  """Okapi BM25 (Lucene's idf = ln(1 + (N - df + 0.5) / (df + 0.5)); Anserini's k1, b) over
-  `corpus` {doc id: text} for `queries` {qid: text}: {qid: {doc id: score}}, best top_k.
-  Each distinct query word counts once; no stemming or stop words."""
-  postings, lengths = {}, {}
-  for doc, text in corpus.items():
-    tokens = words(text)
-    lengths[doc] = len(tokens)
-    for word in set(tokens):
-      postings.setdefault(word, {})[doc] = tokens.count(word)
-  n, avgdl = len(corpus), sum(lengths.values()) / max(len(corpus), 1)
-  run = {}
-  for qid, text in queries.items():
-    scores = {}
-    for word in set(words(text)):
-      docs = postings.get(word, {})
-      idf = math.log(1 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
-      for doc, tf in docs.items():
-        norm = k1 * (1 - b + b * lengths[doc] / avgdl)
-        scores[doc] = scores.get(doc, 0.0) + idf * tf * (k1 + 1) / (tf + norm)
-    run[qid] = dict(sorted(scores.items(), key=lambda item: -item[1])[:top_k])
-  return run
-
-
 def bm25_reference(a) -> dict:
   """NDCG@10 and Recall@100 of BM25 on the scored split (a lexical reference, no training)."""
-  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  from decal_jax.retrieval import beir, bm25, ir_metrics  # pylint: disable=import-outside-toplevel
   data = beir.load_beir(a.folder, a.eval_split)
-  run = bm25_run({d: p.full_text for d, p in data.corpus.items()}, data.queries)
-  return ir_metrics.evaluate(run, data.qrels)
+  ranked = bm25.run({d: p.full_text for d, p in data.corpus.items()}, data.queries)
+  return ir_metrics.evaluate(ranked, data.qrels)
 
 
 def table(rows) -> str:
@@ -268,15 +238,6 @@ def check_settings(a, work: pathlib.Path) -> None:
     path.write_text(json.dumps(settings, indent=1, sort_keys=True))
 
 
-def cpu_name() -> str:
-  """The CPU model from /proc/cpuinfo (Linux), else the platform's machine name."""
-  try:
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-    return re.search(r"model name\s*:\s*(.+)", text).group(1).strip()
-  except (OSError, AttributeError):
-    return platform.machine()
-
-
 def display(path: str) -> str:
   """`path` relative to the repository when it lies inside it."""
   p = pathlib.Path(path)
@@ -289,37 +250,32 @@ def heldout_queries(rows) -> str:
 
 
 def report(a, rows, command: str) -> str:
-  """The Markdown results file (without the reading, which a person writes)."""
-  load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+  """The Markdown results file: settings, the table, the references and the rows (a
+  '## Reading' section is a person's to write; `keep_reading` keeps it)."""
   minutes = sum(r["train_minutes"] + r["eval_minutes"] for r in rows)
   floor, bm25 = random_floor(a), bm25_reference(a)
-  return (f"# {a.task}: retrieval quality and index size by passage compression ratio\n\n"
-          f"- command: `{command}`\n"
-          f"- date: {datetime.date.today()}\n"
-          f"- machine: {cpu_name()}, {os.cpu_count()} CPU cores, "
-          f"Python {platform.python_version()}; {minutes:.0f} min of fine-tuning, indexing "
-          f"and search in all; load average (1/5/15 min) {load} when this file was written "
-          "(minutes depend on what else ran on the machine)\n"
-          f"- each row: `{display(a.init)}` (models/decal_tiny.gin + models/dual_encoder.gin, "
-          f"queries at C = 1) fine-tuned {a.steps} steps with in-batch softmax on the task's "
-          f"train qrels (batch {a.batch_size}, learning rate {a.learning_rate}, queries "
-          f"{a.query_length} / passages {a.passage_length} tokens); held-out in-batch accuracy "
-          f"on '{a.validation_split}' ({heldout_queries(rows)} queries in batches of "
-          f"{a.batch_size}, at most 10: is the query's own passage the top one among the batch's "
-          f"passages?); then the whole corpus indexed (float16) and the '{a.eval_split}' "
-          "queries searched with exact MaxSim, top 100\n\n"
-          f"{table(rows)}\n\n"
-          f"{rows[0]['num_queries']} queries, {rows[0]['num_docs']} passages. s.e.: the "
-          "standard error of the mean NDCG@10 over the queries; the paired difference is the "
-          "mean over queries of a row's NDCG@10 minus the base row's on the same query (hard "
-          "queries are hard for every row, so it is tighter than the two means' s.e.). Each "
-          "row is one fine-tune: the spread across fine-tuning seeds is in neither. "
-          "Random rankings (mean of 20) "
-          f"score NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 {floor['recall@100']:.4f}; "
-          f"BM25 (k1 0.9, b 0.4, lower-cased words, no training) NDCG@10 {bm25['ndcg@10']:.4f}, "
-          f"Recall@100 {bm25['recall@100']:.4f}.\n\n"
-          "## Rows (JSON lines)\n\n"
-          "```jsonl\n" + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")
+  lines = benchmarking.header(
+      f"{a.task}: retrieval quality and index size by passage compression ratio",
+      command,
+      f"{minutes:.0f} min of fine-tuning, indexing and search in all; host load average "
+      f"(1/5/15 min) {benchmarking.load_average()} when this file was written",
+      f"each row: `{display(a.init)}` (models/decal_tiny.gin + models/dual_encoder.gin, "
+      f"queries at C = 1) fine-tuned {a.steps} steps with in-batch softmax on the task's "
+      f"train qrels (batch {a.batch_size}, learning rate {a.learning_rate}, queries "
+      f"{a.query_length} / passages {a.passage_length} tokens); held-out in-batch accuracy "
+      f"on '{a.validation_split}' ({heldout_queries(rows)} queries in batches of "
+      f"{a.batch_size}, at most 10: is the query's own passage the top one among the "
+      f"batch's passages?); then the whole corpus indexed (float16) and the "
+      f"'{a.eval_split}' queries searched with exact MaxSim, top 100",
+      f"{rows[0]['num_queries']} queries, {rows[0]['num_docs']} passages; s.e. = standard "
+      "error of the mean NDCG@10 over the queries; paired = mean over queries of a row's "
+      "NDCG@10 minus the base row's on the same query; one fine-tune per row",
+      f"random rankings (mean of 20): NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 "
+      f"{floor['recall@100']:.4f}",
+      f"BM25 (k1 0.9, b 0.4, lower-cased words, no training): NDCG@10 "
+      f"{bm25['ndcg@10']:.4f}, Recall@100 {bm25['recall@100']:.4f}")
+  return ("\n".join(lines) + f"\n\n{table(rows)}\n\n## Rows (JSON lines)\n\n```jsonl\n"
+          + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")
 
 
 def keep_reading(out: pathlib.Path, text: str) -> str:
@@ -385,14 +341,13 @@ def main(argv=None):
   for i, variant in enumerate(todo, start=1):
     print(f"[{i}/{len(todo)}] ", end="", flush=True)
     rows.append(one_variant(*variant, a, work))
-  command = "python tools/retrieval_table.py " + " ".join(
-      argv if argv is not None else sys.argv[1:])
+  command = benchmarking.command("tools/retrieval_table.py", argv)
   paired_to_base(rows, a, work)
   text = report(a, rows, command)
   print("\n" + table(rows))
   if a.out:
     out = pathlib.Path(a.out)
-    out.write_text(keep_reading(out, text))
+    fileio.write_text_atomic(out, keep_reading(out, text))
     print(f"wrote {a.out}")
 
 

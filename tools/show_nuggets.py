@@ -1,4 +1,3 @@
-# python tools/show_nuggets.py --model_dir=runs/dodo_tiny_ae --task=decal_builtin_autoencode --max_length=128 --out=docs/results/dodo_nuggets
 """Shows which tokens a trained Dodo scorer keeps as nuggets (our form of the Dodo paper's
 Figures 5 and 7): every token shaded by its score, the kept ones outlined, and a table of the
 token types kept most often next to how common they are in the text.
@@ -24,7 +23,6 @@ import datetime
 import html
 import os
 import pathlib
-import platform
 import re
 import shlex
 import sys
@@ -32,8 +30,6 @@ import unicodedata
 from typing import Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import matplotlib  # noqa: E402
 
@@ -41,6 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
+
+from decal_jax import benchmarking  # noqa: E402
 
 DEFAULT_GIN = "models/dodo_tiny.gin"
 WORD_START = "\u2581"  # SentencePiece's '▁': the piece starts a new word
@@ -67,38 +65,26 @@ class ExampleNuggets:
 
 
 # ------------------------------------------------------------------------------ model
-def load_model(gin_files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str]):
-  """The gin `MODEL`, checked to be a Dodo that selects nuggets with a scorer."""
-  import gin
+def load_model(args):
+  """(model, params, step, partitioner): the gin `MODEL` (default models/dodo_tiny.gin),
+  checked to be a Dodo that selects nuggets with a scorer, and its latest checkpoint."""
   from decal_jax import gin_utils
   from decal_jax.networks.dodo import Dodo
-  gin_utils.parse(list(gin_files) or [DEFAULT_GIN], search_paths, bindings)
-  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
-  if not isinstance(model.module, Dodo):
-    raise ValueError(f"The gin MODEL's module is {type(model.module).__name__}, not Dodo: give "
+  lengths = {"inputs": args.max_length, "targets": args.max_length}
+  loaded = gin_utils.load_model(list(args.gin_files) or [DEFAULT_GIN], args.model_dir,
+                                search_paths=args.gin_search_paths, bindings=args.gin_bindings,
+                                feature_lengths=lengths)
+  module = loaded.model.module
+  if not isinstance(module, Dodo):
+    raise ValueError(f"The gin MODEL's module is {type(module).__name__}, not Dodo: give "
                      f"a Dodo model gin (e.g. --gin_file={DEFAULT_GIN}).")
-  if model.module.config.selection != "nuggets":
-    raise ValueError(f"This Dodo uses selection={model.module.config.selection!r}, which has "
+  if module.config.selection != "nuggets":
+    raise ValueError(f"This Dodo uses selection={module.config.selection!r}, which has "
                      "no scorer; show nuggets of a model with --gin.SELECTION=\"'nuggets'\".")
-  return model
-
-
-def restore(model, model_dir: str, max_length: int):
-  """(params, step) of the latest checkpoint in `model_dir` (trainer.restore_params)."""
-  from decal_jax import partitioning, trainer
-  path = pathlib.Path(model_dir)
-  if not path.is_dir():
-    raise FileNotFoundError(f"--model_dir {model_dir} does not exist: give the MODEL_DIR of a "
-                            "trained Dodo run (python -m decal_jax.train ... "
-                            "--gin.MODEL_DIR=...).")
-  if not any(re.fullmatch(r"checkpoint_\d+", p.name) for p in path.iterdir() if p.is_dir()):
-    raise FileNotFoundError(f"No checkpoint in {model_dir} (no checkpoint_<step> folder): "
-                            "train first with `python -m decal_jax.train ... "
-                            "--gin.MODEL_DIR=...`, or point --model_dir at a finished run.")
-  cfg = trainer.DatasetConfig("", {"inputs": max_length, "targets": max_length})
-  partitioner = partitioning.Partitioner()
-  params, step = trainer.restore_params(model, model_dir, cfg, partitioner)
-  return params, step, partitioner
+  if args.max_length > module.config.decoder.max_length:
+    raise ValueError(f"--max_length {args.max_length} exceeds the model's max_length "
+                     f"{module.config.decoder.max_length}; lower it.")
+  return loaded
 
 
 def configured_ratio(model_dir: str) -> Optional[str]:
@@ -384,11 +370,6 @@ def plot_frequencies(path: pathlib.Path, rows: Sequence[Dict], ratio: float) -> 
 
 
 # ------------------------------------------------------------------------------ main
-def jax_backend() -> str:
-  import jax
-  return jax.default_backend()
-
-
 def parse_args(argv: Optional[Sequence[str]]):
   from decal_jax import gin_utils
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -418,18 +399,14 @@ def parse_args(argv: Optional[Sequence[str]]):
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
   """Runs the tool; returns {'results', 'pieces', 'table', 'ratio', 'paths'}."""
   args = parse_args(argv)
-  model = load_model(args.gin_files, args.gin_search_paths, args.gin_bindings)
+  model, params, step, partitioner = load_model(args)
   cfg = model.module.config
-  if args.max_length > cfg.decoder.max_length:
-    raise ValueError(f"--max_length {args.max_length} exceeds the model's max_length "
-                     f"{cfg.decoder.max_length}; lower it.")
   ratio = float(args.ratio if args.ratio is not None else cfg.compression_ratio)
   trained_ratio = configured_ratio(args.model_dir)
   if args.ratio is None and trained_ratio not in (None, f"{cfg.compression_ratio:g}",
                                                   str(cfg.compression_ratio)):
     print(f"note: {args.model_dir}/config.gin says COMPRESSION_RATIO = {trained_ratio}, the gin "
           f"here gives {cfg.compression_ratio:g}; pass --ratio or --gin.COMPRESSION_RATIO.")
-  params, step, partitioner = restore(model, args.model_dir, args.max_length)
   vocab = model.input_vocabulary
   if args.text:
     examples = encode_texts(vocab, args.text, args.max_length)
@@ -445,8 +422,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
            ("nuggets.html", "nuggets.png", "selected_tokens.md", "selected_tokens.png")}
   command = "python tools/show_nuggets.py " + shlex.join(sys.argv[1:] if argv is None else argv)
   meta = {"command": command,
-          "written": f"{datetime.date.today()} on {platform.machine()} "
-                     f"({os.cpu_count()} CPU cores, JAX backend {jax_backend()})",
+          "written": f"{datetime.date.today()} on {benchmarking.machine()}",
           "model": "; ".join([" ".join(args.gin_files) or DEFAULT_GIN] + args.gin_bindings),
           "checkpoint": f"{args.model_dir} (step {step})", "texts": source,
           "scorer layer ι": str(cfg.scorer_layer)}

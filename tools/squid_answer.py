@@ -1,4 +1,3 @@
-# python tools/squid_answer.py --gin_file=runs/squid_instruct_builtin.gin --model_dir=runs/squid_3 --context_file=doc.txt --question="Which section of the Python language reference is this from?"
 """Compress a context once with a trained Squid, then answer any number of questions from
 the kept memory vectors, without reading the context again.
 
@@ -18,15 +17,13 @@ and are printed, and written as JSON lines with --out.
 """
 import argparse
 import json
-import os
 import pathlib
-import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from decal_jax import fileio
 
 
 def parse_args(argv: Optional[Sequence[str]]):
@@ -54,25 +51,17 @@ def parse_args(argv: Optional[Sequence[str]]):
 
 
 def load_model(args):
-  import gin
+  """(model, params, step): the gin Squid model and its latest checkpoint in --model_dir."""
   from decal_jax import gin_utils, models
   bindings = [f"MODEL_DIR = {args.model_dir!r}"] + list(args.gin_bindings)  # run files need it
-  gin_utils.parse(args.gin_files, args.gin_search_paths, bindings)
-  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  shapes = {"inputs": 8, "query": 1, "targets": 1}  # parameter shapes do not depend on them
+  model, params, step, _ = gin_utils.load_model(
+      args.gin_files, args.model_dir, search_paths=args.gin_search_paths, bindings=bindings,
+      feature_lengths=shapes)
   if not isinstance(model, models.SquidModel):
     raise ValueError(f"The gin MODEL is a {type(model).__name__}, not a SquidModel: give a "
                      "Squid gin file (e.g. --gin_file=runs/squid_instruct_builtin.gin).")
-  return model
-
-
-def restore(model, model_dir: str):
-  from decal_jax import partitioning, trainer
-  if not pathlib.Path(model_dir).is_dir():
-    raise FileNotFoundError(f"--model_dir {model_dir} does not exist: give the MODEL_DIR of a "
-                            "trained Squid run.")
-  shapes = {"inputs": 8, "query": 1, "targets": 1}  # parameter shapes do not depend on them
-  cfg = trainer.DatasetConfig("", shapes)
-  return trainer.restore_params(model, model_dir, cfg, partitioning.Partitioner())
+  return model, params, step
 
 
 def context_tokens(model, text: str) -> np.ndarray:
@@ -97,10 +86,9 @@ def query_tokens(model, questions: Sequence[str]) -> np.ndarray:
 
 
 def save_compressed(path: str, compressed) -> None:
-  target = pathlib.Path(path)
-  tmp = target.with_name(target.name + ".tmp.npz")
-  np.savez(tmp, embeddings=np.asarray(compressed.embeddings), valid=np.asarray(compressed.valid))
-  os.replace(tmp, target)
+  with fileio.atomic_write(path, "wb") as f:
+    np.savez(f, embeddings=np.asarray(compressed.embeddings),
+             valid=np.asarray(compressed.valid))
 
 
 def load_compressed(path: str, model):
@@ -118,8 +106,7 @@ def load_compressed(path: str, model):
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, str]]:
   import jax
   args = parse_args(argv)
-  model = load_model(args)
-  params, step = restore(model, args.model_dir)
+  model, params, step = load_model(args)
   start = time.perf_counter()
   if args.compressed:
     compressed = load_compressed(args.compressed, model)
@@ -146,7 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, str]]:
       results.append({"question": question, "answer": vocab.decode(ids)})
       print(f"Q: {question}\nA: {results[-1]['answer']}")
   if args.out:
-    pathlib.Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in results), "utf-8")
+    fileio.write_text_atomic(args.out, "".join(json.dumps(r) + "\n" for r in results))
   return results
 
 

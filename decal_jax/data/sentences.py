@@ -25,10 +25,11 @@ and likewise `GpthfConfig.sentence_end_id` with `sentence_end_id(vocabulary)`.
 `configured_max_sentence_length()` reads the data side's current value.
 """
 import collections
+import functools
 import logging
 import re
 import threading
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 import numpy as np
@@ -247,3 +248,31 @@ def sentences_lm(dataset: tf.data.Dataset, sequence_length: Optional[Mapping[str
   chunks = lm_tasks.lm_chunks(documents, sequence_length)
   return chunks.map(lambda ex: {"targets": ex["targets"],
                                 "sentence_ids": sentence_index_tf(ex["targets"], end_id)})
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_document_ids(max_sentence_length: int) -> Tuple[List[int], ...]:
+  """Every built-in corpus paragraph as token ids with the end id after each sentence
+  (`encode_sentences`: long sentences cut at the bound, as in GPTHF's training data)."""
+  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
+  vocabulary = vocabularies.builtin_vocabulary()
+  end_id = sentence_end_id(vocabulary)
+  documents = corpus.documents()
+  return tuple(encode_sentences(document, vocabulary, end_id, max_sentence_length).tolist()
+               for document in documents["train"] + documents["validation"])
+
+
+@functools.lru_cache(maxsize=None)
+def builtin_text_rows(rows: int, length: int, max_sentence_length: int) -> np.ndarray:
+  """`[rows, length]` token ids of the built-in corpus, sentence-segmented as above; each
+  row a different window that starts at a paragraph start (real prompts for benchmarks)."""
+  out, window = [], []
+  for ids in _builtin_document_ids(max_sentence_length):
+    window += ids
+    if len(window) >= length:
+      out.append(window[:length])
+      window = []
+      if len(out) == rows:
+        return np.asarray(out, np.int32)
+  raise ValueError(f"The built-in corpus holds fewer than {rows} windows of {length} tokens: "
+                   "ask for shorter prompts or a smaller batch.")

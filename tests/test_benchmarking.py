@@ -1,0 +1,86 @@
+"""decal_jax.benchmarking: random weights re-derived with numpy, XLA's FLOP count of a matmul
+against 2 m n k, the Markdown / JSON lines writers against hand-written text, and the
+side-by-side bookkeeping on hand-made timings."""
+import argparse
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from decal_jax import benchmarking
+
+
+def test_random_params_are_stretches_of_one_seeded_block():
+  shapes = {"dense": {"kernel": jax.ShapeDtypeStruct((3, 4), jnp.float32),
+                      "scale": jax.ShapeDtypeStruct((4,), jnp.float32)},
+            "embed": jax.ShapeDtypeStruct((2, 5), jnp.float32)}
+  got = benchmarking.random_params(shapes, jnp.float32, seed=7, std=0.5)
+  rng = np.random.default_rng(7)  # the same draws, in the order of the leaves' paths
+  block = 0.5 * rng.standard_normal(benchmarking.RANDOM_BLOCK, dtype=np.float32)
+  start = int(rng.integers(0, benchmarking.RANDOM_BLOCK - 12 + 1))
+  np.testing.assert_array_equal(got["dense"]["kernel"], block[start:start + 12].reshape(3, 4))
+  np.testing.assert_array_equal(got["dense"]["scale"], np.ones(4, np.float32))
+  start = int(rng.integers(0, benchmarking.RANDOM_BLOCK - 10 + 1))
+  np.testing.assert_array_equal(got["embed"], block[start:start + 10].reshape(2, 5))
+  assert benchmarking.param_count(shapes) == 12 + 4 + 10
+
+
+def test_xla_counts_two_m_n_k_flops_for_a_matmul():
+  m, n, k = 8, 16, 32
+  compiled = jax.jit(jnp.matmul).lower(jnp.ones((m, k)), jnp.ones((k, n))).compile()
+  assert benchmarking.xla_cost(compiled) == pytest.approx(2 * m * n * k, rel=0.05)
+
+
+def test_weights_that_exceed_half_the_free_memory_are_refused():
+  benchmarking.check_weights_fit(500, 1000)
+  benchmarking.check_weights_fit(10**12, None)  # unknown free memory: no check
+  with pytest.raises(benchmarking.DoesNotFit, match="the weights need"):
+    benchmarking.check_weights_fit(501, 1000)
+
+
+def test_markdown_table_and_header():
+  assert benchmarking.table(["a", "b"], [(1, "x"), (2.5, "y")]) == [
+      "| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
+  lines = benchmarking.header("Title", "tools/t.py --n 1", "setting one", "", None)
+  assert lines[:3] == ["# Title", "", "- command: `python tools/t.py --n 1`"]
+  assert lines[-1] == "- setting one" and len(lines) == 6  # empty settings are left out
+  assert f"jax {jax.__version__}" in lines[4]
+
+
+def test_jsonl_appends_one_line_per_row(tmp_path):
+  path = tmp_path / "sub" / "rows.jsonl"
+  benchmarking.write_jsonl(str(path), [{"a": 1}])
+  benchmarking.write_jsonl(str(path), [{"a": 2}, {"b": [1, 2]}])
+  assert [json.loads(line) for line in path.read_text().splitlines()] == [
+      {"a": 1}, {"a": 2}, {"b": [1, 2]}]
+
+
+def test_sides_alternate_and_report_medians_of_hand_made_runs():
+  assert benchmarking.alternating([1, 2, 3], 0) == [1, 2, 3]
+  assert benchmarking.alternating([1, 2, 3], 1) == [3, 2, 1]
+  order, times = [], iter([0.3, 0.1, 0.2, 0.5, 0.4, 0.6])
+
+  def side(name):
+    def runner():
+      order.append(name)
+      return benchmarking.Run({"a": next(times), "b": 1.0}, np.zeros((1, 1)))
+    return benchmarking.Side(name, runner, None)
+
+  sides = [side("x"), side("y")]
+  benchmarking.measure_sides(sides, warmup=1, repeats=2)
+  assert order == ["x", "y", "y", "x", "x", "y"]  # reversed every repeat
+  x, y = sides  # x ran at 0.3 (warm-up), 0.5, 0.4; y at 0.1 (warm-up), 0.2, 0.6
+  assert x.median("a") == pytest.approx(0.45) and y.median() == pytest.approx(1.4)
+  assert x.ms_range() == "1450.0 (1400.0-1500.0)"
+
+
+def test_int_list_rejects_what_is_not_positive_integers():
+  parser = argparse.ArgumentParser()
+  assert benchmarking.int_list(parser, "4, 8,16", "--x") == [4, 8, 16]
+  for bad in ("4,x", "0,2", ""):
+    with pytest.raises(SystemExit):
+      benchmarking.int_list(parser, bad, "--x")
+  assert math.isclose(benchmarking.Run(0.25, None).total, 0.25)
