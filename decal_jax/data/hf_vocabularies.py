@@ -64,11 +64,10 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
   (`encode_tf` / `decode_tf`, used by seqio's preprocessors and metrics) run the same
   Rust tokenizer, and the same remapping, through `tf.numpy_function`.
 
-  Path: the argument, else `$DECAL_HF_TOKENIZER`.
-
-  EOS: the `eos_token` argument, else `eos_token` of the `tokenizer_config.json` beside
-  the file (Qwen2 base models: '<|endoftext|>'). A missing file is reported when the
-  vocabulary is first used, so gin files parse and models build without it.
+  Path: the argument, else `$DECAL_HF_TOKENIZER`; a missing file is reported when the
+  vocabulary is first used, so gin files parse and models build without it. EOS: the
+  `eos_token` argument, else `eos_token` of the `tokenizer_config.json` beside the file
+  (Qwen2 base models: '<|endoftext|>').
 
   Padding: seqio and every model here pad with id 0 and read "id > 0" as "a real token"
   (masks, loss weights targets != 0, BOS = 0, `inference.token_text` keeps ids > 0). In
@@ -78,11 +77,12 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
   reads R back as it, so text never yields id 0, and decode skips id 0 as padding (the
   TensorFlow paths too). R must be an id the tokenizer never produces (checked on first
   use: a ValueError names the token R already is) and a row of every embedding table the
-  ids index; import the checkpoint with `hf_import.remap_zero_row(params, R)` (tools/import_hf.py
-  does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's tokenizer ends at
-  id 151645 (Qwen2.5's at 151664) and its tables have 151,936 (0.5B) and 152,064 (7B)
-  rows: R = 151935 (gin/models/squid_qwen2.gin); vocab_size is then R + 1. The default
-  zero_id_to=None keeps the tokenizer's ids, '!' = 0 included (and lost downstream).
+  ids index; import the checkpoint with `hf_import.remap_zero_row(params, R)`
+  (tools/import_hf.py does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's
+  tokenizer ends at id 151645 (Qwen2.5's at 151664) and its tables have 151,936 (0.5B) and
+  152,064 (7B) rows: R = 151935 (gin/models/squid_qwen2.gin); vocab_size is then R + 1.
+  The default zero_id_to=None keeps the tokenizer's ids, '!' = 0 included (and lost
+  downstream).
   """
 
   def __init__(self, path: Optional[str] = None, eos_token: Optional[str] = None,
