@@ -27,7 +27,7 @@ setuptools.setup(
         "rouge-score>=0.1.2,<0.2",  # ROUGE of the summarization tasks
         "sacrebleu>=2.4,<3",        # BLEU of Dodo's autoencoding
         "safetensors>=0.4,<1",      # Hugging Face checkpoints (decal_jax.hf_import)
-        "tokenizers>=0.19,<1",      # Hugging Face tokenizer.json vocabularies (Qwen2; hf_import)
+        "tokenizers>=0.19,<1",      # Hugging Face tokenizer.json vocabularies (data.hf_vocabularies)
     ],
     extras_require={
         # tests draw the ablation plot and compare the LLaMA import with transformers (PyTorch);

@@ -17,14 +17,13 @@ their checkpoints.
 import dataclasses
 import json
 import math
-import os
 import pathlib
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
-from decal_jax import flops, gin_utils
+from decal_jax import fileio, flops, gin_utils
 from decal_jax.data import span_corruption
 
 EXPERIMENTS_DIR = gin_utils.REPO_GIN_DIR / "experiments"
@@ -240,10 +239,7 @@ def claim(work: pathlib.Path, budget: Budget) -> None:
                        f"{', '.join(changed)}). Use another --work folder, or delete {work} "
                        "to start over.")
     return
-  work.mkdir(parents=True, exist_ok=True)
-  tmp = record.with_suffix(".tmp")
-  tmp.write_text(json.dumps(mine, indent=1))
-  os.replace(tmp, record)
+  fileio.write_text_atomic(record, json.dumps(mine, indent=1))
 
 
 def run_variant(budget: Budget, v: Variant, work: pathlib.Path,
@@ -272,9 +268,7 @@ def run_variant(budget: Budget, v: Variant, work: pathlib.Path,
       f = flops.forward_flops(config, budget.finetune_lengths["inputs"],
                               budget.finetune_lengths["targets"])
       result["flops"] = dataclasses.asdict(f)
-  tmp = done.with_suffix(".tmp")
-  tmp.write_text(json.dumps(result, indent=1))
-  os.replace(tmp, done)  # written whole or not at all
+  fileio.write_text_atomic(done, json.dumps(result, indent=1))
   return result
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from decal_jax import fileio
 from decal_jax.data import batch_iterator
 from decal_jax.networks import param_layout
 
@@ -246,8 +247,4 @@ def write_config(model_dir: str, config_text: str) -> None:
   multi-host run only process 0 writes it."""
   if jax.process_index() != 0:
     return
-  path = pathlib.Path(model_dir)
-  path.mkdir(parents=True, exist_ok=True)
-  tmp = path / "config.gin.tmp"
-  tmp.write_text(config_text)
-  tmp.replace(path / "config.gin")
+  fileio.write_text_atomic(pathlib.Path(model_dir) / "config.gin", config_text)

@@ -4,10 +4,12 @@
 the target's own folder (so the final rename never crosses a file system), then
 `os.replace` over the target. A reader sees the old file or the new one, never a part; a
 failure (an exception, Ctrl-C) removes the temporary file and leaves the target as it was.
+`atomic_directory` does the same for a folder of files built together.
 """
 import contextlib
 import os
 import pathlib
+import shutil
 import tempfile
 from typing import IO, Iterator, Union
 
@@ -49,3 +51,41 @@ def write_bytes_atomic(path: PathLike, data: bytes) -> None:
   """Writes `data` to `path` whole or not at all."""
   with atomic_write(path, "wb") as f:
     f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: PathLike, replace: bool = True) -> Iterator[pathlib.Path]:
+  """Yields an empty temporary folder beside `path`; on success renames it to `path`.
+
+  replace: an existing folder at `path` is moved aside, replaced, then deleted; with
+  replace=False the final rename fails (OSError) if a non-empty folder is there, e.g. one
+  another process finished meanwhile. The temporary folder is named
+  `<name>.tmp-<random>`, so a crash that skips the cleanup leaves a name that says what it
+  is; a failure inside the `with` body deletes it and leaves `path` as it was. The folder
+  gets mode 0o755 (mkdtemp's 0o700 would outlive the rename).
+  """
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.tmp-"))
+  try:
+    yield tmp
+    tmp.chmod(0o755)
+    if replace:
+      _replace_directory(tmp, path)
+    else:
+      tmp.rename(path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def _replace_directory(new: pathlib.Path, path: pathlib.Path) -> None:
+  """Renames `new` to `path`; an old `path` is renamed aside first and deleted after."""
+  if not path.exists():
+    new.rename(path)
+    return
+  old = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.old-"))
+  old.rmdir()
+  path.rename(old)
+  new.rename(path)
+  shutil.rmtree(old, ignore_errors=True)

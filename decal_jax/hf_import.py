@@ -6,14 +6,14 @@ A checkpoint directory holds `config.json` and its weights as safetensors: one
   config, params = hf_import.load_hf_params("/ckpt/Llama-2-7b-hf")
   logits = Decoder(config).apply({"params": params}, tokens, enable_dropout=False)
 
-  init = Dodo(dodo_config).init(...)["params"]              # a fresh Dodo
-  params, report = hf_import.merge_base_params(init, params)  # base <- checkpoint
-
 Byte-level BPE checkpoints (Qwen2) whose id 0 is a real token ('!') are made to fit our
 "id 0 is padding" convention by moving that token to an unused id R, in the vocabulary
-(`tokenizer_vocabulary(..., zero_id_to=R)`) and in the weights (`remap_zero_row`).
+(`data.hf_vocabularies.HfTokenizerVocabulary(..., zero_id_to=R)`) and in the weights
+(`remap_zero_row`).
 
-`tools/import_hf.py` wraps this into an Orbax checkpoint the trainer starts from. What we do
+`hf_params` puts these params into a fresh Dodo / Squid (`merge_base_params`, `import_dodo`,
+`import_squid`); `tools/import_hf.py` writes the result as an Orbax checkpoint the trainer
+starts from. The vocabularies are in `data/hf_vocabularies.py`. What we do
 not implement (RoPE scaling, a sliding window that actually binds, biases on LLaMA's
 projections, activations other than SiLU) is refused with a ValueError, never approximated.
 
@@ -22,10 +22,8 @@ attention heads split out: q/k/v `[embed, heads, head_dim]`, out `[heads, head_d
 Both use the "rotate half" RoPE layout, so q/k need no permutation.
 """
 import dataclasses
-import functools
 import json
 import operator
-import os
 import pathlib
 import re
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
@@ -44,8 +42,6 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")  # RoPE buffers some exports keep
-TOKENIZER_ENV = "DECAL_LLAMA_TOKENIZER"
-HF_TOKENIZER_ENV = "DECAL_HF_TOKENIZER"  # a tokenizer.json (Qwen2: byte-level BPE)
 
 
 # ------------------------------------------------------------------------------ config
@@ -251,11 +247,13 @@ def _shapes(files: Mapping[str, pathlib.Path]) -> Dict[str, Tuple[int, ...]]:
           shapes[name] = tuple(f.get_slice(name).get_shape())
   missing = sorted(set(files) - set(shapes))
   if missing:
-    raise ValueError(f"The index names tensors its shards do not hold: {_few(missing)}.")
+    raise ValueError("The index names tensors its shards do not hold: "
+                     f"{few_names(missing)}.")
   return shapes
 
 
-def _few(names: List[str], limit: int = 6) -> str:
+def few_names(names: List[str], limit: int = 6) -> str:
+  """The first `limit` names, comma-separated, and how many there are (for error messages)."""
   more = f" ... ({len(names)} in all)" if len(names) > limit else ""
   return ", ".join(names[:limit]) + more
 
@@ -268,11 +266,11 @@ def _check_names(expected: Mapping[str, Target], shapes: Mapping[str, Tuple[int,
   unexpected = sorted(present - set(expected) - optional)
   if missing:
     raise ValueError(f"The checkpoint lacks {len(missing)} tensor(s) the config needs: "
-                     f"{_few(missing)}. Is it a complete *ForCausalLM checkpoint of this "
+                     f"{few_names(missing)}. Is it a complete *ForCausalLM checkpoint of this "
                      "config (tie_word_embeddings, num_hidden_layers, qkv bias)?")
   if unexpected:
     raise ValueError(f"The checkpoint holds {len(unexpected)} tensor(s) this import does not "
-                     f"map: {_few(unexpected)}. Its architecture has parts we do not "
+                     f"map: {few_names(unexpected)}. Its architecture has parts we do not "
                      "implement (or config.json does not describe it).")
   bad = [f"{n}: expected {t.hf_shape} {t.meaning}, found {shapes[n]}"
          for n, t in expected.items() if shapes[n] != t.hf_shape]
@@ -298,7 +296,7 @@ def load_hf_params(directory, config: Optional[DecoderConfig] = None,
 
   config: the DecoderConfig to load into (default: `config_from_hf(config.json)`); every
   tensor's shape is checked against it before any data is read. LoRA leaves are not part
-  of a checkpoint: merge the result into a LoRA / Dodo tree with `merge_base_params`.
+  of a checkpoint: merge the result into a LoRA / Dodo tree with `hf_params.merge_base_params`.
   """
   config = config or config_from_hf(read_hf_config(directory))
   files = tensor_files(directory)
@@ -344,44 +342,6 @@ def _check_tree(params: Dict[str, Any], config: DecoderConfig) -> None:
     raise RuntimeError(f"Internal error: the imported tree is not Decoder's: {diff[:6]}.")
 
 
-# ------------------------------------------------------------------------------ merging
-def _is_lora(path: str) -> bool:
-  return path.rsplit("/", 1)[-1].startswith("lora_")
-
-
-def merge_base_params(init_params: Mapping[str, Any], base: Mapping[str, Any]
-                      ) -> Tuple[Dict[str, Any], Dict[str, List[str]]]:
-  """Copies an imported decoder tree ({'stack': ...}) into a fresh `Decoder` / `Dodo` tree.
-
-  Every base leaf must exist in `init_params` with the same shape, and every non-LoRA leaf
-  of `init_params['stack']` must come from `base`; the rest (Dodo's scorer and soft prompt,
-  LoRA adapters) keep their initialisation. Copied values take the initial leaf's dtype.
-  Returns (params, {'copied': [paths], 'kept': [paths]}).
-  """
-  init = flax.traverse_util.flatten_dict(flax.core.unfreeze(init_params), sep="/")
-  flat_base = flax.traverse_util.flatten_dict(flax.core.unfreeze(base), sep="/")
-  absent = sorted(set(flat_base) - set(init))
-  if absent:
-    raise ValueError(f"The model has no parameter for {len(absent)} imported tensor(s): "
-                     f"{_few(absent)}. Build the model with the checkpoint's DecoderConfig "
-                     "(tie_embeddings, qkv_bias, num_layers).")
-  reshaped = [f"{k}: model {tuple(init[k].shape)} vs checkpoint {tuple(v.shape)}"
-              for k, v in flat_base.items() if tuple(init[k].shape) != tuple(v.shape)]
-  if reshaped:
-    raise ValueError("Imported shapes differ from the model's:\n  " + "\n  ".join(reshaped[:6])
-                     + "\nBind the checkpoint's sizes (tools/import_hf.py prints them).")
-  uncovered = sorted(k for k in init if k.startswith("stack/") and k not in flat_base
-                     and not _is_lora(k))
-  if uncovered:
-    raise ValueError(f"The checkpoint gives no value for {len(uncovered)} base parameter(s) "
-                     f"of the model: {_few(uncovered)}. Do the model's tie_embeddings / "
-                     "qkv_bias match the checkpoint?")
-  merged = {k: (np.asarray(flat_base[k], dtype=v.dtype) if k in flat_base else v)
-            for k, v in init.items()}
-  report = {"copied": sorted(flat_base), "kept": sorted(set(init) - set(flat_base))}
-  return flax.traverse_util.unflatten_dict(merged, sep="/"), report
-
-
 # ------------------------------------------------------------------------------ id 0
 def checked_zero_id_to(zero_id_to) -> Optional[int]:
   """`zero_id_to` as an int (None stays None); refuses ids that cannot stand for token 0."""
@@ -411,7 +371,7 @@ def check_zero_id_in_table(zero_id_to: int, rows: int, what: str = "the embeddin
 
 def remap_zero_row(params: Mapping[str, Any], zero_id_to: int) -> Dict[str, Any]:
   """Moves token 0 of an imported decoder ({'stack': ...}, as `load_hf_params` returns) to id
-  `zero_id_to` (R), for a vocabulary built with `tokenizer_vocabulary(..., zero_id_to=R)`.
+  `zero_id_to` (R), for a vocabulary built with `HfTokenizerVocabulary(..., zero_id_to=R)`.
 
   Row R of token_embedder/embedding `[vocab, embed]` becomes the checkpoint's row 0 and row 0
   becomes zeros; an untied head's logits_dense/kernel `[embed, vocab]` gets column 0 in
@@ -445,272 +405,3 @@ def remap_zero_row(params: Mapping[str, Any], zero_id_to: int) -> Dict[str, Any]
     kernel[:, 0] = 0.0
     stack["logits_dense"] = dict(stack["logits_dense"], kernel=kernel)
   return dict(params, stack=stack)
-
-
-# ------------------------------------------------------------------------------ vocabulary
-@functools.lru_cache(maxsize=None)
-def _vocabulary_class():
-  """Defined on first use: seqio imports TensorFlow, which loading weights does not need."""
-  import seqio  # pylint: disable=import-outside-toplevel
-
-  class CheckpointVocabulary(seqio.SentencePieceVocabulary):
-    """A checkpoint's SentencePiece `tokenizer.model`; a missing file is reported when the
-    vocabulary is first used (so gin files parse and models build without it)."""
-
-    def _model_context(self):
-      if not self._model:
-        path = self._sentencepiece_model_file
-        if not path or ("://" not in path and not os.path.exists(path)):
-          raise FileNotFoundError(
-              f"SentencePiece model {path!r} not found. Bind LLAMA_TOKENIZER (gin: "
-              f"--gin.LLAMA_TOKENIZER=\"'/ckpt/Llama-2-7b-hf/tokenizer.model'\") or set "
-              f"${TOKENIZER_ENV} to the checkpoint's tokenizer.model.")
-      return super()._model_context()
-
-  return CheckpointVocabulary
-
-
-def checkpoint_vocabulary(path: Optional[str] = None):
-  """The checkpoint's SentencePiece vocabulary (a `seqio.SentencePieceVocabulary` with
-  extra_ids=0: its ids are the model's).
-
-  Path: the argument, else `$DECAL_LLAMA_TOKENIZER`. LLaMA's own ids are unk 0, bos 1,
-  eos 2; seqio pads with 0 (LLaMA's <unk>, which text never produces).
-  """
-  return _vocabulary_class()(path or os.environ.get(TOKENIZER_ENV, ""), extra_ids=0)
-
-
-# ------------------------------------------------------------------------------ tokenizer.json
-def _token_content(token) -> Optional[str]:
-  """tokenizer_config.json names a token as a string or as {'content': string, ...}."""
-  if isinstance(token, Mapping):
-    return token.get("content")
-  return token
-
-
-@functools.lru_cache(maxsize=None)
-def _tokenizer_vocabulary_class():
-  """Defined on first use, like CheckpointVocabulary (seqio imports TensorFlow)."""
-  import seqio  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-  class HfTokenizerVocabulary(seqio.Vocabulary):
-    """A Hugging Face `tokenizer.json` (e.g. Qwen2's byte-level BPE) as a seqio Vocabulary.
-
-    Ids are the tokenizer's own (extra_ids=0; id 0 aside when remapped, see Padding), so
-    they index the checkpoint's embeddings. encode adds no special tokens (no BOS, no EOS:
-    seqio appends EOS itself); decode stops at the first EOS, skips special tokens and ids
-    past the tokenizer's last one (a checkpoint's embedding table is often padded beyond
-    it: Qwen2-0.5B has 151,936 rows for 151,646 tokens). The TensorFlow versions
-    (`encode_tf` / `decode_tf`, used by seqio's preprocessors and metrics) run the same
-    Rust tokenizer, and the same remapping, through `tf.numpy_function`.
-
-    EOS: the `eos_token` argument, else `eos_token` of the `tokenizer_config.json` beside
-    the file (Qwen2 base models: '<|endoftext|>'). A missing file is reported when the
-    vocabulary is first used, so gin files parse and models build without it.
-
-    Padding: seqio and every model here pad with id 0 and read "id > 0" as "a real token"
-    (masks, loss weights targets != 0, BOS = 0, `inference.token_text` keeps ids > 0). In
-    GPT-2-style byte-level BPE vocabularies (Qwen2's, GPT-2's) id 0 is a real token, '!',
-    which would vanish wherever it is tokenised on its own ('Hello!' -> 'Hello', '!').
-    `zero_id_to=R` fixes that exactly: encode writes the tokenizer's id 0 as R and decode
-    reads R back as it, so text never yields id 0, and decode skips id 0 as padding (the
-    TensorFlow paths too). R must be an id the tokenizer never produces (checked on first
-    use: a ValueError names the token R already is) and a row of every embedding table the
-    ids index; import the checkpoint with `remap_zero_row(params, R)` (tools/import_hf.py
-    does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's tokenizer ends at
-    id 151645 (Qwen2.5's at 151664) and its tables have 151,936 (0.5B) and 152,064 (7B)
-    rows: R = 151935 (gin/models/squid_qwen2.gin); vocab_size is then R + 1. The default
-    zero_id_to=None keeps the tokenizer's ids, '!' = 0 included (and lost downstream).
-    """
-
-    def __init__(self, path: str, eos_token: Optional[str] = None,
-                 zero_id_to: Optional[int] = None):
-      self._path = str(path or "")
-      self._eos_token = eos_token
-      self._zero_id_to = checked_zero_id_to(zero_id_to)
-      self._loaded = None  # (tokenizer, {token: id}, tokenizer_config dict)
-      super().__init__(extra_ids=0)
-
-    # -------------------------------------------------------------------- loading
-    def _load(self):
-      if self._loaded is None:
-        import tokenizers  # pylint: disable=import-outside-toplevel
-        path = pathlib.Path(self._path)
-        if not self._path or not path.is_file():
-          raise FileNotFoundError(
-              f"tokenizer.json {self._path!r} not found. Bind QWEN2_TOKENIZER (gin: "
-              f"--gin.QWEN2_TOKENIZER=\"'/ckpt/Qwen2-0.5B/tokenizer.json'\") or set "
-              f"${HF_TOKENIZER_ENV} to the checkpoint's tokenizer.json.")
-        tokenizer = tokenizers.Tokenizer.from_file(str(path))
-        vocab = tokenizer.get_vocab(with_added_tokens=True)
-        self._check_zero_id_unused(tokenizer, vocab)
-        config_path = path.parent / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        self._loaded = (tokenizer, vocab, config)
-      return self._loaded
-
-    def _check_zero_id_unused(self, tokenizer, vocab: Mapping[str, int]) -> None:
-      """zero_id_to must be an id the tokenizer never produces (else two tokens share it)."""
-      if self._zero_id_to is None or self._zero_id_to not in set(vocab.values()):
-        return
-      raise ValueError(
-          f"zero_id_to={self._zero_id_to} is the id of the token "
-          f"{tokenizer.id_to_token(self._zero_id_to)!r} in {self._path}: it must be an id "
-          f"the tokenizer never produces, e.g. one past its last ({max(vocab.values()) + 1}) "
-          "and below the embedding tables' rows (Qwen2: 151935). Bind another "
-          "hf_import.tokenizer_vocabulary.zero_id_to.")
-
-    @property
-    def zero_id_to(self) -> Optional[int]:
-      """The id that stands for the tokenizer's id 0 (None: no remapping)."""
-      return self._zero_id_to
-
-    def _from_tokenizer(self, ids: List[int]) -> List[int]:
-      """Tokenizer ids -> ours: 0 becomes zero_id_to."""
-      if self._zero_id_to is None:
-        return list(ids)
-      return [self._zero_id_to if i == 0 else i for i in ids]
-
-    def _to_tokenizer(self, ids: List[int]) -> List[int]:
-      """Our ids -> the tokenizer's: 0 (padding, BOS) dropped, zero_id_to back to 0."""
-      if self._zero_id_to is None:
-        return list(ids)
-      return [0 if i == self._zero_id_to else i for i in ids if i != 0]
-
-    def _token_id(self, token: Optional[str], what: str) -> Optional[int]:
-      if token is None:
-        return None
-      token_id = self._load()[1].get(token)
-      if token_id is None:
-        raise ValueError(f"The {what} token {token!r} is not in {self._path}: give one of "
-                         "its tokens (gin: hf_import.tokenizer_vocabulary.eos_token).")
-      return self._from_tokenizer([token_id])[0]
-
-    # -------------------------------------------------------------------- special ids
-    @property
-    def eos_id(self) -> int:
-      token = self._eos_token or _token_content(self._load()[2].get("eos_token"))
-      if token is None:
-        raise ValueError(f"{self._path} names no EOS token (no eos_token in a "
-                         "tokenizer_config.json beside it): pass eos_token, e.g. gin "
-                         "hf_import.tokenizer_vocabulary.eos_token = '<|endoftext|>'.")
-      return self._token_id(token, "EOS")
-
-    @property
-    def bos_id(self) -> Optional[int]:
-      return self._token_id(_token_content(self._load()[2].get("bos_token")), "BOS")
-
-    @property
-    def unk_id(self) -> Optional[int]:
-      """The BPE model's unknown token, if any (byte-level BPE needs none: Qwen2 has none)."""
-      return self._token_id(getattr(self._load()[0].model, "unk_token", None), "UNK")
-
-    @property
-    def _tokenizer_size(self) -> int:
-      """One past the tokenizer's largest id, added tokens included."""
-      return max(self._load()[1].values()) + 1
-
-    @property
-    def _base_vocab_size(self) -> int:
-      """One past the largest id encode can return (zero_id_to included)."""
-      return max(self._tokenizer_size, (self._zero_id_to or 0) + 1)
-
-    # -------------------------------------------------------------------- python
-    def _encode(self, s: str) -> List[int]:
-      return self._from_tokenizer(self._load()[0].encode(s, add_special_tokens=False).ids)
-
-    def _decode(self, ids) -> str:
-      ids = [int(i) for i in ids]
-      eos = self.eos_id
-      if eos in ids:
-        ids = ids[:ids.index(eos)]
-      size = self._tokenizer_size
-      return self._load()[0].decode([i for i in self._to_tokenizer(ids) if 0 <= i < size],
-                                    skip_special_tokens=True)
-
-    # -------------------------------------------------------------------- tensorflow
-    def _encode_rows(self, texts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-      rows = [self._encode(t.decode("utf-8")) for t in texts]
-      flat = np.array([i for row in rows for i in row], np.int32)
-      return flat, np.array([len(row) for row in rows], np.int64)
-
-    def _encode_tf(self, s):
-      """String scalar -> int32 `[t]`; string vector `[b]` -> ragged int32 `[b, (t)]`."""
-      s = tf.convert_to_tensor(s, tf.string)
-      if s.shape.rank not in (0, 1):
-        raise ValueError(f"encode_tf takes a string scalar or vector, got shape {s.shape}.")
-      flat, lengths = tf.numpy_function(self._encode_rows, [tf.reshape(s, [-1])],
-                                        (tf.int32, tf.int64), stateful=False)
-      flat.set_shape([None])
-      if s.shape.rank == 0:
-        return flat  # [t]
-      lengths.set_shape(s.shape)
-      return tf.RaggedTensor.from_row_lengths(flat, lengths)  # [b, (t)]
-
-    def _decode_rows(self, flat: np.ndarray, splits: np.ndarray) -> np.ndarray:
-      return np.array([self._decode(flat[a:b]).encode("utf-8")
-                       for a, b in zip(splits[:-1], splits[1:])], dtype=object)
-
-    def _decode_tf(self, ids):
-      """Ids `[..., t]` (dense or ragged) -> strings `[...]`: one per last-axis row."""
-      if isinstance(ids, tf.RaggedTensor):
-        if ids.ragged_rank > 1 or ids.values.shape.rank != 1:
-          return ids.with_values(self._decode_tf(ids.values))  # rows of rows
-        return self._decode_splits(ids.values, ids.row_splits)  # [rows]
-      ids = tf.convert_to_tensor(ids)
-      if ids.shape.rank == 0:
-        raise ValueError("decode_tf takes ids [..., length], got a scalar.")
-      shape = tf.shape(ids)
-      rows = tf.reshape(ids, [-1, shape[-1]])  # [rows, t]
-      splits = tf.range(tf.shape(rows)[0] + 1, dtype=tf.int64) * tf.cast(shape[-1], tf.int64)
-      text = self._decode_splits(tf.reshape(rows, [-1]), splits)  # [rows]
-      text = tf.reshape(text, shape[:-1])
-      text.set_shape(ids.shape[:-1])
-      return text  # [...]: a scalar for one sequence `[t]`
-
-    def _decode_splits(self, flat, splits):
-      text = tf.numpy_function(self._decode_rows, [tf.cast(flat, tf.int64),
-                                                   tf.cast(splits, tf.int64)],
-                               tf.string, stateful=False)
-      text.set_shape([splits.shape[0] - 1 if splits.shape[0] is not None else None])
-      return text
-
-    # -------------------------------------------------------------------- identity
-    def _key(self):
-      return (os.path.abspath(self._path) if self._path else "", self._eos_token,
-              self._zero_id_to)
-
-    def __eq__(self, other):  # the same file, EOS and remap: gin builds one per reference
-      return type(other) is type(self) and other._key() == self._key()  # pylint: disable=W0212
-
-    def __hash__(self):
-      return hash(self._key())
-
-    def __repr__(self):
-      return (f"HfTokenizerVocabulary({self._path!r}, eos_token={self._eos_token!r}, "
-              f"zero_id_to={self._zero_id_to!r})")
-
-    def __reduce__(self):  # pickle / deepcopy through the module-level factory
-      return tokenizer_vocabulary, (self._path, self._eos_token, self._zero_id_to)
-
-  return HfTokenizerVocabulary
-
-
-def tokenizer_vocabulary(path: Optional[str] = None, eos_token: Optional[str] = None,
-                         zero_id_to: Optional[int] = None):
-  """A Hugging Face `tokenizer.json` as a seqio vocabulary (`HfTokenizerVocabulary`).
-
-  Path: the argument, else `$DECAL_HF_TOKENIZER`. zero_id_to: the id that stands for the
-  tokenizer's id 0 (None: none), so that id 0 stays padding; see the class's note on
-  padding. Qwen2 (gin/models/squid_qwen2.gin) binds path and zero_id_to = 151935.
-  """
-  return _tokenizer_vocabulary_class()(path or os.environ.get(HF_TOKENIZER_ENV, ""),
-                                       eos_token, zero_id_to)
-
-
-def __getattr__(name: str):
-  """`hf_import.HfTokenizerVocabulary`: the class, defined (and seqio imported) on use."""
-  if name == "HfTokenizerVocabulary":
-    return _tokenizer_vocabulary_class()
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

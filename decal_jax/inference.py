@@ -8,15 +8,15 @@ MODEL_DIR/eval_results/ as `<task>.<split>.<step>.predictions.jsonl` (one line p
 inputs, target, prediction) and `.metrics.json`, each written atomically.
 """
 import json
-import os
 import pathlib
-import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 import seqio
 import tqdm
+
+from decal_jax import fileio
 
 
 def tasks_with_metrics(name: str) -> List[seqio.Task]:
@@ -82,28 +82,20 @@ def predict_task(task: seqio.Task, predict_fn, feature_converter, lengths: Mappi
   return metrics, rows
 
 
-def _atomic_text(path: pathlib.Path, text: str) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def write_results(model_dir: str, task: str, split: str, step: int,
                   metrics: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
   """Writes the predictions JSONL and the metrics JSON; returns their paths."""
   base = pathlib.Path(model_dir) / "eval_results" / f"{task}.{split}.{step}"
   paths = {"predictions": str(base) + ".predictions.jsonl", "metrics": str(base) + ".metrics.json"}
-  _atomic_text(pathlib.Path(paths["predictions"]),
-               "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-  _atomic_text(pathlib.Path(paths["metrics"]), json.dumps(dict(metrics), indent=2) + "\n")
+  fileio.write_text_atomic(paths["predictions"],
+                           "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+  fileio.write_text_atomic(paths["metrics"], json.dumps(dict(metrics), indent=2) + "\n")
   return paths
 
 
 def write_predictions(path: str, inputs: Sequence[str], predictions: Sequence[str]) -> None:
   """JSONL {"inputs", "prediction"} per line, written atomically."""
-  _atomic_text(pathlib.Path(path), "".join(
+  fileio.write_text_atomic(path, "".join(
       json.dumps({"inputs": i, "prediction": p}, ensure_ascii=False) + "\n"
       for i, p in zip(inputs, predictions)))
 

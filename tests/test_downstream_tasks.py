@@ -299,6 +299,21 @@ def test_hotpotqa_and_mediasum_releases_convert(tmp_path):
   assert json.loads((tmp_path / "m" / "train.jsonl").read_text())["document"] == "A: Hi.\nB: Hello."
 
 
+def test_a_jsonl_write_that_fails_leaves_the_old_file_and_no_temp_file(tmp_path):
+  from decal_jax.data import convert
+  path = tmp_path / "train.jsonl"
+  path.write_text("old\n")
+
+  def records():  # a source that breaks after one good record
+    yield {"id": "1", "question": "Q?", "context": "C.", "answers": ["A"]}
+    raise ValueError("malformed release")
+
+  with pytest.raises(ValueError, match="malformed release"):
+    convert.write(records(), path, "qa")
+  assert path.read_text() == "old\n"
+  assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]
+
+
 def test_a_task_and_model_of_different_vocabularies_are_refused():
   t5_vocab = DATA_DIR / "vocab" / "t5_spiece.model"
   if not t5_vocab.exists():

@@ -4,6 +4,7 @@ References: MaxSim against a numpy loop over vector pairs; the loss against a so
 out by hand; the encoder against `t5.Transformer.encode` with the same weights (so a DeCAL
 pretraining checkpoint initialises it); pooling and normalisation against numpy.
 """
+import dataclasses
 import math
 
 import jax
@@ -19,7 +20,7 @@ from decal_jax.retrieval import maxsim
 from decal_jax.retrieval.model import DualEncoderFeatureConverter, DualEncoderModel
 
 TINY = t5.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=48,
-                   num_encoder_layers=2, num_decoder_layers=1, compression_ratio=4)
+                   num_encoder_layers=2, num_decoder_layers=1)
 
 
 def _numpy_maxsim(q, qm, p, pm):
@@ -105,7 +106,7 @@ def test_the_shared_encoder_is_the_pretrained_decal_encoder_at_each_sides_ratio(
   """A DeCAL pretraining checkpoint (a t5.Transformer's) initialises the dual encoder by
   name, its decoder unused; without projection / normalisation the vectors are that
   encoder's output at the query ratio (1) and the passage ratio (4), m = ceil(n / C) valid."""
-  transformer = t5.Transformer(TINY)
+  transformer = t5.Transformer(dataclasses.replace(TINY, compression_ratio=4))  # DeCAL, C = 4
   ones = jnp.ones((1, 20), jnp.int32)
   t5_params = transformer.init(jax.random.PRNGKey(3), ones, ones, ones,
                                enable_dropout=False)["params"]
@@ -200,3 +201,7 @@ def test_config_errors_name_the_field():
     de.DualEncoderConfig(TINY, passage_compression_ratio=0)
   with pytest.raises(ValueError, match="pooling"):
     de.DualEncoderConfig(TINY, pooling="max")
+  # The encoder's own ratio would be ignored (each side has its own): refused, naming those.
+  with pytest.raises(ValueError, match=r"encoder.compression_ratio is 4.*"
+                                       r"query_compression_ratio / passage_compression_ratio"):
+    de.DualEncoderConfig(dataclasses.replace(TINY, compression_ratio=4))

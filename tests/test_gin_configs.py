@@ -517,6 +517,7 @@ def test_dual_encoder_gin_shares_the_decal_encoder_at_two_ratios():
   model = _build_model()
   cfg = model.module.config
   assert (cfg.query_compression_ratio, cfg.passage_compression_ratio) == (1, 8)
+  assert cfg.encoder.compression_ratio == 1  # decal.gin's C = 4 binds the sides, not the encoder
   assert cfg.encoder.emb_dim == 768 and cfg.output_dim == 128 and cfg.pooling == "multi"
   shapes = jax.eval_shape(lambda: model.get_initial_variables(
       jax.random.PRNGKey(0), {"left_encoder_input_tokens": (1, 8),

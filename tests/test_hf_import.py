@@ -30,7 +30,8 @@ import gin  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from decal_jax import checkpoints, hf_import, trainer  # noqa: E402
+from decal_jax import checkpoints, hf_import, hf_params, trainer  # noqa: E402
+from decal_jax.data import hf_vocabularies  # noqa: E402
 from decal_jax.networks import decoder  # noqa: E402
 from decal_jax.networks.decoder import Decoder  # noqa: E402
 from decal_jax.networks.dodo import Dodo, DodoConfig  # noqa: E402
@@ -285,7 +286,7 @@ def test_merge_into_a_fresh_dodo_keeps_scorer_soft_prompt_and_lora(llama):
   dodo_config = DodoConfig(decoder=dataclasses.replace(config, lora_rank=4),
                            scorer_layer=1)
   init = _random_like(_dodo_shapes(dodo_config))
-  params, report = hf_import.merge_base_params(init, base)
+  params, report = hf_params.merge_base_params(init, base)
   kept = set(report["kept"])
   assert {"scorer/hidden/kernel", "scorer/score/kernel", "soft_prompt",
           "stack/layers_0/attention/query/lora_compress_a",
@@ -309,23 +310,23 @@ def test_merge_refuses_a_model_of_other_shapes(llama):
                      scorer_layer=1)
   with pytest.raises(ValueError, match=r"stack/layers_0/mlp/wi_0/kernel: model \(64, 128\) vs "
                                        r"checkpoint \(64, 112\)"):
-    hf_import.merge_base_params(_dodo_shapes(wider), base)
+    hf_params.merge_base_params(_dodo_shapes(wider), base)
   tied = DodoConfig(decoder=dataclasses.replace(config, tie_embeddings=True),
                     scorer_layer=1)
   with pytest.raises(ValueError, match="no parameter for 1 imported.*logits_dense"):
-    hf_import.merge_base_params(_dodo_shapes(tied), base)
+    hf_params.merge_base_params(_dodo_shapes(tied), base)
 
 
 # ------------------------------------------------------------------------------ vocabulary
-def test_checkpoint_vocabulary_reads_a_sentencepiece_file_or_says_what_is_missing(monkeypatch):
-  monkeypatch.delenv(hf_import.TOKENIZER_ENV, raising=False)
+def test_sentencepiece_vocabulary_reads_a_checkpoint_file_or_says_what_is_missing(monkeypatch):
+  monkeypatch.delenv(hf_vocabularies.SENTENCEPIECE_ENV, raising=False)
   with pytest.raises(FileNotFoundError, match="LLAMA_TOKENIZER"):
-    _ = hf_import.checkpoint_vocabulary().vocab_size
+    _ = hf_vocabularies.HfSentencePieceVocabulary().vocab_size
   spiece = REPO.parent / "shared" / "data" / "vocab" / "t5_spiece.model"
   if not spiece.exists():
     pytest.skip(f"no SentencePiece model at {spiece}")
-  monkeypatch.setenv(hf_import.TOKENIZER_ENV, str(spiece))
-  vocab = hf_import.checkpoint_vocabulary()
+  monkeypatch.setenv(hf_vocabularies.SENTENCEPIECE_ENV, str(spiece))
+  vocab = hf_vocabularies.HfSentencePieceVocabulary()
   assert vocab.vocab_size == 32000 and vocab.extra_ids == 0  # no sentinels added
 
 
@@ -418,8 +419,8 @@ def hf_tokenizer(tmp_path_factory):
 
 def test_tokenizer_vocabulary_encodes_and_decodes_as_the_tokenizer_does(hf_tokenizer):
   tokenizer, path = hf_tokenizer
-  vocab = hf_import.tokenizer_vocabulary(str(path))
-  assert isinstance(vocab, hf_import.HfTokenizerVocabulary)
+  vocab = hf_vocabularies.HfTokenizerVocabulary(str(path))
+  assert isinstance(vocab, hf_vocabularies.HfTokenizerVocabulary)
   eos = tokenizer.token_to_id("<|endoftext|>")
   assert (vocab.eos_id, vocab.unk_id, vocab.bos_id) == (eos, None, None)
   assert vocab.vocab_size == tokenizer.get_vocab_size() == eos + 1 and vocab.extra_ids == 0
@@ -432,8 +433,8 @@ def test_tokenizer_vocabulary_encodes_and_decodes_as_the_tokenizer_does(hf_token
     assert vocab.decode(ids[:3] + [vocab.vocab_size + 7] + ids[3:]) == text
   # As in Qwen2, id 0 is a real token ('!'), the id our pipelines pad with.
   assert tokenizer.id_to_token(0) == "!" and list(vocab.encode("wow!"))[-1] == 0
-  assert vocab == hf_import.tokenizer_vocabulary(str(path))
-  assert vocab != hf_import.tokenizer_vocabulary(str(path), eos_token="!")
+  assert vocab == hf_vocabularies.HfTokenizerVocabulary(str(path))
+  assert vocab != hf_vocabularies.HfTokenizerVocabulary(str(path), eos_token="!")
   copied = copy.deepcopy(vocab)  # seqio may copy vocabularies; the copy reads the same file
   assert copied == vocab and list(copied.encode(TEXTS[0])) == list(vocab.encode(TEXTS[0]))
 
@@ -442,7 +443,7 @@ def test_tokenizer_vocabulary_in_tensorflow_through_seqio(hf_tokenizer):
   import seqio
   import tensorflow as tf
   tokenizer, path = hf_tokenizer
-  vocab = hf_import.tokenizer_vocabulary(str(path))
+  vocab = hf_vocabularies.HfTokenizerVocabulary(str(path))
   want = [tokenizer.encode(t, add_special_tokens=False).ids for t in TEXTS]
   # seqio's tokenize preprocessor (encode_tf on each example's string scalar), then EOS.
   features = {"targets": seqio.Feature(vocab, add_eos=True)}
@@ -472,18 +473,18 @@ def test_tokenizer_vocabulary_in_tensorflow_through_seqio(hf_tokenizer):
 
 
 def test_tokenizer_vocabulary_reports_what_is_missing_on_use(hf_tokenizer, tmp_path, monkeypatch):
-  monkeypatch.delenv(hf_import.HF_TOKENIZER_ENV, raising=False)
-  vocab = hf_import.tokenizer_vocabulary()  # builds without a file ...
+  monkeypatch.delenv(hf_vocabularies.TOKENIZER_JSON_ENV, raising=False)
+  vocab = hf_vocabularies.HfTokenizerVocabulary()  # builds without a file ...
   with pytest.raises(FileNotFoundError, match="QWEN2_TOKENIZER.*DECAL_HF_TOKENIZER"):
     _ = vocab.vocab_size  # ... and says what to bind when used
-  monkeypatch.setenv(hf_import.HF_TOKENIZER_ENV, str(hf_tokenizer[1]))
-  assert hf_import.tokenizer_vocabulary().eos_id == hf_tokenizer[0].token_to_id("<|endoftext|>")
+  monkeypatch.setenv(hf_vocabularies.TOKENIZER_JSON_ENV, str(hf_tokenizer[1]))
+  assert hf_vocabularies.HfTokenizerVocabulary().eos_id == hf_tokenizer[0].token_to_id("<|endoftext|>")
   _, bare = _write_tokenizer(tmp_path / "bare", eos_in_config=False)
   with pytest.raises(ValueError, match="names no EOS token.*eos_token"):
-    _ = hf_import.tokenizer_vocabulary(str(bare)).eos_id
-  assert hf_import.tokenizer_vocabulary(str(bare), eos_token="!").eos_id == 0
+    _ = hf_vocabularies.HfTokenizerVocabulary(str(bare)).eos_id
+  assert hf_vocabularies.HfTokenizerVocabulary(str(bare), eos_token="!").eos_id == 0
   with pytest.raises(ValueError, match="'<eos>' is not in"):
-    _ = hf_import.tokenizer_vocabulary(str(bare), eos_token="<eos>").eos_id
+    _ = hf_vocabularies.HfTokenizerVocabulary(str(bare), eos_token="<eos>").eos_id
 
 
 # ------------------------------------------------------------------------------ Squid
@@ -589,7 +590,7 @@ def _with_zero_as(ids, zero_id_to):
 def test_zero_id_to_round_trips_a_standalone_bang(hf_tokenizer):
   tokenizer, path = hf_tokenizer
   free = _free_id(tokenizer)
-  vocab = hf_import.tokenizer_vocabulary(str(path), zero_id_to=free)
+  vocab = hf_vocabularies.HfTokenizerVocabulary(str(path), zero_id_to=free)
   assert vocab.zero_id_to == free and vocab.vocab_size == free + 1
   eos = tokenizer.token_to_id("<|endoftext|>")
   assert vocab.eos_id == eos  # other ids keep the tokenizer's values
@@ -604,7 +605,7 @@ def test_zero_id_to_round_trips_a_standalone_bang(hf_tokenizer):
     assert vocab.decode([0, 0] + ours + [eos, 0, 0]) == text
   assert list(vocab.encode("Hello!"))[-1] == free and vocab.decode([free]) == "!"
   # The vocabulary without the remap is another vocabulary (gin / seqio compare them).
-  plain = hf_import.tokenizer_vocabulary(str(path))
+  plain = hf_vocabularies.HfTokenizerVocabulary(str(path))
   assert vocab != plain and plain.zero_id_to is None and list(plain.encode("Hello!")) == hello
   copied = copy.deepcopy(vocab)
   assert copied == vocab and copied.zero_id_to == free
@@ -615,7 +616,7 @@ def test_zero_id_to_round_trips_in_tensorflow(hf_tokenizer):
   import tensorflow as tf
   tokenizer, path = hf_tokenizer
   free = _free_id(tokenizer)
-  vocab = hf_import.tokenizer_vocabulary(str(path), zero_id_to=free)
+  vocab = hf_vocabularies.HfTokenizerVocabulary(str(path), zero_id_to=free)
   want = [_with_zero_as(tokenizer.encode(t, add_special_tokens=False).ids, free)
           for t in BANG_TEXTS]
   assert all(0 not in ids and free in ids for ids in want)
@@ -641,13 +642,13 @@ def test_zero_id_to_refuses_an_id_the_tokenizer_uses(hf_tokenizer):
   tokenizer, path = hf_tokenizer
   used = tokenizer.token_to_id("<|endoftext|>")
   for zero_id_to in (5, used):
-    vocab = hf_import.tokenizer_vocabulary(str(path), zero_id_to=zero_id_to)  # lazy ...
+    vocab = hf_vocabularies.HfTokenizerVocabulary(str(path), zero_id_to=zero_id_to)  # lazy ...
     with pytest.raises(ValueError, match=rf"zero_id_to={zero_id_to} is the id of the token "
                                          rf"'{re.escape(tokenizer.id_to_token(zero_id_to))}'"):
       vocab.encode("Hello!")  # ... refused on first use, before anything is encoded
   for bad in (0, -3, True, "151935", 2.5):
     with pytest.raises(ValueError, match="zero_id_to"):
-      hf_import.tokenizer_vocabulary(str(path), zero_id_to=bad)
+      hf_vocabularies.HfTokenizerVocabulary(str(path), zero_id_to=bad)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
@@ -668,7 +669,7 @@ def test_remapped_import_gives_the_checkpoints_logits_on_text_with_bangs(
   tokenizer, path = hf_tokenizer
   model, directory, rows = qwen2_over_tokenizer
   free = rows - 1  # the table's last row, as 151935 in Qwen2-0.5B's
-  vocab = hf_import.tokenizer_vocabulary(str(path), zero_id_to=free)
+  vocab = hf_vocabularies.HfTokenizerVocabulary(str(path), zero_id_to=free)
   config, params = hf_import.load_hf_params(directory)
   remapped = hf_import.remap_zero_row(params, free)
   for text in BANG_TEXTS:
@@ -723,10 +724,10 @@ def _remap_gin(tmp_path, tokenizer_json, zero_id_to):
   """models/squid_tiny.gin with the checkpoints' tokenizer.json as VOCABULARY, remapping."""
   path = tmp_path / f"squid_remap_{zero_id_to}.gin"
   path.write_text("\n".join([
-      "from __gin__ import dynamic_registration", "from decal_jax import hf_import",
-      "include 'models/squid_tiny.gin'", "VOCABULARY = @hf_import.tokenizer_vocabulary()",
-      f"hf_import.tokenizer_vocabulary.path = '{tokenizer_json}'",
-      f"hf_import.tokenizer_vocabulary.zero_id_to = {zero_id_to}", "MEMORY_TOKENS = 4", ""]))
+      "from __gin__ import dynamic_registration", "from decal_jax.data import hf_vocabularies",
+      "include 'models/squid_tiny.gin'", "VOCABULARY = @hf_vocabularies.HfTokenizerVocabulary()",
+      f"hf_vocabularies.HfTokenizerVocabulary.path = '{tokenizer_json}'",
+      f"hf_vocabularies.HfTokenizerVocabulary.zero_id_to = {zero_id_to}", "MEMORY_TOKENS = 4", ""]))
   return str(path)
 
 
@@ -742,7 +743,7 @@ def test_import_tool_remaps_both_squid_decoders_from_the_gin_vocabulary(
   assert _tool_module().main(["--model", "squid", "--hf_dir", str(small), "--large_hf_dir",
                               str(large), "--out", str(out), f"--gin_file={gin_file}"]) == 0
   printed = capsys.readouterr().out
-  assert f"hf_import.tokenizer_vocabulary.zero_id_to = {free}" in printed
+  assert f"hf_vocabularies.HfTokenizerVocabulary.zero_id_to = {free}" in printed
   assert f"token 0 moved to id {free}" in printed
   assert json.loads((out / "hf_import.json").read_text())["zero_id_to"] == free
   # The trainer's model from the model gin + hf_import.gin reads '!' as `free` ...

@@ -9,6 +9,8 @@ import json
 import pathlib
 from typing import Dict, Iterable, Iterator, List, Mapping, Tuple
 
+from decal_jax import fileio
+
 Record = Dict[str, object]
 
 
@@ -59,18 +61,16 @@ def usable(record: Mapping[str, object], kind: str) -> bool:
 
 
 def write(records: Iterable[Record], path: pathlib.Path, kind: str) -> Tuple[int, int]:
-  """Writes usable records as JSONL (atomically); returns (written, left out)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".jsonl.tmp")
+  """Writes usable records as JSONL (whole or not at all: a failure, e.g. a bad source
+  record, leaves `path` as it was and no temp file); returns (written, left out)."""
   written = skipped = 0
-  with open(tmp, "w", encoding="utf-8") as f:
+  with fileio.atomic_write(path) as f:
     for record in records:
       if not usable(record, kind):
         skipped += 1
         continue
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
       written += 1
-  tmp.replace(path)
   return written, skipped
 
 

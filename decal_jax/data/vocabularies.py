@@ -4,8 +4,8 @@ The built-in vocabulary is trained on first use (under a second) and cached unde
 `$DECAL_CACHE_DIR` (default `~/.cache/decal_jax`) as
 `builtin_spm_<vocab_size>_<corpus fingerprint>.model`, so a Python version whose docs
 differ gets its own file. Training holds a file lock (one process trains, the others wait
-and reuse) and writes atomically (temp file + `os.replace`), so readers never see a partial
-model. `python tools/make_vocab.py` builds it ahead of time.
+and reuse) and writes atomically (`fileio.write_bytes_atomic`), so readers never see a
+partial model. `python tools/make_vocab.py` builds it ahead of time.
 
 All vocabularies follow T5: pad 0, eos 1, unk 2, no bos, and `extra_ids` sentinels at the
 top of the id range (`vocab_size - 1` is the first sentinel).
@@ -15,13 +15,13 @@ import io
 import logging
 import os
 import pathlib
-import tempfile
 from typing import Callable, Iterable, Iterator, Optional
 
 import gin
 import seqio
 import sentencepiece as spm
 
+from decal_jax import fileio
 from decal_jax.data import corpus
 
 T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
@@ -48,22 +48,8 @@ def train_sentencepiece(texts: Iterable[str], path: pathlib.Path, vocab_size: in
       model_type="unigram", character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
       input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
       max_sentence_length=100_000, hard_vocab_limit=False, num_threads=16)  # fixed: the model depends on it
-  _atomic_write(pathlib.Path(path), model.getvalue())
+  fileio.write_bytes_atomic(path, model.getvalue())
   return pathlib.Path(path)
-
-
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-  """Writes `data` to a temp file next to `path`, then renames it over `path`."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
 
 
 @contextlib.contextmanager

@@ -27,8 +27,9 @@ POOLINGS = ("multi", "mean")
 class DualEncoderConfig:
   """One shared T5 encoder read at two compression ratios, plus the output head.
 
-  `encoder.compression_ratio` is not used: queries use `query_compression_ratio` and
-  passages `passage_compression_ratio` (1 = one vector per token)."""
+  Queries are read at `query_compression_ratio` and passages at `passage_compression_ratio`
+  (1 = one vector per token); `encoder.compression_ratio` must stay 1 (it would be ignored,
+  so another value is refused)."""
   encoder: T5Config = T5Config()
   query_compression_ratio: int = 1
   passage_compression_ratio: int = 4
@@ -37,6 +38,12 @@ class DualEncoderConfig:
   pooling: str = "multi"                # 'multi' (MaxSim) or 'mean' (one vector per text)
 
   def __post_init__(self):
+    if self.encoder.compression_ratio != 1:
+      raise ValueError(
+          f"DualEncoderConfig.encoder.compression_ratio is {self.encoder.compression_ratio}, "
+          "but the dual encoder reads each side at its own ratio: leave it at 1 and set "
+          "DualEncoderConfig.query_compression_ratio / passage_compression_ratio instead "
+          "(gin: QUERY_COMPRESSION_RATIO / PASSAGE_COMPRESSION_RATIO).")
     for name in ("query_compression_ratio", "passage_compression_ratio"):
       if getattr(self, name) < 1:
         raise ValueError(f"DualEncoderConfig.{name} must be >= 1, got {getattr(self, name)}.")

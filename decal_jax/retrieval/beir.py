@@ -33,9 +33,9 @@ import json
 import logging
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+
+from decal_jax import fileio
 
 PathLike = Union[str, os.PathLike]
 Qrels = Dict[str, Dict[str, int]]
@@ -306,15 +306,8 @@ def write_beir(folder: PathLike, corpus: Mapping[str, Union[Passage, str, Mappin
     raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it.")
   passages = {doc_id: _as_passage(p) for doc_id, p in corpus.items()}
   _check_write_ids(passages, queries, qrels_by_split)
-  folder.parent.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp-"))
-  try:
+  with fileio.atomic_directory(folder, replace=overwrite) as tmp:
     _write_beir_files(tmp, passages, queries, qrels_by_split)
-    os.chmod(tmp, 0o755)
-    _move_into_place(tmp, folder, overwrite)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return str(folder)
 
 
@@ -349,16 +342,6 @@ def _write_beir_files(tmp: pathlib.Path, passages, queries, qrels_by_split) -> N
       for query_id, docs in qrels.items():
         for doc_id, score in docs.items():
           f.write(f"{query_id}\t{doc_id}\t{int(score)}\n")
-
-
-def _move_into_place(tmp: pathlib.Path, folder: pathlib.Path, overwrite: bool) -> None:
-  old = None
-  if overwrite and folder.exists():
-    old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
-    os.replace(folder, old)
-  os.rename(tmp, folder)  # fails if another process put a folder there meanwhile
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ built-in

@@ -12,8 +12,8 @@ Layout of an index directory (every file is written before the directory gets it
 `build_index` calls the encoder batch by batch and appends each document's valid vectors
 to `vectors.npy` as it goes (the .npy header, whose shape is only known at the end, is
 written last into space reserved for it), so the corpus never has to fit in memory. It
-builds in `<directory>.tmp-<pid>` and renames that into place when complete: an
-interrupted build leaves no directory at `directory`.
+builds in `<directory>.tmp-<random>` and renames that into place when complete
+(`fileio.atomic_directory`): an interrupted build leaves no directory at `directory`.
 
 `Index.search` scores every document with exact MaxSim (for each valid query vector, the
 largest dot product with the document's vectors, summed), jit-compiled and run over the
@@ -28,7 +28,6 @@ import glob
 import hashlib
 import json
 import os
-import shutil
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -36,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from decal_jax import fileio
 from decal_jax.retrieval import maxsim
 
 EncodeFn = Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]]
@@ -143,11 +143,8 @@ def build_index(directory: str, doc_ids: Sequence[str], token_batches: Iterable[
       raise FileExistsError(f"{directory} exists and is not an index (no meta.json); "
                             "overwrite=True only replaces an index. Choose another directory.")
   config_json = canonical_config(config)
-  tmp = f"{directory}.tmp-{os.getpid()}"
-  if os.path.exists(tmp):
-    shutil.rmtree(tmp)
-  os.makedirs(tmp)
-  try:
+  with fileio.atomic_directory(directory) as folder:
+    tmp = str(folder)
     meta = _write_index_files(tmp, doc_ids, token_batches, encode_fn, np.dtype(dtype),
                               progress)
     meta.update(config=json.loads(config_json), fingerprint=config_fingerprint(config),
@@ -155,10 +152,6 @@ def build_index(directory: str, doc_ids: Sequence[str], token_batches: Iterable[
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat())
     _write_json(os.path.join(tmp, "doc_ids.json"), doc_ids)
     _write_json(os.path.join(tmp, "meta.json"), meta)  # last: its presence marks completion
-    _move_into_place(tmp, directory)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return Index.open(directory, expected_config=config)
 
 
@@ -211,17 +204,6 @@ def _write_json(path: str, value: Any) -> None:
     json.dump(value, f, indent=1, ensure_ascii=False)
     f.flush()
     os.fsync(f.fileno())
-
-
-def _move_into_place(tmp: str, directory: str) -> None:
-  """Renames the finished `tmp` to `directory`, replacing (then deleting) an old index."""
-  old = None
-  if os.path.exists(directory):
-    old = f"{directory}.old-{os.getpid()}"
-    os.replace(directory, old)
-  os.replace(tmp, directory)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------- search

@@ -20,8 +20,9 @@ score 0). On a run that holds every query of qrels whose queries all have a rele
 document, the two agree exactly. Run queries that qrels does not judge are ignored.
 """
 import math
-import os
 from typing import Dict, List, Mapping, Tuple
+
+from decal_jax import fileio
 
 Run = Dict[str, Dict[str, float]]
 Qrels = Dict[str, Dict[str, int]]
@@ -99,8 +100,8 @@ def _check_id(name: str, value: str) -> None:
 def write_trec_run(path: str, run: Mapping[str, Mapping[str, float]], tag: str = "decal_jax",
                    depth: int = 1000) -> None:
   """Writes `qid Q0 docid rank score tag` lines (best `depth` docs per query in `rank`'s
-  order, ranks from 1, queries in sorted order) through a temp file and `os.replace`, so the
-  file is whole or absent."""
+  order, ranks from 1, queries in sorted order) with `fileio.write_text_atomic`, so the file
+  is whole or absent."""
   if depth < 1:
     raise ValueError(f"depth must be >= 1 (docs written per query), got {depth}.")
   if not tag or any(c.isspace() for c in tag):
@@ -113,16 +114,7 @@ def write_trec_run(path: str, run: Mapping[str, Mapping[str, float]], tag: str =
       # repr(float) is the shortest text that reads back to the same double: ranks and
       # ties survive a write / read round trip.
       lines.append(f"{qid} Q0 {doc} {position} {float(run[qid][doc])!r} {tag}\n")
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(lines)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  fileio.write_text_atomic(path, "".join(lines))
 
 
 def read_trec_run(path: str) -> Run:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import metrics, partitioning, trainer
+from decal_jax import fileio, metrics, partitioning, trainer
 from decal_jax.retrieval import beir, index, ir_metrics
 
 EOS_ID = 1
@@ -164,13 +164,9 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
 def _write_results(model_dir, name, split, step, run, scores, top_k):
   if jax.process_index() != 0:
     return
-  out = pathlib.Path(model_dir) / "retrieval"
-  out.mkdir(parents=True, exist_ok=True)
-  stem = out / f"{name}.{split}.step{step}"
+  stem = pathlib.Path(model_dir) / "retrieval" / f"{name}.{split}.step{step}"
   ir_metrics.write_trec_run(f"{stem}.trec", run, tag=f"decal_jax-step{step}", depth=top_k)
-  tmp = pathlib.Path(f"{stem}.metrics.json.tmp")
-  tmp.write_text(json.dumps(scores, indent=2, sort_keys=True))
-  tmp.replace(f"{stem}.metrics.json")
+  fileio.write_text_atomic(f"{stem}.metrics.json", json.dumps(scores, indent=2, sort_keys=True))
   print(f"{name} {split} (step {step}, {scores['num_queries']} queries, "
         f"{scores['num_docs']} passages, {scores['vectors_per_doc']:.1f} vectors / passage, "
         f"index {scores['index_bytes'] / 2**20:.1f} MiB): "
