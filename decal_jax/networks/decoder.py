@@ -16,10 +16,10 @@ import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import KVCache, StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
 from decal_jax.layers.lora import LoraDense
@@ -112,7 +112,7 @@ class Attention(nn.Module):
     self.value = proj(cfg.kv_heads, "value")
     self.out = LoraDense(cfg.emb_dim, ("heads", "kv", "embed"), adapters("out"),
                          cfg.lora_rank, cfg.lora_alpha, contract_dims=2, dtype=cfg.dtype)
-    self.cache = KVCache(cfg.max_length, cfg.dtype)
+    self.cache = KVCache(cfg.max_length)
 
   def key_value(self, x: Array, positions: Array, adapter: Optional[str] = None):
     """`[batch, n, embed]` (already normed) -> RoPE'd keys and values `[batch, n, kv, d]`."""
@@ -131,7 +131,9 @@ class Attention(nn.Module):
     if kv_hook is not None:
       keys, values, bias = kv_hook(keys, values, bias)
     elif decode:
-      keys, values, bias = self.cache(keys, values, bias, prefill, cache_index)
+      keys, values, filled = self.cache(keys, values, cache_index, prefill)
+      if filled is not None:  # a step: only the slots written so far
+        bias = attn.combine_biases(bias, attn.mask_to_bias(filled, cfg.dtype))
     if memory is not None:
       keys = jnp.concatenate([memory.keys.astype(keys.dtype), keys], axis=1)  # [b, k+s, kv, d]
       values = jnp.concatenate([memory.values.astype(values.dtype), values], axis=1)
@@ -145,36 +147,6 @@ class Attention(nn.Module):
     out = attn.dot_product_attention(query, keys, values, bias, dtype=cfg.dtype)
     out = with_sharding_constraint(out, ("batch", "length", "heads", "kv"))
     return self.out(out, adapter)  # [batch, t, embed]
-
-class KVCache(nn.Module):
-  """One layer's `cached_key` / `cached_value` `[batch, max_length, kv_heads, head_dim]`."""
-  max_length: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, keys, values, bias, prefill, cache_index):
-    """-> (keys, values, bias) to attend over. Without a cache yet (and no prefill) this is
-    the creation pass: the cache takes the inputs' shape and attention is plain."""
-    initialized = self.has_variable("cache", "cached_key")
-    batch, length, kv_heads, head_dim = keys.shape
-    shape = (batch, self.max_length if prefill else length, kv_heads, head_dim)
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, keys.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, values.dtype)
-    if not initialized and not prefill:
-      return keys, values, bias
-    if prefill:  # write the prefix [0, length) and attend within it
-      cached_key.value = cached_key.value.at[:, :length].set(keys)
-      cached_value.value = cached_value.value.at[:, :length].set(values)
-      return keys, values, bias
-    if length != 1:
-      raise ValueError(f"Cached decoding takes one token per step, got {length}.")
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, keys,
-                                                    (0, cache_index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, values,
-                                                      (0, cache_index, 0, 0))
-    filled = (jnp.arange(cached_key.value.shape[1]) <= cache_index)[None, None, None, :]
-    step_bias = attn.mask_to_bias(filled.astype(jnp.float32), self.dtype)
-    return cached_key.value, cached_value.value, attn.combine_biases(bias, step_bias)
 
 
 class DecoderBlock(nn.Module):
@@ -258,19 +230,6 @@ def causal_bias(positions: Array, segment_ids: Optional[Array], dtype) -> Array:
     mask = attn.combine_masks(mask, attn.make_attention_mask(segment_ids, segment_ids,
                                                              jnp.equal))
   return attn.mask_to_bias(mask, dtype)
-
-
-class StepCounter(nn.Module):
-  """The shared `cache_index` of cached decoding (T5X's decoders leave leaves of that name
-  alone when they expand or reorder beams)."""
-
-  @nn.compact
-  def __call__(self, batch: int, advance: int = 1):
-    """-> (this step's offset `[batch, 1]`, the index before advancing)."""
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    current = index.value
-    index.value = current + advance
-    return jnp.full((batch, 1), current, jnp.int32), current
 
 
 class Decoder(nn.Module):

@@ -23,9 +23,10 @@ import jax.numpy as jnp
 
 from decal_jax.compress import nuggets as nug
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import Array, param_with_axes
 from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
-                                        check_positions, check_tokens, StepCounter)
+                                        check_positions, check_tokens)
 
 ADAPTERS = ("compress", "decode")
 

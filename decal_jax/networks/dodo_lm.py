@@ -20,11 +20,12 @@ parallel pass with a structured mask.
   model with its context cut to the same number of states).
 
 Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus the nuggets'
-(or the pooled segments'), not the whole history: `cache_bytes` reports what it holds.
+(or the pooled segments'), not the whole history: its size is fixed by τ, the nugget
+capacity (`DodoLMConfig.nugget_capacity`) and the layer count (`layers/caches.py`).
 """
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -33,9 +34,9 @@ import numpy as np
 
 from decal_jax.compress import nuggets as nug
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import AppendCache, RingCache, SegmentCache, StepCounter
 from decal_jax.layers.lora import PerToken
-from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, StepCounter,
-                                        check_positions)
+from decal_jax.networks.decoder import DecoderConfig, DecoderStack, MemoryKV, check_positions
 from decal_jax.networks.dodo import ADAPTERS
 
 Array = jax.Array
@@ -93,95 +94,6 @@ def split_points(positions: Array, config: DodoLMConfig) -> Array:
   return jnp.maximum(0, (positions // c) * c + c - tau)
 
 
-# ------------------------------------------------------------------------ decode caches
-# Each cache module declares its variables from `batch` alone, so the cache-creation pass
-# calls it with just that; a decode step also passes the token's values.
-class RingCache(nn.Module):
-  """The last τ tokens' keys/values of one layer (slot = position mod τ)."""
-  size: int
-  kv_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, batch, keys=None, values=None, position=None, split=None):
-    """keys/values `[b, 1, kv, d]` of the token at `position` -> ring keys, values and its
-    validity `[b, size]` for a query whose split point is `split`."""
-    shape = (batch, self.size, self.kv_heads, self.head_dim)
-    ring_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
-    ring_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
-    ring_pos = self.variable("cache", "positions",
-                             lambda: jnp.full((batch, self.size), -1, jnp.int32))
-    if keys is None:
-      return None
-    slot = position % self.size
-    ring_k.value = jax.lax.dynamic_update_slice(ring_k.value, keys, (0, slot, 0, 0))
-    ring_v.value = jax.lax.dynamic_update_slice(ring_v.value, values, (0, slot, 0, 0))
-    ring_pos.value = jax.lax.dynamic_update_slice(
-        ring_pos.value, jnp.full((batch, 1), position, jnp.int32), (0, slot))
-    valid = (ring_pos.value >= split) & (ring_pos.value <= position)  # [b, size]
-    return ring_k.value, ring_v.value, valid
-
-
-class NuggetCache(nn.Module):
-  """The nuggets' keys/values of one layer: row b appends at its own count."""
-  capacity: int
-  kv_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, batch, keys=None, values=None, position=None, split=None,
-               is_nugget=None):
-    """is_nugget `[b]` -> all nugget keys, values and validity `[b, capacity]`."""
-    shape = (batch, self.capacity, self.kv_heads, self.head_dim)
-    cache_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
-    cache_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
-    cache_pos = self.variable("cache", "positions",
-                              lambda: jnp.full((batch, self.capacity), -1, jnp.int32))
-    count = self.variable("cache", "count", lambda: jnp.zeros((batch,), jnp.int32))
-    if keys is None:
-      return None
-    write = (jax.nn.one_hot(jnp.minimum(count.value, self.capacity - 1), self.capacity,
-                            dtype=bool) & is_nugget[:, None])  # [b, capacity]
-    cache_k.value = jnp.where(write[:, :, None, None], keys, cache_k.value)
-    cache_v.value = jnp.where(write[:, :, None, None], values, cache_v.value)
-    cache_pos.value = jnp.where(write, position, cache_pos.value)
-    count.value = count.value + is_nugget.astype(jnp.int32)
-    valid = (cache_pos.value >= 0) & (cache_pos.value < split)
-    return cache_k.value, cache_v.value, valid
-
-
-class SegmentCache(nn.Module):
-  """Compressive baseline, one layer: the running sum of the current segment's states and
-  the pooled keys/values of every finished segment."""
-  ratio: int
-  slots: int
-  config: DecoderConfig
-
-  @nn.compact
-  def __call__(self, batch, block=None, x=None, position=None, split=None, adapter=None):
-    cfg = self.config
-    shape = (batch, self.slots, cfg.kv_heads, cfg.head_dim)
-    running = self.variable("cache", "running_sum", jnp.zeros, (batch, cfg.emb_dim),
-                            jnp.float32)
-    pooled_k = self.variable("cache", "keys", jnp.zeros, shape, cfg.dtype)
-    pooled_v = self.variable("cache", "values", jnp.zeros, shape, cfg.dtype)
-    if x is None:
-      return None
-    total = running.value + x[:, 0].astype(jnp.float32)
-    finished = (position + 1) % self.ratio == 0
-    mean = (total / self.ratio).astype(x.dtype)[:, None]  # [b, 1, e]
-    keys, values = block.memory_kv(mean, jnp.full((batch, 1), position, jnp.int32), adapter)
-    slot = position // self.ratio
-    write = (jnp.arange(self.slots) == slot)[None, :, None, None] & finished
-    pooled_k.value = jnp.where(write, keys, pooled_k.value)
-    pooled_v.value = jnp.where(write, values, pooled_v.value)
-    running.value = jnp.where(finished, 0.0, total)
-    valid = (jnp.arange(self.slots) + 1) * self.ratio <= split  # [slots]
-    return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (batch, self.slots))
-
-
 # ----------------------------------------------------------------------------- network
 class DodoLM(nn.Module):
   """A decoder-only LM (T5X `DecoderOnlyModel` call signature) reading compressed history."""
@@ -199,11 +111,11 @@ class DodoLM(nn.Module):
     self.rings = [RingCache(cfg.window, *shape) for _ in range(layers)]
     self.nugget_caches, self.segment_caches = [], []
     if cfg.selection == "nuggets":
-      self.nugget_caches = [NuggetCache(cfg.capacity, *shape) for _ in range(layers)]
+      self.nugget_caches = [AppendCache(cfg.capacity, *shape) for _ in range(layers)]
     elif cfg.selection == "compressive":
       slots = math.ceil(dec.max_length / cfg.compression_ratio)
-      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots, dec)
-                             for _ in range(layers)]
+      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots, dec.emb_dim,
+                                          *shape) for _ in range(layers)]
 
   def _lora(self) -> bool:
     return bool(self.config.network_config.lora_adapters)
@@ -276,7 +188,7 @@ class DodoLM(nn.Module):
       x = self.stack(x, positions, bias, memories, adapter, deterministic=deterministic)
       return self.stack.logits(x)
     scores = self.scores(tokens)  # [b, n]
-    is_nugget = real & (scores > self.threshold(scores, real))  # [b, n]
+    is_nugget = nug.select_threshold(scores, real, self.threshold(scores, real))  # [b, n]
     to_nugget = is_nugget[:, None, :] & before_split[None]  # [b, n (query), n]
     allowed = window | to_nugget
     bias = (attn.mask_to_bias(allowed.astype(jnp.float32))
@@ -327,7 +239,8 @@ class DodoLM(nn.Module):
       adapter = "decode" if self._lora() else None
 
       def memory(index, block, h):
-        k, v, valid = self.segment_caches[index](batch, block, h, position, split, adapter)
+        to_kv = lambda states, pos: block.memory_kv(states, pos, adapter)  # noqa: E731
+        k, v, valid = self.segment_caches[index](batch, h, position, split, to_kv)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,
                      adapter, kv_hooks=[ring_hook(r) for r in self.rings])
@@ -356,7 +269,7 @@ class DodoLM(nn.Module):
     return self.stack.logits(x)
 
 
-# ------------------------------------------------------------------ calibration / cache size
+# --------------------------------------------------------------------------- calibration
 def calibrate_threshold(module: DodoLM, params, token_batches) -> float:
   """Λ from sample text: the (1 - 1/r) quantile of the scorer's outputs on real tokens.
 

@@ -21,16 +21,16 @@ closes), the body keys/values of every finished sentence, and the sentence count
 current token passes through the encoder.
 """
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import AppendCache, SentenceCache
 from decal_jax.layers.core import Array
 from decal_jax.networks.decoder import DecoderConfig, DecoderStack, check_positions
-from decal_jax.networks.dodo_lm import NuggetCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,28 +93,6 @@ def body_mask(layout: SentenceLayout) -> Array:
   return (finished | jnp.eye(n, dtype=bool)[None])[:, None]
 
 
-class SentenceCache(nn.Module):
-  """One encoder layer's keys/values of the current sentence: row b writes at its place."""
-  slots: int
-  kv_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, batch, keys=None, values=None, place=None):
-    """keys/values `[b, 1, kv, d]` of the token at `place` `[b]` -> slots and validity."""
-    shape = (batch, self.slots, self.kv_heads, self.head_dim)
-    cache_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
-    cache_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
-    if keys is None:
-      return None
-    write = jax.nn.one_hot(place, self.slots, dtype=bool)[:, :, None, None]  # [b, slots, 1, 1]
-    cache_k.value = jnp.where(write, keys, cache_k.value)
-    cache_v.value = jnp.where(write, values, cache_v.value)
-    valid = jnp.arange(self.slots)[None, :] <= place[:, None]  # [b, slots]
-    return cache_k.value, cache_v.value, valid
-
-
 class SentencePosition(nn.Module):
   """Per row `[batch]`: the next token's place in its sentence and its sentence index."""
 
@@ -143,7 +121,7 @@ class Gpthf(nn.Module):
                                           dec.dtype, name=f"sentence_cache_{i}")
                             for i in range(enc)]
     self.position = SentencePosition()
-    self.body_caches = [NuggetCache(dec.max_length, dec.kv_heads, dec.head_dim, dec.dtype,
+    self.body_caches = [AppendCache(dec.max_length, dec.kv_heads, dec.head_dim, dec.dtype,
                                     name=f"body_cache_{i}") for i in range(body)]
 
   def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,

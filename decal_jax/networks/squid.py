@@ -24,9 +24,10 @@ import jax.numpy as jnp
 
 from decal_jax.compress.memory import MemoryTokens
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import Array, DenseGeneral, activation, param_with_axes
-from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, StepCounter,
-                                        causal_bias, check_positions, check_tokens)
+from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
+                                        check_positions, check_tokens)
 
 
 @dataclasses.dataclass(frozen=True)

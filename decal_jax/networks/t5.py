@@ -32,6 +32,7 @@ from decal_jax.compress.latents import (DecalLatents, LatentConfig, fixed_window
                                         latent_layout)
 from decal_jax.compress.memory import MemoryTokens
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
 
@@ -398,16 +399,13 @@ class Decoder(nn.Module):
     batch, length = tokens.shape
     write_index = None
     if decode:
-      # `cache_index` is the step counter (T5X's beam search leaves leaves of that name
-      # alone); `key_positions` `[batch, max_length]` keeps the cache length static.
-      is_initialized = self.has_variable("cache", "cache_index")
-      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      # `key_positions` `[batch, max_length]` keeps the cache length static.
+      is_initialized = self.has_variable("cache", "step_counter")
       key_positions = self.variable("cache", "key_positions", lambda: jnp.broadcast_to(
           jnp.arange(length, dtype=jnp.int32), (batch, length)))
-      write_index = index.value
+      query_pos, write_index = StepCounter(name="step_counter")(
+          batch, advance=1 if is_initialized else 0)
       if is_initialized:
-        query_pos = jnp.full((key_positions.value.shape[0], 1), write_index, jnp.int32)
-        index.value = write_index + 1
         return query_pos, key_positions.value, None, write_index
     pos = _positions_or_default(tokens, positions)
     mask = attn.combine_masks(attn.make_causal_mask(pos), _segment_mask(segment_ids, segment_ids))
