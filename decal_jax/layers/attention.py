@@ -1,4 +1,17 @@
-"""Multi-head dot-product attention, T5 relative position bias, masks and the KV cache.
+"""Multi-head dot-product attention, T5 relative position bias, masks and RoPE.
+
+Why two attention modules. `MultiHeadAttention` here is T5's; `networks.decoder.Attention`
+is the LLaMA-style decoder's (plain decoder, Dodo, GPTHF, Squid). The arithmetic is one:
+both call `dot_product_attention` below with masks folded into a bias, and both cache
+through `layers.caches.KVCache`. What differs is what their parameters and callers need:
+T5's keeps T5X's parameter paths (`qkv/{query,key,value}` or the fused `qkv_fused` /
+`kv_fused` layouts, `out`), attends across to an encoding as well, takes the relative
+position bias from its caller and runs the fused `jax.nn.dot_product_attention` kernels;
+the decoder's keeps Hugging Face's LLaMA / Qwen2 paths (`query`, `key`, `value`, `out` with
+optional q/k/v biases, which `hf_import` maps tensor by tensor), groups query heads over
+fewer key/value heads, rotates queries and keys (RoPE), switches LoRA adapters per token,
+and prepends memory keys/values (Dodo's nuggets, Squid's prefix) or a caller-owned cache.
+One module would carry both parameter layouts behind flags; two short ones read better.
 
 Conventions: queries/keys/values are `[batch, length, heads, head_dim]`; masks and biases
 broadcast to `[batch, heads, q_length, kv_length]`; a mask is 1 where attention is allowed.

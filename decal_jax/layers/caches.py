@@ -71,6 +71,9 @@ class KVCache(nn.Module):
       return keys, values, None
     if length != 1:
       raise ValueError(f"Cached decoding takes one token per step, got {length}.")
+    if index is None:
+      raise ValueError("A cached decoding step needs the write index (the network's "
+                       "StepCounter) as `index`.")
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, keys, (0, index, 0, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, values,
                                                       (0, index, 0, 0))

@@ -23,6 +23,7 @@ from decal_jax.layers.caches import KVCache, StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
 from decal_jax.layers.lora import LoraDense
+from decal_jax.networks.signatures import DecoderOnlyNetwork
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +74,6 @@ class MemoryKV(NamedTuple):
   bias: Array    # [batch, 1, 1 | q, k]: validity (0 / NEG_INF) + straight-through term
 
 
-def check_tokens(tokens: Array, name: str) -> Array:
-  """Token ids must be `[batch, length]`; returns them."""
-  if tokens.ndim != 2:
-    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
-  return tokens
-
-
 def check_positions(config: DecoderConfig, needed: int, what: str) -> None:
   if needed > config.max_length:
     raise ValueError(f"{what} needs {needed} positions but the model accepts "
@@ -90,10 +84,11 @@ def check_positions(config: DecoderConfig, needed: int, what: str) -> None:
 class Attention(nn.Module):
   """Grouped-query self-attention with RoPE, optional LoRA, memory and a KV cache.
 
-  With `decode=True` the first call (no cache yet) creates `cached_key`/`cached_value`
-  `[batch, max_length, kv_heads, head_dim]` from full-length inputs; `prefill=True` writes
-  the whole given prefix at once; later calls take one token each, written at the shared
-  `cache_index` that the network advances.
+  With `decode=True` the first call (no cache yet) creates the submodule `cache`
+  (`layers.caches.KVCache`: `cached_key`/`cached_value` `[batch, max_length, kv_heads,
+  head_dim]`) from full-length inputs; `prefill=True` writes the whole given prefix at once;
+  later calls take one token each, written at the shared `cache_index` that the network
+  advances.
   """
   config: DecoderConfig
 
@@ -232,37 +227,22 @@ def causal_bias(positions: Array, segment_ids: Optional[Array], dtype) -> Array:
   return attn.mask_to_bias(mask, dtype)
 
 
-class Decoder(nn.Module):
+class Decoder(DecoderOnlyNetwork):
   """A plain LLaMA-style LM with T5X `DecoderOnlyModel`'s call signature."""
   config: DecoderConfig
+  takes_packed_inputs = True
+  takes_prefill = True  # equal-length prompts: pad them on the left
 
   def setup(self):
     self.stack = DecoderStack(self.config)
     self.step_counter = StepCounter()
 
-  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
-    """Logits `[batch, t, vocab]`. decode=True: a cached step (or, with prefill, a prefix).
-
-    `decoder_causal_attention` (T5X's prefix-LM bidirectional inputs) is not supported:
-    this is a causal LM; pass None. `prefill_lengths` must be None (every row of a prefill
-    is the same length: pad prompts on the left).
-    """
-    del decoder_target_tokens, max_decode_length
-    if decoder_causal_attention is not None:  # (a traced array: its values cannot be read)
-      raise ValueError("This decoder is causal; prefix-LM (decoder_causal_attention) inputs "
-                       "are not supported. Use the LM feature converter without "
-                       "bidirectional inputs.")
-    if prefill_lengths is not None:
-      raise ValueError("prefill_lengths is not supported: prefill equal-length prompts "
-                       "(left-pad) and pass prefill=True.")
+  def forward(self, tokens: Array, targets: Optional[Array], segment_ids: Optional[Array],
+              positions: Optional[Array], *, deterministic: bool, decode: bool,
+              prefill: bool) -> Array:
+    """Logits `[batch, t, vocab]`. decode=True: a cached step (or, with prefill, a prefix)."""
+    del targets
     cfg = self.config
-    tokens = decoder_input_tokens
     batch, length = tokens.shape
     x = self.stack.embed(tokens)
     if decode and self.has_variable("cache", "step_counter") and not prefill:
@@ -271,12 +251,12 @@ class Decoder(nn.Module):
       x = self.stack(x, positions, bias, decode=True, cache_index=index)
       return self.stack.logits(x)
     check_positions(cfg, length, "decoder_input_tokens")
-    positions = (decoder_positions if decoder_positions is not None and not decode else
+    positions = (positions if positions is not None and not decode else
                  jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length)))
-    segments = None if decode else decoder_segment_ids
+    segments = None if decode else segment_ids
     bias = causal_bias(positions, segments, cfg.dtype)
     if decode:
       self.step_counter(batch, advance=length if prefill else 0)
     x = self.stack(x, positions, bias, decode=decode, prefill=prefill,
-                   deterministic=not enable_dropout)
+                   deterministic=deterministic)
     return self.stack.logits(x)

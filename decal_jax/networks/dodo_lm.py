@@ -27,7 +27,6 @@ import dataclasses
 import math
 from typing import Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +36,8 @@ from decal_jax.layers import attention as attn
 from decal_jax.layers.caches import AppendCache, RingCache, SegmentCache, StepCounter
 from decal_jax.layers.lora import PerToken
 from decal_jax.networks.decoder import DecoderConfig, DecoderStack, MemoryKV, check_positions
-from decal_jax.networks.dodo import ADAPTERS
+from decal_jax.networks.dodo import with_adapters
+from decal_jax.networks.signatures import DecoderOnlyNetwork
 
 Array = jax.Array
 
@@ -74,8 +74,7 @@ class DodoLMConfig:
 
   @property
   def network_config(self) -> DecoderConfig:
-    adapters = ADAPTERS if self.decoder.lora_rank > 0 else ()
-    return dataclasses.replace(self.decoder, lora_adapters=adapters)
+    return with_adapters(self.decoder)
 
   @property
   def capacity(self) -> int:
@@ -95,7 +94,7 @@ def split_points(positions: Array, config: DodoLMConfig) -> Array:
 
 
 # ----------------------------------------------------------------------------- network
-class DodoLM(nn.Module):
+class DodoLM(DecoderOnlyNetwork):
   """A decoder-only LM (T5X `DecoderOnlyModel` call signature) reading compressed history."""
   config: DodoLMConfig
 
@@ -142,30 +141,16 @@ class DodoLM(nn.Module):
     masked = jnp.where(real, scores, jnp.nan)
     return jax.lax.stop_gradient(jnp.nanquantile(masked, 1.0 - 1.0 / self.config.compression_ratio))
 
-  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
+  def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
+              deterministic: bool, decode: bool, prefill: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True: one cached step)."""
-    del decoder_positions, max_decode_length
-    cfg = self.config
-    if prefill or prefill_lengths is not None:
-      raise ValueError("DodoLM feeds prompts one token at a time through its compressed "
-                       "cache; prefill is not supported.")
-    if decoder_segment_ids is not None or decoder_causal_attention is not None:
-      raise ValueError("DodoLM reads one unpacked causal text per row: use pack=False and "
-                       "no prefix-LM inputs.")
-    tokens = decoder_input_tokens
+    del segment_ids, positions, prefill  # refused by the base class / always 0 .. n-1
     if decode and self.has_variable("cache", "step_counter"):
       return self._step(tokens)
-    batch, n = tokens.shape
-    check_positions(cfg.decoder, n, "decoder_input_tokens")
+    check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
     if decode:  # cache creation: sizes come from the config, not from these dummy inputs
-      self._create_caches(tokens)
-    return self._parallel(tokens, decoder_target_tokens, not enable_dropout)
+      self._create_caches(tokens.shape[0])
+    return self._parallel(tokens, targets, deterministic)
 
   def _parallel(self, tokens, targets, deterministic):
     cfg = self.config
@@ -211,9 +196,8 @@ class DodoLM(nn.Module):
     return memory
 
   # ---------------------------------------------------------------- cached decoding
-  def _create_caches(self, tokens):
-    """Declares every cache variable (sizes come from the config, not from `tokens`)."""
-    batch = tokens.shape[0]
+  def _create_caches(self, batch: int) -> None:
+    """Declares every cache variable (sizes come from the config)."""
     self.step_counter(batch, advance=0)
     for cache in (list(self.scorer_rings) + list(self.rings) + list(self.nugget_caches) +
                   list(self.segment_caches)):

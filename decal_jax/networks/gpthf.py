@@ -31,6 +31,7 @@ from decal_jax.layers import attention as attn
 from decal_jax.layers.caches import AppendCache, SentenceCache
 from decal_jax.layers.core import Array
 from decal_jax.networks.decoder import DecoderConfig, DecoderStack, check_positions
+from decal_jax.networks.signatures import DecoderOnlyNetwork
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ class SentencePosition(nn.Module):
     return current
 
 
-class Gpthf(nn.Module):
+class Gpthf(DecoderOnlyNetwork):
   """GPTHF with T5X `DecoderOnlyModel`'s call signature (`models.DecoderOnlyModel` trains it)."""
   config: GpthfConfig
 
@@ -124,28 +125,16 @@ class Gpthf(nn.Module):
     self.body_caches = [AppendCache(dec.max_length, dec.kv_heads, dec.head_dim, dec.dtype,
                                     name=f"body_cache_{i}") for i in range(body)]
 
-  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
+  def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
+              deterministic: bool, decode: bool, prefill: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True after cache creation: one step)."""
-    del decoder_target_tokens, decoder_positions, max_decode_length
-    if prefill or prefill_lengths is not None:
-      raise ValueError("GPTHF feeds prompts one token at a time through its sentence caches; "
-                       "prefill is not supported.")
-    if decoder_segment_ids is not None or decoder_causal_attention is not None:
-      raise ValueError("GPTHF reads one unpacked causal text per row: use pack=False and no "
-                       "prefix-LM inputs.")
-    tokens = decoder_input_tokens
+    del targets, segment_ids, positions, prefill  # positions come from the sentences
     if decode and self.has_variable("cache", "position"):
       return self._step(tokens)
     check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
     if decode:  # cache creation: sizes come from the config
       self._create_caches(tokens.shape[0])
-    return self._parallel(tokens, not enable_dropout)
+    return self._parallel(tokens, deterministic)
 
   def word_states(self, tokens: Array, deterministic: bool = True):
     """The word-level encoder's output `[batch, n, embed]` and the `SentenceLayout`; a

@@ -27,7 +27,8 @@ from decal_jax.layers import attention as attn
 from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import Array, DenseGeneral, activation, param_with_axes
 from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
-                                        check_positions, check_tokens)
+                                        check_positions)
+from decal_jax.networks.signatures import check_tokens
 
 
 @dataclasses.dataclass(frozen=True)
