@@ -24,6 +24,7 @@ Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus
 capacity (`DodoLMConfig.nugget_capacity`) and the layer count (`layers/caches.py`).
 """
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -144,7 +145,7 @@ class DodoLM(DecoderOnlyNetwork):
   def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
               deterministic: bool, decode: bool, prefill: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True: one cached step)."""
-    del segment_ids, positions, prefill  # refused by the base class / always 0 .. n-1
+    del segment_ids, positions, prefill  # refused by DecoderOnlyNetwork; positions: 0..n-1
     if decode and self.has_variable("cache", "step_counter"):
       return self._step(tokens)
     check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
@@ -223,7 +224,7 @@ class DodoLM(DecoderOnlyNetwork):
       adapter = "decode" if self._lora() else None
 
       def memory(index, block, h):
-        to_kv = lambda states, pos: block.memory_kv(states, pos, adapter)  # noqa: E731
+        to_kv = functools.partial(block.memory_kv, adapter=adapter)
         k, v, valid = self.segment_caches[index](batch, h, position, split, to_kv)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,

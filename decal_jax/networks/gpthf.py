@@ -128,7 +128,7 @@ class Gpthf(DecoderOnlyNetwork):
   def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
               deterministic: bool, decode: bool, prefill: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True after cache creation: one step)."""
-    del targets, segment_ids, positions, prefill  # positions come from the sentences
+    del targets, segment_ids, positions, prefill  # positions: the sentence layout's
     if decode and self.has_variable("cache", "position"):
       return self._step(tokens)
     check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
