@@ -227,6 +227,21 @@ def causal_bias(positions: Array, segment_ids: Optional[Array], dtype) -> Array:
   return attn.mask_to_bias(mask, dtype)
 
 
+def target_steps(counter: StepCounter, stepping: bool, decode: bool, batch: int, length: int,
+                 dtype):
+  """Offsets `[batch, t]` of t target tokens that follow a prefix (Dodo's nuggets, Squid's
+  memory), their self-attention bias and the KV-cache write index. `stepping` (the cache
+  exists): one token at the counter, bias left to the cache; otherwise 0 .. t-1, causal,
+  and a `decode` call creates the counter."""
+  if stepping:
+    offsets, index = counter(batch)  # [batch, 1]
+    return offsets, jnp.zeros((batch, 1, 1, 1), dtype), index
+  offsets = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  if decode:
+    counter(batch, advance=0)
+  return offsets, causal_bias(offsets, None, dtype), None
+
+
 class Decoder(DecoderOnlyNetwork):
   """A plain LLaMA-style LM with T5X `DecoderOnlyModel`'s call signature."""
   config: DecoderConfig

@@ -26,7 +26,7 @@ from decal_jax.layers import attention as attn
 from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import Array, param_with_axes
 from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
-                                        check_positions)
+                                        check_positions, target_steps)
 from decal_jax.networks.signatures import EncoderDecoderNetwork, check_tokens
 
 ADAPTERS = ("compress", "decode")
@@ -157,16 +157,12 @@ class Dodo(EncoderDecoderNetwork):
     batch, length = tokens.shape
     context_length = jnp.sum(encoder_input_tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
     y = self.stack.embed(tokens)  # [batch, t, embed]
-    if decode and self.has_variable("cache", "step_counter"):
-      offsets, index = self.step_counter(batch)  # [batch, 1]
-      self_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
-    else:
+    stepping = decode and self.has_variable("cache", "step_counter")
+    if not stepping:
       check_positions(cfg.decoder, encoder_input_tokens.shape[1] + length,
                       "context + targets")
-      offsets = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-      self_bias, index = causal_bias(offsets, None, cfg.decoder.dtype), None
-      if decode:
-        self.step_counter(batch, advance=0)
+    offsets, self_bias, index = target_steps(self.step_counter, stepping, decode, batch,
+                                             length, cfg.decoder.dtype)  # offsets [b, t]
     if cfg.soft_prompt:  # the first target slot (BOS) carries the learned prompt
       first = (offsets == 0)[..., None]  # [batch, t, 1]
       y = jnp.where(first, jnp.asarray(self.soft_prompt, y.dtype), y)
