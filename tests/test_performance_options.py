@@ -316,7 +316,8 @@ def test_all_options_keep_decal_and_cached_decoding_equal_full_forward():
                            jnp.ones_like(enc), jnp.ones_like(dec_in), jnp.ones_like(dec_in))
   cache = variables["cache"]
   # scanned caches put the layer axis after the batch: [batch, layers, length, heads, kv]
-  assert cache["decoder"]["layers"]["self_attention"]["cached_key"].shape == (2, 2, 6, 2, 8)
+  assert cache["decoder"]["layers"]["self_attention"]["cache"]["cached_key"].shape == (
+      2, 2, 6, 2, 8)
   encoded = _compiled(functools.partial(model.apply, enable_dropout=False, method=model.encode),
                       {"params": mapped}, enc)
   step = jax.jit(functools.partial(model.apply, decode=True, enable_dropout=False,

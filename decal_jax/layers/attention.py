@@ -1,4 +1,17 @@
-"""Multi-head dot-product attention, T5 relative position bias, masks and the KV cache.
+"""Multi-head dot-product attention, T5 relative position bias, masks and RoPE.
+
+Why two attention modules. `MultiHeadAttention` here is T5's; `networks.decoder.Attention`
+is the LLaMA-style decoder's (plain decoder, Dodo, GPTHF, Squid). The arithmetic is one:
+both call `dot_product_attention` below with masks folded into a bias, and both cache
+through `layers.caches.KVCache`. What differs is what their parameters and callers need:
+T5's keeps T5X's parameter paths (`qkv/{query,key,value}` or the fused `qkv_fused` /
+`kv_fused` layouts, `out`), attends across to an encoding as well, takes the relative
+position bias from its caller and runs the fused `jax.nn.dot_product_attention` kernels;
+the decoder's keeps Hugging Face's LLaMA / Qwen2 paths (`query`, `key`, `value`, `out` with
+optional q/k/v biases, which `hf_import` maps tensor by tensor), groups query heads over
+fewer key/value heads, rotates queries and keys (RoPE), switches LoRA adapters per token,
+and prepends memory keys/values (Dodo's nuggets, Squid's prefix) or a caller-owned cache.
+One module would carry both parameter layouts behind flags; two short ones read better.
 
 Conventions: queries/keys/values are `[batch, length, heads, head_dim]`; masks and biases
 broadcast to `[batch, heads, q_length, kv_length]`; a mask is 1 where attention is allowed.
@@ -18,6 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from decal_jax.layers.caches import KVCache
 from decal_jax.layers.core import (Array, DenseGeneral, DType, default_kernel_init,
                                    param_with_axes, with_sharding_constraint)
 
@@ -243,13 +257,12 @@ def output_projection(features: int, dtype: DType, name: str) -> DenseGeneral:
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with an optional autoregressive KV cache.
 
-  With `decode=True` the module keeps `cached_key`/`cached_value` `[batch, max_length,
-  heads, head_dim]` in the `cache` collection, and a scalar `cache_index` unless the caller
-  passes the write position as `cache_index` (the T5 decoder passes its own step counter,
-  which keeps scanned layers' caches free of per-layer scalars). The first call (when the
-  cache does not exist yet) only creates it, from full-length inputs, as T5X's decoding
-  does; every later call takes one new token, writes it at the index and attends over the
-  cached prefix. `bias` / `mask` must then be the rows of that position.
+  With `decode=True` the submodule `cache` (`layers.caches.KVCache`) keeps `cached_key` /
+  `cached_value` `[batch, max_length, heads, head_dim]`, written at `cache_index`, the
+  decoder's step counter (so scanned layers' caches hold no per-layer scalar). The first
+  call (when the cache does not exist yet) only creates it, from full-length inputs, as
+  T5X's decoding does; every later call takes one new token, writes it at the index and
+  attends over the cached prefix. `bias` / `mask` must then be the rows of that position.
   `kernel` picks the attention implementation (see `dot_product_attention`), `fused_qkv`
   the projection layout (see `QKVProjection`).
   """
@@ -267,36 +280,13 @@ class MultiHeadAttention(nn.Module):
     q, k, v = QKVProjection(self.num_heads, self.head_dim, self.dtype, self.fused_qkv,
                             name="qkv")(inputs_q, inputs_kv)
     if decode:
-      k, v, mask = self._update_cache(k, v, mask, cache_index)
+      k, v, filled = KVCache(name="cache")(k, v, cache_index)
+      mask = mask if filled is None else combine_masks(mask, filled)  # written slots only
     dropout_rng = None if deterministic or self.dropout_rate == 0 else self.make_rng("dropout")
     bias, mask = split_bias_and_mask(bias, mask, self.kernel, self.dtype)
     out = dot_product_attention(q, k, v, bias, dropout_rng, self.dropout_rate, deterministic,
                                 self.dtype, mask=mask, kernel=self.kernel)  # [b, q, h, d]
     return output_projection(inputs_q.shape[-1], self.dtype, "out")(out)
-
-  def _update_cache(self, key: Array, value: Array, mask: Optional[Array],
-                    cache_index: Optional[Array]):
-    is_initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    own_index = None
-    if cache_index is None:
-      own_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not is_initialized:
-      return key, value, mask  # cache creation pass: plain attention over the dummy inputs
-    batch, max_length, heads, head_dim = cached_key.value.shape
-    if key.shape != (batch, 1, heads, head_dim):
-      raise ValueError(f"Cached decoding takes one token per step: expected key shape "
-                       f"{(batch, 1, heads, head_dim)}, got {key.shape}.")
-    index = own_index.value if own_index is not None else cache_index
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
-                                                      (0, index, 0, 0))
-    if own_index is not None:
-      own_index.value = index + 1
-    # Only the filled prefix (positions <= index) may be attended to.
-    filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
-    return cached_key.value, cached_value.value, combine_masks(mask, filled)
 
 
 # ------------------------------------------------------------------ rotary embeddings

@@ -16,13 +16,14 @@ import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import KVCache, StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
 from decal_jax.layers.lora import LoraDense
+from decal_jax.networks.signatures import DecoderOnlyNetwork
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +74,6 @@ class MemoryKV(NamedTuple):
   bias: Array    # [batch, 1, 1 | q, k]: validity (0 / NEG_INF) + straight-through term
 
 
-def check_tokens(tokens: Array, name: str) -> Array:
-  """Token ids must be `[batch, length]`; returns them."""
-  if tokens.ndim != 2:
-    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
-  return tokens
-
-
 def check_positions(config: DecoderConfig, needed: int, what: str) -> None:
   if needed > config.max_length:
     raise ValueError(f"{what} needs {needed} positions but the model accepts "
@@ -90,10 +84,11 @@ def check_positions(config: DecoderConfig, needed: int, what: str) -> None:
 class Attention(nn.Module):
   """Grouped-query self-attention with RoPE, optional LoRA, memory and a KV cache.
 
-  With `decode=True` the first call (no cache yet) creates `cached_key`/`cached_value`
-  `[batch, max_length, kv_heads, head_dim]` from full-length inputs; `prefill=True` writes
-  the whole given prefix at once; later calls take one token each, written at the shared
-  `cache_index` that the network advances.
+  With `decode=True` the first call (no cache yet) creates the submodule `cache`
+  (`layers.caches.KVCache`: `cached_key`/`cached_value` `[batch, max_length, kv_heads,
+  head_dim]`) from full-length inputs; `prefill=True` writes the whole given prefix at once;
+  later calls take one token each, written at the shared `cache_index` that the network
+  advances.
   """
   config: DecoderConfig
 
@@ -112,7 +107,7 @@ class Attention(nn.Module):
     self.value = proj(cfg.kv_heads, "value")
     self.out = LoraDense(cfg.emb_dim, ("heads", "kv", "embed"), adapters("out"),
                          cfg.lora_rank, cfg.lora_alpha, contract_dims=2, dtype=cfg.dtype)
-    self.cache = KVCache(cfg.max_length, cfg.dtype)
+    self.cache = KVCache(cfg.max_length)
 
   def key_value(self, x: Array, positions: Array, adapter: Optional[str] = None):
     """`[batch, n, embed]` (already normed) -> RoPE'd keys and values `[batch, n, kv, d]`."""
@@ -131,7 +126,9 @@ class Attention(nn.Module):
     if kv_hook is not None:
       keys, values, bias = kv_hook(keys, values, bias)
     elif decode:
-      keys, values, bias = self.cache(keys, values, bias, prefill, cache_index)
+      keys, values, filled = self.cache(keys, values, cache_index, prefill)
+      if filled is not None:  # a step: only the slots written so far
+        bias = attn.combine_biases(bias, attn.mask_to_bias(filled, cfg.dtype))
     if memory is not None:
       keys = jnp.concatenate([memory.keys.astype(keys.dtype), keys], axis=1)  # [b, k+s, kv, d]
       values = jnp.concatenate([memory.values.astype(values.dtype), values], axis=1)
@@ -145,36 +142,6 @@ class Attention(nn.Module):
     out = attn.dot_product_attention(query, keys, values, bias, dtype=cfg.dtype)
     out = with_sharding_constraint(out, ("batch", "length", "heads", "kv"))
     return self.out(out, adapter)  # [batch, t, embed]
-
-class KVCache(nn.Module):
-  """One layer's `cached_key` / `cached_value` `[batch, max_length, kv_heads, head_dim]`."""
-  max_length: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, keys, values, bias, prefill, cache_index):
-    """-> (keys, values, bias) to attend over. Without a cache yet (and no prefill) this is
-    the creation pass: the cache takes the inputs' shape and attention is plain."""
-    initialized = self.has_variable("cache", "cached_key")
-    batch, length, kv_heads, head_dim = keys.shape
-    shape = (batch, self.max_length if prefill else length, kv_heads, head_dim)
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, keys.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, values.dtype)
-    if not initialized and not prefill:
-      return keys, values, bias
-    if prefill:  # write the prefix [0, length) and attend within it
-      cached_key.value = cached_key.value.at[:, :length].set(keys)
-      cached_value.value = cached_value.value.at[:, :length].set(values)
-      return keys, values, bias
-    if length != 1:
-      raise ValueError(f"Cached decoding takes one token per step, got {length}.")
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, keys,
-                                                    (0, cache_index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, values,
-                                                      (0, cache_index, 0, 0))
-    filled = (jnp.arange(cached_key.value.shape[1]) <= cache_index)[None, None, None, :]
-    step_bias = attn.mask_to_bias(filled.astype(jnp.float32), self.dtype)
-    return cached_key.value, cached_value.value, attn.combine_biases(bias, step_bias)
 
 
 class DecoderBlock(nn.Module):
@@ -260,50 +227,37 @@ def causal_bias(positions: Array, segment_ids: Optional[Array], dtype) -> Array:
   return attn.mask_to_bias(mask, dtype)
 
 
-class StepCounter(nn.Module):
-  """The shared `cache_index` of cached decoding (T5X's decoders leave leaves of that name
-  alone when they expand or reorder beams)."""
+def target_steps(counter: StepCounter, stepping: bool, decode: bool, batch: int, length: int,
+                 dtype):
+  """Offsets `[batch, t]` of t target tokens that follow a prefix (Dodo's nuggets, Squid's
+  memory), their self-attention bias and the KV-cache write index. `stepping` (the cache
+  exists): one token at the counter, bias left to the cache; otherwise 0 .. t-1, causal,
+  and a `decode` call creates the counter."""
+  if stepping:
+    offsets, index = counter(batch)  # [batch, 1]
+    return offsets, jnp.zeros((batch, 1, 1, 1), dtype), index
+  offsets = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  if decode:
+    counter(batch, advance=0)
+  return offsets, causal_bias(offsets, None, dtype), None
 
-  @nn.compact
-  def __call__(self, batch: int, advance: int = 1):
-    """-> (this step's offset `[batch, 1]`, the index before advancing)."""
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    current = index.value
-    index.value = current + advance
-    return jnp.full((batch, 1), current, jnp.int32), current
 
-
-class Decoder(nn.Module):
+class Decoder(DecoderOnlyNetwork):
   """A plain LLaMA-style LM with T5X `DecoderOnlyModel`'s call signature."""
   config: DecoderConfig
+  takes_packed_inputs = True
+  takes_prefill = True  # equal-length prompts: pad them on the left
 
   def setup(self):
     self.stack = DecoderStack(self.config)
     self.step_counter = StepCounter()
 
-  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
-    """Logits `[batch, t, vocab]`. decode=True: a cached step (or, with prefill, a prefix).
-
-    `decoder_causal_attention` (T5X's prefix-LM bidirectional inputs) is not supported:
-    this is a causal LM; pass None. `prefill_lengths` must be None (every row of a prefill
-    is the same length: pad prompts on the left).
-    """
-    del decoder_target_tokens, max_decode_length
-    if decoder_causal_attention is not None:  # (a traced array: its values cannot be read)
-      raise ValueError("This decoder is causal; prefix-LM (decoder_causal_attention) inputs "
-                       "are not supported. Use the LM feature converter without "
-                       "bidirectional inputs.")
-    if prefill_lengths is not None:
-      raise ValueError("prefill_lengths is not supported: prefill equal-length prompts "
-                       "(left-pad) and pass prefill=True.")
+  def forward(self, tokens: Array, targets: Optional[Array], segment_ids: Optional[Array],
+              positions: Optional[Array], *, deterministic: bool, decode: bool,
+              prefill: bool) -> Array:
+    """Logits `[batch, t, vocab]`. decode=True: a cached step (or, with prefill, a prefix)."""
+    del targets
     cfg = self.config
-    tokens = decoder_input_tokens
     batch, length = tokens.shape
     x = self.stack.embed(tokens)
     if decode and self.has_variable("cache", "step_counter") and not prefill:
@@ -312,12 +266,12 @@ class Decoder(nn.Module):
       x = self.stack(x, positions, bias, decode=True, cache_index=index)
       return self.stack.logits(x)
     check_positions(cfg, length, "decoder_input_tokens")
-    positions = (decoder_positions if decoder_positions is not None and not decode else
+    positions = (positions if positions is not None and not decode else
                  jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length)))
-    segments = None if decode else decoder_segment_ids
+    segments = None if decode else segment_ids
     bias = causal_bias(positions, segments, cfg.dtype)
     if decode:
       self.step_counter(batch, advance=length if prefill else 0)
     x = self.stack(x, positions, bias, decode=decode, prefill=prefill,
-                   deterministic=not enable_dropout)
+                   deterministic=deterministic)
     return self.stack.logits(x)

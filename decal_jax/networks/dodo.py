@@ -23,11 +23,18 @@ import jax.numpy as jnp
 
 from decal_jax.compress import nuggets as nug
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import Array, param_with_axes
 from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, causal_bias,
-                                        check_positions, check_tokens, StepCounter)
+                                        check_positions, target_steps)
+from decal_jax.networks.signatures import EncoderDecoderNetwork, check_tokens
 
 ADAPTERS = ("compress", "decode")
+
+
+def with_adapters(decoder: DecoderConfig) -> DecoderConfig:
+  """The decoder with Dodo's two adapters when LoRA is on (rank > 0)."""
+  return dataclasses.replace(decoder, lora_adapters=ADAPTERS if decoder.lora_rank > 0 else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +58,7 @@ class DodoConfig:
 
   @property
   def network_config(self) -> DecoderConfig:
-    """The decoder with Dodo's two adapters when LoRA is on (rank > 0)."""
-    adapters = ADAPTERS if self.decoder.lora_rank > 0 else ()
-    return dataclasses.replace(self.decoder, lora_adapters=adapters)
+    return with_adapters(self.decoder)
 
   @property
   def vocab_size(self) -> int:
@@ -70,7 +75,7 @@ class Nuggets(NamedTuple):
   indices: Array    # [batch, k] int32 kept token indices (segment end: compressive)
 
 
-class Dodo(nn.Module):
+class Dodo(EncoderDecoderNetwork):
   config: DodoConfig
 
   def setup(self):
@@ -152,16 +157,12 @@ class Dodo(nn.Module):
     batch, length = tokens.shape
     context_length = jnp.sum(encoder_input_tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
     y = self.stack.embed(tokens)  # [batch, t, embed]
-    if decode and self.has_variable("cache", "step_counter"):
-      offsets, index = self.step_counter(batch)  # [batch, 1]
-      self_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
-    else:
+    stepping = decode and self.has_variable("cache", "step_counter")
+    if not stepping:
       check_positions(cfg.decoder, encoder_input_tokens.shape[1] + length,
                       "context + targets")
-      offsets = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-      self_bias, index = causal_bias(offsets, None, cfg.decoder.dtype), None
-      if decode:
-        self.step_counter(batch, advance=0)
+    offsets, self_bias, index = target_steps(self.step_counter, stepping, decode, batch,
+                                             length, cfg.decoder.dtype)  # offsets [b, t]
     if cfg.soft_prompt:  # the first target slot (BOS) carries the learned prompt
       first = (offsets == 0)[..., None]  # [batch, t, 1]
       y = jnp.where(first, jnp.asarray(self.soft_prompt, y.dtype), y)
@@ -173,18 +174,3 @@ class Dodo(nn.Module):
     y = self.stack(y, positions, self_bias, memories, self._adapter("decode"), decode=decode,
                    cache_index=index, deterministic=not enable_dropout)
     return self.stack.logits(y)
-
-  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
-               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
-               decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
-    """Teacher-forced logits `[batch, t, vocab]`."""
-    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                          enable_dropout=enable_dropout)
-    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
-                       decoder_positions, enable_dropout=enable_dropout, decode=decode,
-                       max_decode_length=max_decode_length, prefill=prefill,
-                       prefill_lengths=prefill_lengths)
-

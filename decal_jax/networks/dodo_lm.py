@@ -20,23 +20,25 @@ parallel pass with a structured mask.
   model with its context cut to the same number of states).
 
 Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus the nuggets'
-(or the pooled segments'), not the whole history: `cache_bytes` reports what it holds.
+(or the pooled segments'), not the whole history: its size is fixed by τ, the nugget
+capacity (`DodoLMConfig.nugget_capacity`) and the layer count (`layers/caches.py`).
 """
 import dataclasses
+import functools
 import math
-from typing import Any, Optional
+from typing import Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from decal_jax.compress import nuggets as nug
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import AppendCache, RingCache, SegmentCache, StepCounter
 from decal_jax.layers.lora import PerToken
-from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, StepCounter,
-                                        check_positions)
-from decal_jax.networks.dodo import ADAPTERS
+from decal_jax.networks.decoder import DecoderConfig, DecoderStack, MemoryKV, check_positions
+from decal_jax.networks.dodo import with_adapters
+from decal_jax.networks.signatures import DecoderOnlyNetwork
 
 Array = jax.Array
 
@@ -73,8 +75,7 @@ class DodoLMConfig:
 
   @property
   def network_config(self) -> DecoderConfig:
-    adapters = ADAPTERS if self.decoder.lora_rank > 0 else ()
-    return dataclasses.replace(self.decoder, lora_adapters=adapters)
+    return with_adapters(self.decoder)
 
   @property
   def capacity(self) -> int:
@@ -93,97 +94,8 @@ def split_points(positions: Array, config: DodoLMConfig) -> Array:
   return jnp.maximum(0, (positions // c) * c + c - tau)
 
 
-# ------------------------------------------------------------------------ decode caches
-# Each cache module declares its variables from `batch` alone, so the cache-creation pass
-# calls it with just that; a decode step also passes the token's values.
-class RingCache(nn.Module):
-  """The last τ tokens' keys/values of one layer (slot = position mod τ)."""
-  size: int
-  kv_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, batch, keys=None, values=None, position=None, split=None):
-    """keys/values `[b, 1, kv, d]` of the token at `position` -> ring keys, values and its
-    validity `[b, size]` for a query whose split point is `split`."""
-    shape = (batch, self.size, self.kv_heads, self.head_dim)
-    ring_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
-    ring_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
-    ring_pos = self.variable("cache", "positions",
-                             lambda: jnp.full((batch, self.size), -1, jnp.int32))
-    if keys is None:
-      return None
-    slot = position % self.size
-    ring_k.value = jax.lax.dynamic_update_slice(ring_k.value, keys, (0, slot, 0, 0))
-    ring_v.value = jax.lax.dynamic_update_slice(ring_v.value, values, (0, slot, 0, 0))
-    ring_pos.value = jax.lax.dynamic_update_slice(
-        ring_pos.value, jnp.full((batch, 1), position, jnp.int32), (0, slot))
-    valid = (ring_pos.value >= split) & (ring_pos.value <= position)  # [b, size]
-    return ring_k.value, ring_v.value, valid
-
-
-class NuggetCache(nn.Module):
-  """The nuggets' keys/values of one layer: row b appends at its own count."""
-  capacity: int
-  kv_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, batch, keys=None, values=None, position=None, split=None,
-               is_nugget=None):
-    """is_nugget `[b]` -> all nugget keys, values and validity `[b, capacity]`."""
-    shape = (batch, self.capacity, self.kv_heads, self.head_dim)
-    cache_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
-    cache_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
-    cache_pos = self.variable("cache", "positions",
-                              lambda: jnp.full((batch, self.capacity), -1, jnp.int32))
-    count = self.variable("cache", "count", lambda: jnp.zeros((batch,), jnp.int32))
-    if keys is None:
-      return None
-    write = (jax.nn.one_hot(jnp.minimum(count.value, self.capacity - 1), self.capacity,
-                            dtype=bool) & is_nugget[:, None])  # [b, capacity]
-    cache_k.value = jnp.where(write[:, :, None, None], keys, cache_k.value)
-    cache_v.value = jnp.where(write[:, :, None, None], values, cache_v.value)
-    cache_pos.value = jnp.where(write, position, cache_pos.value)
-    count.value = count.value + is_nugget.astype(jnp.int32)
-    valid = (cache_pos.value >= 0) & (cache_pos.value < split)
-    return cache_k.value, cache_v.value, valid
-
-
-class SegmentCache(nn.Module):
-  """Compressive baseline, one layer: the running sum of the current segment's states and
-  the pooled keys/values of every finished segment."""
-  ratio: int
-  slots: int
-  config: DecoderConfig
-
-  @nn.compact
-  def __call__(self, batch, block=None, x=None, position=None, split=None, adapter=None):
-    cfg = self.config
-    shape = (batch, self.slots, cfg.kv_heads, cfg.head_dim)
-    running = self.variable("cache", "running_sum", jnp.zeros, (batch, cfg.emb_dim),
-                            jnp.float32)
-    pooled_k = self.variable("cache", "keys", jnp.zeros, shape, cfg.dtype)
-    pooled_v = self.variable("cache", "values", jnp.zeros, shape, cfg.dtype)
-    if x is None:
-      return None
-    total = running.value + x[:, 0].astype(jnp.float32)
-    finished = (position + 1) % self.ratio == 0
-    mean = (total / self.ratio).astype(x.dtype)[:, None]  # [b, 1, e]
-    keys, values = block.memory_kv(mean, jnp.full((batch, 1), position, jnp.int32), adapter)
-    slot = position // self.ratio
-    write = (jnp.arange(self.slots) == slot)[None, :, None, None] & finished
-    pooled_k.value = jnp.where(write, keys, pooled_k.value)
-    pooled_v.value = jnp.where(write, values, pooled_v.value)
-    running.value = jnp.where(finished, 0.0, total)
-    valid = (jnp.arange(self.slots) + 1) * self.ratio <= split  # [slots]
-    return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (batch, self.slots))
-
-
 # ----------------------------------------------------------------------------- network
-class DodoLM(nn.Module):
+class DodoLM(DecoderOnlyNetwork):
   """A decoder-only LM (T5X `DecoderOnlyModel` call signature) reading compressed history."""
   config: DodoLMConfig
 
@@ -199,11 +111,11 @@ class DodoLM(nn.Module):
     self.rings = [RingCache(cfg.window, *shape) for _ in range(layers)]
     self.nugget_caches, self.segment_caches = [], []
     if cfg.selection == "nuggets":
-      self.nugget_caches = [NuggetCache(cfg.capacity, *shape) for _ in range(layers)]
+      self.nugget_caches = [AppendCache(cfg.capacity, *shape) for _ in range(layers)]
     elif cfg.selection == "compressive":
       slots = math.ceil(dec.max_length / cfg.compression_ratio)
-      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots, dec)
-                             for _ in range(layers)]
+      self.segment_caches = [SegmentCache(int(cfg.compression_ratio), slots, dec.emb_dim,
+                                          *shape) for _ in range(layers)]
 
   def _lora(self) -> bool:
     return bool(self.config.network_config.lora_adapters)
@@ -230,30 +142,16 @@ class DodoLM(nn.Module):
     masked = jnp.where(real, scores, jnp.nan)
     return jax.lax.stop_gradient(jnp.nanquantile(masked, 1.0 - 1.0 / self.config.compression_ratio))
 
-  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
+  def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
+              deterministic: bool, decode: bool, prefill: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True: one cached step)."""
-    del decoder_positions, max_decode_length
-    cfg = self.config
-    if prefill or prefill_lengths is not None:
-      raise ValueError("DodoLM feeds prompts one token at a time through its compressed "
-                       "cache; prefill is not supported.")
-    if decoder_segment_ids is not None or decoder_causal_attention is not None:
-      raise ValueError("DodoLM reads one unpacked causal text per row: use pack=False and "
-                       "no prefix-LM inputs.")
-    tokens = decoder_input_tokens
+    del segment_ids, positions, prefill  # refused by DecoderOnlyNetwork; positions: 0..n-1
     if decode and self.has_variable("cache", "step_counter"):
       return self._step(tokens)
-    batch, n = tokens.shape
-    check_positions(cfg.decoder, n, "decoder_input_tokens")
+    check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
     if decode:  # cache creation: sizes come from the config, not from these dummy inputs
-      self._create_caches(tokens)
-    return self._parallel(tokens, decoder_target_tokens, not enable_dropout)
+      self._create_caches(tokens.shape[0])
+    return self._parallel(tokens, targets, deterministic)
 
   def _parallel(self, tokens, targets, deterministic):
     cfg = self.config
@@ -276,7 +174,7 @@ class DodoLM(nn.Module):
       x = self.stack(x, positions, bias, memories, adapter, deterministic=deterministic)
       return self.stack.logits(x)
     scores = self.scores(tokens)  # [b, n]
-    is_nugget = real & (scores > self.threshold(scores, real))  # [b, n]
+    is_nugget = nug.select_threshold(scores, real, self.threshold(scores, real))  # [b, n]
     to_nugget = is_nugget[:, None, :] & before_split[None]  # [b, n (query), n]
     allowed = window | to_nugget
     bias = (attn.mask_to_bias(allowed.astype(jnp.float32))
@@ -299,9 +197,8 @@ class DodoLM(nn.Module):
     return memory
 
   # ---------------------------------------------------------------- cached decoding
-  def _create_caches(self, tokens):
-    """Declares every cache variable (sizes come from the config, not from `tokens`)."""
-    batch = tokens.shape[0]
+  def _create_caches(self, batch: int) -> None:
+    """Declares every cache variable (sizes come from the config)."""
     self.step_counter(batch, advance=0)
     for cache in (list(self.scorer_rings) + list(self.rings) + list(self.nugget_caches) +
                   list(self.segment_caches)):
@@ -327,7 +224,8 @@ class DodoLM(nn.Module):
       adapter = "decode" if self._lora() else None
 
       def memory(index, block, h):
-        k, v, valid = self.segment_caches[index](batch, block, h, position, split, adapter)
+        to_kv = functools.partial(block.memory_kv, adapter=adapter)
+        k, v, valid = self.segment_caches[index](batch, h, position, split, to_kv)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,
                      adapter, kv_hooks=[ring_hook(r) for r in self.rings])
@@ -356,7 +254,7 @@ class DodoLM(nn.Module):
     return self.stack.logits(x)
 
 
-# ------------------------------------------------------------------ calibration / cache size
+# --------------------------------------------------------------------------- calibration
 def calibrate_threshold(module: DodoLM, params, token_batches) -> float:
   """Λ from sample text: the (1 - 1/r) quantile of the scorer's outputs on real tokens.
 

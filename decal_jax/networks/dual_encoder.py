@@ -18,7 +18,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from decal_jax.layers.core import Array, DenseGeneral, Embed, with_sharding_constraint
-from decal_jax.networks.t5 import Encoder, T5Config, _check_tokens
+from decal_jax.networks.signatures import check_tokens
+from decal_jax.networks.t5 import Encoder, T5Config
 
 POOLINGS = ("multi", "mean")
 
@@ -101,7 +102,7 @@ class DualEncoder(nn.Module):
   def encode(self, tokens: Array, side: str = "passage", *,
              enable_dropout: bool = False) -> Encoded:
     """tokens `[batch, n]` -> Encoded(vectors `[batch, m, d]`, valid `[batch, m]`)."""
-    _check_tokens(tokens, f"{side} tokens")
+    check_tokens(tokens, f"{side} tokens")
     x, valid = self.encoder(tokens, deterministic=not enable_dropout,
                             compression_ratio=self.config.ratio(side))  # [batch, m, embed]
     if self.config.projection_dim is not None:

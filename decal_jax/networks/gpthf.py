@@ -21,16 +21,17 @@ closes), the body keys/values of every finished sentence, and the sentence count
 current token passes through the encoder.
 """
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import AppendCache, SentenceCache
 from decal_jax.layers.core import Array
 from decal_jax.networks.decoder import DecoderConfig, DecoderStack, check_positions
-from decal_jax.networks.dodo_lm import NuggetCache
+from decal_jax.networks.signatures import DecoderOnlyNetwork
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,28 +94,6 @@ def body_mask(layout: SentenceLayout) -> Array:
   return (finished | jnp.eye(n, dtype=bool)[None])[:, None]
 
 
-class SentenceCache(nn.Module):
-  """One encoder layer's keys/values of the current sentence: row b writes at its place."""
-  slots: int
-  kv_heads: int
-  head_dim: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, batch, keys=None, values=None, place=None):
-    """keys/values `[b, 1, kv, d]` of the token at `place` `[b]` -> slots and validity."""
-    shape = (batch, self.slots, self.kv_heads, self.head_dim)
-    cache_k = self.variable("cache", "keys", jnp.zeros, shape, self.dtype)
-    cache_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
-    if keys is None:
-      return None
-    write = jax.nn.one_hot(place, self.slots, dtype=bool)[:, :, None, None]  # [b, slots, 1, 1]
-    cache_k.value = jnp.where(write, keys, cache_k.value)
-    cache_v.value = jnp.where(write, values, cache_v.value)
-    valid = jnp.arange(self.slots)[None, :] <= place[:, None]  # [b, slots]
-    return cache_k.value, cache_v.value, valid
-
-
 class SentencePosition(nn.Module):
   """Per row `[batch]`: the next token's place in its sentence and its sentence index."""
 
@@ -131,7 +110,7 @@ class SentencePosition(nn.Module):
     return current
 
 
-class Gpthf(nn.Module):
+class Gpthf(DecoderOnlyNetwork):
   """GPTHF with T5X `DecoderOnlyModel`'s call signature (`models.DecoderOnlyModel` trains it)."""
   config: GpthfConfig
 
@@ -143,31 +122,19 @@ class Gpthf(nn.Module):
                                           dec.dtype, name=f"sentence_cache_{i}")
                             for i in range(enc)]
     self.position = SentencePosition()
-    self.body_caches = [NuggetCache(dec.max_length, dec.kv_heads, dec.head_dim, dec.dtype,
+    self.body_caches = [AppendCache(dec.max_length, dec.kv_heads, dec.head_dim, dec.dtype,
                                     name=f"body_cache_{i}") for i in range(body)]
 
-  def __call__(self, decoder_input_tokens: Array, decoder_target_tokens: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
+  def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
+              deterministic: bool, decode: bool, prefill: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True after cache creation: one step)."""
-    del decoder_target_tokens, decoder_positions, max_decode_length
-    if prefill or prefill_lengths is not None:
-      raise ValueError("GPTHF feeds prompts one token at a time through its sentence caches; "
-                       "prefill is not supported.")
-    if decoder_segment_ids is not None or decoder_causal_attention is not None:
-      raise ValueError("GPTHF reads one unpacked causal text per row: use pack=False and no "
-                       "prefix-LM inputs.")
-    tokens = decoder_input_tokens
+    del targets, segment_ids, positions, prefill  # positions: the sentence layout's
     if decode and self.has_variable("cache", "position"):
       return self._step(tokens)
     check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
     if decode:  # cache creation: sizes come from the config
       self._create_caches(tokens.shape[0])
-    return self._parallel(tokens, not enable_dropout)
+    return self._parallel(tokens, deterministic)
 
   def word_states(self, tokens: Array, deterministic: bool = True):
     """The word-level encoder's output `[batch, n, embed]` and the `SentenceLayout`; a

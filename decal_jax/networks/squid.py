@@ -24,9 +24,11 @@ import jax.numpy as jnp
 
 from decal_jax.compress.memory import MemoryTokens
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import Array, DenseGeneral, activation, param_with_axes
-from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV, StepCounter,
-                                        causal_bias, check_positions, check_tokens)
+from decal_jax.networks.decoder import (DecoderConfig, DecoderStack, MemoryKV,
+                                        check_positions, target_steps)
+from decal_jax.networks.signatures import check_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,15 +210,11 @@ class Squid(nn.Module):
     cfg = self.config.large
     tokens = check_tokens(decoder_input_tokens, "decoder_input_tokens")
     batch, length = tokens.shape
-    if decode and self.has_variable("cache", "step_counter"):
-      offsets, index = self.step_counter(batch)  # [batch, 1]
-      self_bias = jnp.zeros((batch, 1, 1, 1), cfg.dtype)  # the cache masks unwritten slots
-    else:
+    stepping = decode and self.has_variable("cache", "step_counter")
+    if not stepping:
       check_positions(cfg, encoded.valid.shape[1] + length, "memory + query + answer")
-      offsets = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-      self_bias, index = causal_bias(offsets, None, cfg.dtype), None
-      if decode:
-        self.step_counter(batch, advance=0)
+    offsets, self_bias, index = target_steps(self.step_counter, stepping, decode, batch,
+                                             length, cfg.dtype)  # offsets [batch, t]
     prefix_bias = attn.mask_to_bias(encoded.valid.astype(jnp.float32),
                                     cfg.dtype)[:, None, None, :]  # [b, 1, 1, P]
     memories = [MemoryKV(encoded.keys[:, i], encoded.values[:, i], prefix_bias)

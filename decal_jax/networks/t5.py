@@ -32,8 +32,10 @@ from decal_jax.compress.latents import (DecalLatents, LatentConfig, fixed_window
                                         latent_layout)
 from decal_jax.compress.memory import MemoryTokens
 from decal_jax.layers import attention as attn
+from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
+from decal_jax.networks.signatures import EncoderDecoderNetwork, check_tokens
 
 # nn.remat policies by name (T5Config.remat_policy): what each layer keeps for the backward
 # pass; everything else is recomputed. 'none' = no remat (keep everything).
@@ -168,6 +170,13 @@ def layer_stack(layer_cls, cfg: T5Config, num_layers: int, carry: Array, *args,
   return carry
 
 
+def _layer_output(x: Array, scanned: bool):
+  """A layer's output `[batch, length, embed]`, sharded as the residual stream; under
+  `nn.scan` the (carry, per-layer output) pair `(x, None)`."""
+  x = with_sharding_constraint(x, ("batch", "length", "embed"))
+  return (x, None) if scanned else x
+
+
 # ------------------------------------------------------------------------------ encoder
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention + gated MLP. With `separate_latent_params`, the first
@@ -213,8 +222,7 @@ class EncoderLayer(nn.Module):
     parts = [p + dropout(g["mlp"](g["pre_mlp_norm"](p), deterministic), deterministic)
              for g, p in zip(groups, parts)]
     x = parts[0] if split == 0 else jnp.concatenate(parts, axis=1)
-    x = with_sharding_constraint(x, ("batch", "length", "embed"))
-    return (x, None) if self.scanned else x
+    return _layer_output(x, self.scanned)
 
 
 class Encoder(nn.Module):
@@ -344,8 +352,7 @@ class DecoderLayer(nn.Module):
     h = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, cfg.dtype, name="mlp")(
         h, deterministic)
     y = y + dropout(h, deterministic)
-    y = with_sharding_constraint(y, ("batch", "length", "embed"))
-    return (y, None) if self.scanned else y
+    return _layer_output(y, self.scanned)
 
 
 class Decoder(nn.Module):
@@ -398,16 +405,13 @@ class Decoder(nn.Module):
     batch, length = tokens.shape
     write_index = None
     if decode:
-      # `cache_index` is the step counter (T5X's beam search leaves leaves of that name
-      # alone); `key_positions` `[batch, max_length]` keeps the cache length static.
-      is_initialized = self.has_variable("cache", "cache_index")
-      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      # `key_positions` `[batch, max_length]` keeps the cache length static.
+      is_initialized = self.has_variable("cache", "step_counter")
       key_positions = self.variable("cache", "key_positions", lambda: jnp.broadcast_to(
           jnp.arange(length, dtype=jnp.int32), (batch, length)))
-      write_index = index.value
+      query_pos, write_index = StepCounter(name="step_counter")(
+          batch, advance=1 if is_initialized else 0)
       if is_initialized:
-        query_pos = jnp.full((key_positions.value.shape[0], 1), write_index, jnp.int32)
-        index.value = write_index + 1
         return query_pos, key_positions.value, None, write_index
     pos = _positions_or_default(tokens, positions)
     mask = attn.combine_masks(attn.make_causal_mask(pos), _segment_mask(segment_ids, segment_ids))
@@ -415,7 +419,7 @@ class Decoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------- the model
-class Transformer(nn.Module):
+class Transformer(EncoderDecoderNetwork):
   """T5.1.1 encoder-decoder with optional DeCAL compression (T5X-compatible signatures)."""
   config: T5Config
 
@@ -428,7 +432,7 @@ class Transformer(nn.Module):
   def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *,
              enable_dropout: bool = True) -> Array:
     """`[batch, n]` tokens -> `[batch, m, embed]` encoding (m = ceil(n / C))."""
-    _check_tokens(encoder_input_tokens, "encoder_input_tokens")
+    check_tokens(encoder_input_tokens, "encoder_input_tokens")
     encoded, _ = self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                               deterministic=not enable_dropout)
     return encoded
@@ -455,22 +459,3 @@ class Transformer(nn.Module):
                         decoder_segment_ids if not decode else None,
                         decoder_positions if not decode else None,
                         deterministic=not enable_dropout, decode=decode)
-
-  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
-               decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None, prefill: bool = False,
-               prefill_lengths: Optional[Array] = None) -> Array:
-    """Teacher-forced logits `[batch, t, vocab]`."""
-    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                          enable_dropout=enable_dropout)
-    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
-                       decoder_positions, enable_dropout=enable_dropout, decode=decode,
-                       max_decode_length=max_decode_length, prefill=prefill,
-                       prefill_lengths=prefill_lengths)
-
-
-def _check_tokens(tokens: Array, name: str) -> None:
-  if tokens.ndim != 2:
-    raise ValueError(f"{name} must be [batch, length] token ids, got shape {tokens.shape}.")
