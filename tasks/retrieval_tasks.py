@@ -57,7 +57,7 @@ import seqio
 import tensorflow as tf
 
 from decal_jax.data import local_files, text_to_text, vocabularies
-from decal_jax.retrieval import beir
+from decal_jax.retrieval import beir, msmarco
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import PreparedTfdsSource
 
@@ -155,12 +155,12 @@ class MsMarcoLocalSource(TextExamplesSource):
       raise ValueError(f"MS MARCO splits are {MSMARCO_SPLITS} ('validation' is dev), got "
                        f"{split!r}.")
     if self.triples and split == "train":
-      beir.msmarco_triples(self.folder)  # finds the files now: a missing one fails here
-      return (lambda: beir.msmarco_triples(self.folder)), None
-    beir.msmarco_pairs(self.folder, split)  # likewise
+      msmarco.triples(self.folder)  # finds the files now: a missing one fails here
+      return (lambda: msmarco.triples(self.folder)), None
+    msmarco.pairs(self.folder, split)  # likewise
     if self.triples:
-      return (lambda: other_query_negatives(beir.msmarco_pairs(self.folder, split))), None
-    return (lambda: beir.msmarco_pairs(self.folder, split)), None
+      return (lambda: other_query_negatives(msmarco.pairs(self.folder, split))), None
+    return (lambda: msmarco.pairs(self.folder, split)), None
 
 
 def other_query_negatives(pairs: Iterable[Tuple[str, str]]) -> List[Tuple[str, str, str]]:
@@ -215,8 +215,8 @@ class MsMarcoSource(local_files.DeferredSource):
 
   def _where_to_put_files(self) -> str:
     directory = downstream_tasks.local_data()[0] or "<dir>"
-    files = (f"{beir.MSMARCO_TEXT_TRIPLES} (query<TAB>positive<TAB>negative) or "
-             f"{beir.MSMARCO_ID_TRIPLES} with collection.tsv and queries.train.tsv; for "
+    files = (f"{msmarco.TEXT_TRIPLES} (query<TAB>positive<TAB>negative) or "
+             f"{msmarco.ID_TRIPLES} with collection.tsv and queries.train.tsv; for "
              "validation also queries.dev.tsv and qrels.dev.tsv" if self.triples else
              "collection.tsv, queries.train.tsv, queries.dev.tsv, qrels.train.tsv, "
              "qrels.dev.tsv")

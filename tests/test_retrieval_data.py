@@ -21,7 +21,7 @@ import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import gin_utils
 from decal_jax.data import corpus as builtin_corpus
 from decal_jax.data import vocabularies
-from decal_jax.retrieval import beir
+from decal_jax.retrieval import beir, msmarco
 from decal_jax.tasks import retrieval_tasks
 
 DATA_DIR = pathlib.Path(os.environ.get(
@@ -207,17 +207,17 @@ MSMARCO = {
 
 def test_msmarco_readers(tmp_path):
   folder = _write(tmp_path / "msmarco", MSMARCO)
-  assert beir.read_tsv_texts(folder / "collection.tsv") == {
+  assert msmarco.read_tsv_texts(folder / "collection.tsv") == {
       "10": "The river runs to the sea.", "11": "Mountains are tall.", "12": "A lake is still.",
       "13": ""}
-  assert beir.read_trec_qrels(folder / "qrels.train.tsv") == {"1": {"10": 1},
+  assert msmarco.read_trec_qrels(folder / "qrels.train.tsv") == {"1": {"10": 1},
                                                               "2": {"11": 1, "12": 0}}
-  assert list(beir.msmarco_pairs(folder, "train")) == [
+  assert list(msmarco.pairs(folder, "train")) == [
       ("where does the river go", "The river runs to the sea."),
       ("how tall are mountains", "Mountains are tall.")]
-  assert list(beir.msmarco_pairs(folder, "validation")) == [
+  assert list(msmarco.pairs(folder, "validation")) == [
       ("is the lake still", "A lake is still."), ("what is tall", "Mountains are tall.")]
-  assert list(beir.msmarco_triples(folder)) == [
+  assert list(msmarco.triples(folder)) == [
       ("where does the river go", "The river runs to the sea.", "A lake is still."),
       ("how tall are mountains", "Mountains are tall.", "The river runs to the sea.")]
 
@@ -226,7 +226,7 @@ def test_msmarco_id_triples_resolve_through_collection_and_queries(tmp_path):
   files = {k: v for k, v in MSMARCO.items() if k != "triples.train.small.tsv"}
   files["qidpidtriples.train.full.tsv"] = "1\t10\t12\n2\t11\t13\n"
   folder = _write(tmp_path / "msmarco", files)
-  assert list(beir.msmarco_triples(folder)) == [
+  assert list(msmarco.triples(folder)) == [
       ("where does the river go", "The river runs to the sea.", "A lake is still."),
       ("how tall are mountains", "Mountains are tall.", "")]
 
@@ -254,7 +254,7 @@ def test_bad_msmarco_input_names_file_and_line(tmp_path, case):
   replace, name, line, words = BAD_MSMARCO[case]
   folder = _write(tmp_path / "msmarco", dict(MSMARCO, **replace))
   with pytest.raises(beir.BadRetrievalFileError) as error:
-    list(beir.msmarco_pairs(folder, "train"))
+    list(msmarco.pairs(folder, "train"))
   assert f"{name}:{line}: " in str(error.value) and words in str(error.value), str(error.value)
 
 
@@ -264,21 +264,21 @@ def test_msmarco_bad_triples_name_file_and_line(tmp_path):
       "qidpidtriples.train.full.tsv": "1\t10\t12\n2\t11\t77\n"}))
   with pytest.raises(beir.BadRetrievalFileError, match=r"qidpidtriples.train.full.tsv:2: "
                      r"passage id '77' is not in collection.tsv"):
-    list(beir.msmarco_triples(folder))
+    list(msmarco.triples(folder))
   folder = _write(tmp_path / "texts", dict(files, **{
       "triples.train.small.tsv": "q\tp\tn\nq\tp\n"}))
   with pytest.raises(beir.BadRetrievalFileError, match=r"triples.train.small.tsv:2: .*3 tab"):
-    list(beir.msmarco_triples(folder))
+    list(msmarco.triples(folder))
 
 
 def test_msmarco_missing_files_list_what_is_there_and_expected(tmp_path):
   folder = _write(tmp_path / "msmarco", {"collection.tsv": MSMARCO["collection.tsv"]})
   with pytest.raises(beir.BadRetrievalFileError) as error:
-    beir.msmarco_pairs(folder, "train")
+    msmarco.pairs(folder, "train")
   message = str(error.value)
   assert "queries.train.tsv or queries.tsv" in message and "['collection.tsv']" in message
   with pytest.raises(FileNotFoundError, match="triples.train.small.tsv or qidpidtriples"):
-    beir.msmarco_triples(folder)
+    msmarco.triples(folder)
 
 
 # ------------------------------------------------------------------------------ real data
@@ -309,11 +309,11 @@ def test_msmarco_trecdl2019_reads():
     queries = dict(line.rstrip("\n").split("\t", 1) for line in f)
   with open(folder / "qrels.txt", encoding="utf-8") as f:
     rows = [line.split() for line in f if line.strip()]
-  assert len(beir.read_tsv_texts(folder / "collection.tsv")) == len(passages) == 4103
-  qrels = beir.read_trec_qrels(folder / "qrels.txt")
+  assert len(msmarco.read_tsv_texts(folder / "collection.tsv")) == len(passages) == 4103
+  qrels = msmarco.read_trec_qrels(folder / "qrels.txt")
   assert len(qrels) == len({r[0] for r in rows}) == 43
   want = [(queries[r[0]], passages[r[2]]) for r in rows if int(r[3]) > 0]
-  assert list(beir.msmarco_pairs(folder, "validation")) == want
+  assert list(msmarco.pairs(folder, "validation")) == want
 
 
 # ------------------------------------------------------------------------------ tasks

@@ -1,5 +1,5 @@
-"""Retrieval data on disk: BEIR folders and the MS MARCO passage layout, with line-numbered
-errors; and a BEIR folder built from the built-in corpus (no download).
+"""Retrieval data on disk: BEIR folders, with line-numbered errors; and a BEIR folder built
+from the built-in corpus (no download). MS MARCO's passage layout: `retrieval/msmarco.py`.
 
 BEIR folder (what `load_beir` reads and `write_beir` writes):
 
@@ -12,16 +12,6 @@ A qrels score is an integer grade; every row is kept (grade 0 included), and onl
 way round), as TFDS's `beir` names it. Empty query texts and empty passages (no title, no
 text) are kept, since an encoder still reads them (as EOS alone), and counted
 (`BeirData.empty_queries`, `BeirData.empty_passages`).
-
-MS MARCO passage folder (the official file names; `msmarco_pairs`, `msmarco_triples`):
-
-    collection.tsv                pid \\t passage
-    queries.<split>.tsv           qid \\t query    (or queries.tsv for every split)
-    qrels.<split>.tsv             qid 0 pid rel  (TREC; or qrels.txt for every split)
-    triples.train.small.tsv       query \\t positive \\t negative     (texts), or
-    qidpidtriples.train.full.tsv  qid \\t positive pid \\t negative pid (ids)
-
-MS MARCO calls its validation split 'dev'; 'validation' is accepted for it.
 
 A line that breaks these layouts raises `BadRetrievalFileError` naming the file, the line
 (from 1), the problem and the fix; a missing file names what was expected.
@@ -47,16 +37,6 @@ BEIR_LAYOUT = ("a BEIR folder holds corpus.jsonl ({\"_id\", \"title\", \"text\"}
                "'query-id<TAB>corpus-id<TAB>score', then one row per judgement)")
 SPLIT_ALIASES = {"validation": "dev", "dev": "validation"}
 
-MSMARCO_COLLECTION = "collection.tsv"
-MSMARCO_TEXT_TRIPLES = "triples.train.small.tsv"
-MSMARCO_ID_TRIPLES = "qidpidtriples.train.full.tsv"
-MSMARCO_LAYOUT = ("an MS MARCO passage folder holds collection.tsv (pid<TAB>passage), "
-                  "queries.<split>.tsv or queries.tsv (qid<TAB>query), qrels.<split>.tsv or "
-                  "qrels.txt (TREC: 'qid 0 pid rel'), and for triples "
-                  f"{MSMARCO_TEXT_TRIPLES} (query<TAB>positive<TAB>negative) or "
-                  f"{MSMARCO_ID_TRIPLES} (qid<TAB>pid<TAB>pid); splits: train, dev")
-
-
 class BadRetrievalFileError(ValueError):
   """A retrieval data file that breaks its layout; the message names file, line and fix."""
 
@@ -65,7 +45,7 @@ class MissingRetrievalFileError(BadRetrievalFileError, FileNotFoundError):
   """A file the layout needs is not there (the message lists what was expected)."""
 
 
-def _bad(path: PathLike, line: int, problem: str, fix: str) -> BadRetrievalFileError:
+def bad_line(path: PathLike, line: int, problem: str, fix: str) -> BadRetrievalFileError:
   return BadRetrievalFileError(f"{path}:{line}: {problem}. {fix}.")
 
 
@@ -86,14 +66,14 @@ class Passage:
 
 
 # ------------------------------------------------------------------------------ lines
-def _lines(path: PathLike) -> Iterator[Tuple[int, str]]:
+def numbered_lines(path: PathLike) -> Iterator[Tuple[int, str]]:
   """(1-based line number, text without the line break) of every non-blank line."""
   with open(path, "rb") as f:
     for number, raw in enumerate(f, start=1):
       try:
         line = raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError as e:
-        raise _bad(path, number, f"not UTF-8 ({e.reason} at byte {e.start})",
+        raise bad_line(path, number, f"not UTF-8 ({e.reason} at byte {e.start})",
                    "Re-save the file as UTF-8") from None
       if line.strip():
         yield number, line
@@ -103,10 +83,10 @@ def _json_object(path: PathLike, number: int, line: str) -> dict:
   try:
     record = json.loads(line)
   except json.JSONDecodeError as e:
-    raise _bad(path, number, f"not valid JSON ({e.msg} at column {e.colno})",
+    raise bad_line(path, number, f"not valid JSON ({e.msg} at column {e.colno})",
                "Write one JSON object per line") from None
   if not isinstance(record, dict):
-    raise _bad(path, number, f"expected a JSON object, got {type(record).__name__}",
+    raise bad_line(path, number, f"expected a JSON object, got {type(record).__name__}",
                "Write one JSON object per line")
   return record
 
@@ -117,7 +97,7 @@ def _record_id(path: PathLike, number: int, record: dict) -> str:
     value = str(value)
   if not isinstance(value, str) or not value.strip():
     got = "no '_id'" if "_id" not in record else f"'_id' = {json.dumps(value)}"
-    raise _bad(path, number, f"{got}; every line needs a non-empty string '_id'",
+    raise bad_line(path, number, f"{got}; every line needs a non-empty string '_id'",
                "Give the line its id")
   return value
 
@@ -126,20 +106,20 @@ def _string_field(path: PathLike, number: int, record: dict, key: str,
                   optional: bool = False) -> str:
   """record[key] as a string; an optional field may be missing or null (-> '')."""
   if key not in record and not optional:
-    raise _bad(path, number, f"missing field {key!r}", f"Add {key!r} (an empty string is allowed)")
+    raise bad_line(path, number, f"missing field {key!r}", f"Add {key!r} (an empty string is allowed)")
   value = record.get(key)
   if value is None and optional:
     return ""
   if not isinstance(value, str):
-    raise _bad(path, number, f"field {key!r} must be a string, got {json.dumps(value)[:60]}",
+    raise bad_line(path, number, f"field {key!r} must be a string, got {json.dumps(value)[:60]}",
                f"Write {key!r} as a JSON string")
   return value
 
 
-def _check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
+def check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
                   what: str) -> None:
   if key in seen:
-    raise _bad(path, number, f"duplicate {what} {key!r} (first on line {seen[key]})",
+    raise bad_line(path, number, f"duplicate {what} {key!r} (first on line {seen[key]})",
                "Give every line its own id, or remove the repeated line")
   seen[key] = number
 
@@ -148,10 +128,10 @@ def _check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
 def read_corpus(path: PathLike) -> Dict[str, Passage]:
   """corpus.jsonl -> {doc id: Passage}, in file order ('title' may be missing or null)."""
   corpus, seen = {}, {}
-  for number, line in _lines(path):
+  for number, line in numbered_lines(path):
     record = _json_object(path, number, line)
     doc_id = _record_id(path, number, record)
-    _check_new_id(path, number, doc_id, seen, "document id")
+    check_new_id(path, number, doc_id, seen, "document id")
     corpus[doc_id] = Passage(_string_field(path, number, record, "title", optional=True),
                              _string_field(path, number, record, "text"))
   return corpus
@@ -160,51 +140,51 @@ def read_corpus(path: PathLike) -> Dict[str, Passage]:
 def read_queries(path: PathLike) -> Dict[str, str]:
   """queries.jsonl -> {query id: text}, in file order."""
   queries, seen = {}, {}
-  for number, line in _lines(path):
+  for number, line in numbered_lines(path):
     record = _json_object(path, number, line)
     query_id = _record_id(path, number, record)
-    _check_new_id(path, number, query_id, seen, "query id")
+    check_new_id(path, number, query_id, seen, "query id")
     queries[query_id] = _string_field(path, number, record, "text")
   return queries
 
 
-def _score(path: PathLike, number: int, text: str) -> int:
+def grade(path: PathLike, number: int, text: str) -> int:
   try:
     return int(text)
   except ValueError:
-    raise _bad(path, number, f"score {text!r} is not an integer",
+    raise bad_line(path, number, f"score {text!r} is not an integer",
                "Write the relevance grade as an integer (e.g. 0, 1, 2)") from None
 
 
 def _qrels_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
   """(line, query id, doc id, score) of a BEIR qrels TSV (its header line is skipped)."""
-  for number, line in _lines(path):
+  for number, line in numbered_lines(path):
     columns = line.split("\t")
     if number == 1 and tuple(c.strip() for c in columns) == QRELS_HEADER:
       continue
     if len(columns) != 3:
-      raise _bad(path, number, f"expected 3 tab-separated columns (query-id, corpus-id, "
+      raise bad_line(path, number, f"expected 3 tab-separated columns (query-id, corpus-id, "
                  f"score), found {len(columns)}", "Separate the three columns by single tabs")
     query_id, doc_id = columns[0].strip(), columns[1].strip()
     if not query_id or not doc_id:
-      raise _bad(path, number, "empty query-id or corpus-id", "Fill in both ids")
-    yield number, query_id, doc_id, _score(path, number, columns[2].strip())
+      raise bad_line(path, number, "empty query-id or corpus-id", "Fill in both ids")
+    yield number, query_id, doc_id, grade(path, number, columns[2].strip())
 
 
-def _collect_qrels(path: PathLike, rows: Iterable[Tuple[int, str, str, int]],
+def collect_qrels(path: PathLike, rows: Iterable[Tuple[int, str, str, int]],
                    doc_ids: Optional[Mapping] = None,
                    query_ids: Optional[Mapping] = None) -> Qrels:
   qrels: Qrels = {}
   seen: Dict[Tuple[str, str], int] = {}
   for number, query_id, doc_id, score in rows:
     if query_ids is not None and query_id not in query_ids:
-      raise _bad(path, number, f"query id {query_id!r} is not in the queries file",
+      raise bad_line(path, number, f"query id {query_id!r} is not in the queries file",
                  "Add the query, or remove this judgement")
     if doc_ids is not None and doc_id not in doc_ids:
-      raise _bad(path, number, f"document id {doc_id!r} is not in the corpus",
+      raise bad_line(path, number, f"document id {doc_id!r} is not in the corpus",
                  "Add the document to the corpus, or remove this judgement")
     if (query_id, doc_id) in seen:
-      raise _bad(path, number, f"pair ({query_id!r}, {doc_id!r}) judged twice (first on line "
+      raise bad_line(path, number, f"pair ({query_id!r}, {doc_id!r}) judged twice (first on line "
                  f"{seen[(query_id, doc_id)]})", "Keep one judgement per pair")
     seen[(query_id, doc_id)] = number
     qrels.setdefault(query_id, {})[doc_id] = score
@@ -215,7 +195,7 @@ def read_qrels(path: PathLike, doc_ids: Optional[Mapping] = None,
                query_ids: Optional[Mapping] = None) -> Qrels:
   """qrels/<split>.tsv -> {query id: {doc id: score}}; rows naming a document or query
   outside `doc_ids` / `query_ids` (when given) are errors."""
-  return _collect_qrels(path, _qrels_rows(path), doc_ids, query_ids)
+  return collect_qrels(path, _qrels_rows(path), doc_ids, query_ids)
 
 
 @dataclasses.dataclass
@@ -417,125 +397,3 @@ def builtin_beir_folder() -> str:
     raise OSError(f"Cannot write the built-in BEIR folder to {folder} ({e}). Point "
                   "DECAL_CACHE_DIR at a writable directory.") from e
   return str(folder)
-
-
-# ------------------------------------------------------------------------------ MS MARCO
-def _tsv_text_rows(path: PathLike) -> Iterator[Tuple[int, str, str]]:
-  for number, line in _lines(path):
-    columns = line.split("\t")
-    if len(columns) != 2:
-      raise _bad(path, number, f"expected 2 tab-separated columns (id, text), found "
-                 f"{len(columns)}", "Write 'id<TAB>text' with no tab inside the text")
-    if not columns[0].strip():
-      raise _bad(path, number, "empty id", "Give the line its id")
-    yield number, columns[0].strip(), columns[1]
-
-
-def read_tsv_texts(path: PathLike) -> Dict[str, str]:
-  """'id<TAB>text' lines (collection.tsv, queries.*.tsv) -> {id: text}; an empty text is
-  kept, a repeated id is an error."""
-  texts, seen = {}, {}
-  for number, key, text in _tsv_text_rows(path):
-    _check_new_id(path, number, key, seen, "id")
-    texts[key] = text
-  return texts
-
-
-def _trec_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
-  for number, line in _lines(path):
-    columns = line.split()
-    if len(columns) != 4:
-      raise _bad(path, number, f"expected 4 whitespace-separated columns (qid, 0, pid, rel), "
-                 f"found {len(columns)}", "Write TREC qrels lines: 'qid 0 pid rel'")
-    yield number, columns[0], columns[2], _score(path, number, columns[3])
-
-
-def read_trec_qrels(path: PathLike, doc_ids: Optional[Mapping] = None,
-                    query_ids: Optional[Mapping] = None) -> Qrels:
-  """TREC qrels ('qid 0 pid rel') -> {qid: {pid: rel}}; ids outside `doc_ids` /
-  `query_ids` (when given) are errors."""
-  return _collect_qrels(path, _trec_rows(path), doc_ids, query_ids)
-
-
-def msmarco_split(split: str) -> str:
-  """Our split name -> MS MARCO's ('validation' -> 'dev')."""
-  return "dev" if split == "validation" else split
-
-
-def _msmarco_missing(folder: pathlib.Path, wanted: str) -> MissingRetrievalFileError:
-  found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else "no such folder"
-  return MissingRetrievalFileError(
-      f"{folder}: needs {wanted}; found {found}. Expected layout: {MSMARCO_LAYOUT}.")
-
-
-def msmarco_file(folder: PathLike, kind: str, split: str) -> pathlib.Path:
-  """`kind` 'queries' -> queries.<split>.tsv, else queries.tsv; 'qrels' ->
-  qrels.<split>.tsv, else qrels.txt; 'collection' -> collection.tsv."""
-  folder, split = pathlib.Path(folder), msmarco_split(split)
-  names = {"collection": [MSMARCO_COLLECTION],
-           "queries": [f"queries.{split}.tsv", "queries.tsv"],
-           "qrels": [f"qrels.{split}.tsv", "qrels.txt"]}[kind]
-  for name in names:
-    if (folder / name).is_file():
-      return folder / name
-  raise _msmarco_missing(folder, " or ".join(names))
-
-
-def msmarco_pairs(folder: PathLike, split: str = "train") -> Iterator[Tuple[str, str]]:
-  """(query, relevant passage) for every qrels row of `split` with rel > 0, in qrels file
-  order. The files are found now; they are read (and every id checked) on first use."""
-  paths = [msmarco_file(folder, kind, split) for kind in ("collection", "queries", "qrels")]
-
-  def pairs():
-    collection, queries = read_tsv_texts(paths[0]), read_tsv_texts(paths[1])
-    qrels = read_trec_qrels(paths[2], doc_ids=collection, query_ids=queries)
-    for qid, docs in qrels.items():
-      for pid, rel in docs.items():
-        if rel > 0:
-          yield queries[qid], collection[pid]
-  return pairs()
-
-
-def msmarco_triples(folder: PathLike) -> Iterator[Tuple[str, str, str]]:
-  """(query, positive, negative) texts from triples.train.small.tsv, else from
-  qidpidtriples.train.full.tsv resolved through collection.tsv and the train queries.
-  Streamed: an id triple naming an unknown id fails at its line."""
-  folder = pathlib.Path(folder)
-  if (folder / MSMARCO_TEXT_TRIPLES).is_file():
-    return _text_triples(folder / MSMARCO_TEXT_TRIPLES)
-  if (folder / MSMARCO_ID_TRIPLES).is_file():
-    paths = (msmarco_file(folder, "collection", "train"),
-             msmarco_file(folder, "queries", "train"))
-    return _id_triples(folder / MSMARCO_ID_TRIPLES, *paths)
-  raise _msmarco_missing(folder, f"{MSMARCO_TEXT_TRIPLES} or {MSMARCO_ID_TRIPLES}")
-
-
-def _triple_columns(path: pathlib.Path, number: int, line: str, what: str) -> List[str]:
-  columns = line.split("\t")
-  if len(columns) != 3:
-    raise _bad(path, number, f"expected 3 tab-separated columns ({what}), found "
-               f"{len(columns)}", "Write one triple per line, columns separated by tabs")
-  return columns
-
-
-def _text_triples(path: pathlib.Path) -> Iterator[Tuple[str, str, str]]:
-  for number, line in _lines(path):
-    query, positive, negative = _triple_columns(path, number, line,
-                                                "query, positive, negative")
-    yield query, positive, negative
-
-
-def _id_triples(path: pathlib.Path, collection_path: pathlib.Path,
-                queries_path: pathlib.Path) -> Iterator[Tuple[str, str, str]]:
-  collection, queries = read_tsv_texts(collection_path), read_tsv_texts(queries_path)
-  for number, line in _lines(path):
-    qid, positive, negative = (c.strip() for c in _triple_columns(
-        path, number, line, "qid, positive pid, negative pid"))
-    if qid not in queries:
-      raise _bad(path, number, f"query id {qid!r} is not in {queries_path.name}",
-                 "Use the train queries file that goes with these triples")
-    for pid in (positive, negative):
-      if pid not in collection:
-        raise _bad(path, number, f"passage id {pid!r} is not in {collection_path.name}",
-                   "Use the full collection.tsv that goes with these triples")
-    yield queries[qid], collection[positive], collection[negative]
