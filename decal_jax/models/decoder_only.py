@@ -46,31 +46,17 @@ class DecoderOnlyModel(base.TokenModel):
 
   # ------------------------------------------------------------------------- generation
   def generate(self, params, prompt: Array, max_new_tokens: int, rng: Optional[Array] = None,
-               **decoder_kwargs) -> Array:
+               *, prefill: bool = False, **decoder_kwargs) -> Array:
     """Continues equal-length prompts `[batch, P]` (P may be 0: start from BOS = id 0) by
     `max_new_tokens` tokens -> `[batch, max_new_tokens]` (0 after EOS).
 
-    The prompt goes through the KV cache one token at a time (BOS, then all but its last
-    token); the decode function's first step then feeds the prompt's last token."""
+    The fed prompt (BOS + all but its last token) goes into the KV cache one token at a
+    time or, with `prefill`, in one causal pass (networks that take `prefill=True`:
+    `networks.decoder.Decoder`); the decode function's first step then feeds the prompt's
+    last token. Both fill the same cache, so both give the same tokens."""
     prompt = jnp.asarray(prompt, jnp.int32)
     batch, length = prompt.shape
-    total = length + max_new_tokens
-    max_length = getattr(getattr(self.module.config, "decoder", self.module.config),
-                         "max_length", None)
-    if max_length is not None and total > max_length:
-      raise ValueError(f"A prompt of {length} tokens plus {max_new_tokens} new ones needs "
-                       f"{total} positions but the model accepts {max_length}: shorten the "
-                       "prompt or generate fewer tokens.")
-    _, variables = self.module.apply({"params": params}, jnp.ones((batch, total), jnp.int32),
-                                     decode=True, enable_dropout=False, mutable=["cache"])
-    cache = variables["cache"]
-    feed = jnp.pad(prompt, ((0, 0), (1, 0)))[:, :length]  # [b, P]: BOS + prompt[:-1]
-
-    def prefeed(cache, token):
-      _, new = self.module.apply({"params": params, "cache": cache}, token[:, None],
-                                 decode=True, enable_dropout=False, mutable=["cache"])
-      return new["cache"], None
-    cache, _ = jax.lax.scan(prefeed, cache, feed.T)
+    cache = self._prompt_cache(params, prompt, length + max_new_tokens, prefill)
     last = prompt[:, -1:] if length else None
 
     def tokens_to_logits(state: decoding.DecodingState):
@@ -88,6 +74,30 @@ class DecoderOnlyModel(base.TokenModel):
                               cache=cache, tokens_to_logits=tokens_to_logits,
                               eos_id=self.output_vocabulary.eos_id, **decoder_kwargs)
     return seqs[:, -1, :]
+
+  def _prompt_cache(self, params, prompt: Array, total: int, prefill: bool):
+    """The decoding cache for `total` positions holding BOS + prompt[:-1]."""
+    batch, length = prompt.shape
+    max_length = getattr(getattr(self.module.config, "decoder", self.module.config),
+                         "max_length", None)
+    if max_length is not None and total > max_length:
+      raise ValueError(f"A prompt of {length} tokens plus {total - length} new ones needs "
+                       f"{total} positions but the model accepts {max_length}: shorten the "
+                       "prompt or generate fewer tokens.")
+    _, variables = self.module.apply({"params": params}, jnp.ones((batch, total), jnp.int32),
+                                     decode=True, enable_dropout=False, mutable=["cache"])
+    cache = variables["cache"]
+    feed = jnp.pad(prompt, ((0, 0), (1, 0)))[:, :length]  # [b, P]: BOS + prompt[:-1]
+    if prefill and length:  # its logits are unused, so XLA drops them
+      _, variables = self.module.apply({"params": params, "cache": cache}, feed, decode=True,
+                                       prefill=True, enable_dropout=False, mutable=["cache"])
+      return variables["cache"]
+
+    def prefeed(cache, token):  # token [b]
+      _, new = self.module.apply({"params": params, "cache": cache}, token[:, None],
+                                 decode=True, enable_dropout=False, mutable=["cache"])
+      return new["cache"], None
+    return jax.lax.scan(prefeed, cache, feed.T)[0]
 
   def generate_uncached(self, params, prompt: Array, max_new_tokens: int) -> Array:
     """Greedy continuation that reruns the whole network over everything so far at every
