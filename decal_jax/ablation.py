@@ -217,12 +217,12 @@ def command_line(stage: str, files: Sequence[str], bindings: Sequence[str]) -> s
 
 
 def _run_stage(stage: str, files: Sequence[str], bindings: Sequence[str]):
-  from decal_jax import trainer  # heavy imports only when training
+  from decal_jax import evaluation, trainer  # heavy imports only when training
   from decal_jax.networks import t5
   gin_utils.parse(files, [], bindings)
   config = gin.get_configurable(t5.T5Config)()
   if stage == "eval":
-    return gin.get_configurable(trainer.evaluate)(), config
+    return gin.get_configurable(evaluation.evaluate)(), config
   return gin.get_configurable(trainer.train)(gin_config_text=gin.config_str()), config
 
 

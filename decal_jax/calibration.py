@@ -15,8 +15,8 @@ from decal_jax import fileio
 
 def token_batches(dataset_cfg, model, count: int) -> Iterator[np.ndarray]:
   """The first `count` batches of `decoder_input_tokens` [batch, n] of a split, in order."""
-  from decal_jax import trainer  # pylint: disable=import-outside-toplevel
-  ds = trainer.get_dataset(dataclasses.replace(dataset_cfg, shuffle=False), model, num_epochs=1)
+  from decal_jax.data import pipeline  # pylint: disable=import-outside-toplevel
+  ds = pipeline.get_dataset(dataclasses.replace(dataset_cfg, shuffle=False), model, num_epochs=1)
   for i, batch in enumerate(ds.as_numpy_iterator()):
     if i >= count:
       break

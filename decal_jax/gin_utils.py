@@ -136,7 +136,8 @@ def load_model(gin_files: Sequence[str], model_dir: Optional[str] = None, *,
   model = gin.query_parameter("%MODEL").scoped_configurable_fn()
   if model_dir is None:
     return LoadedModel(model, None, None, None)
-  from decal_jax import partitioning, trainer  # pylint: disable=g-import-not-at-top
+  from decal_jax import partitioning, train_state
+  from decal_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(model_dir)
   if not path.is_dir():
     raise FileNotFoundError(f"--model_dir {model_dir} does not exist: give the MODEL_DIR of a "
@@ -152,6 +153,6 @@ def load_model(gin_files: Sequence[str], model_dir: Optional[str] = None, *,
       raise ValueError("load_model needs feature_lengths (or a gin TASK_FEATURE_LENGTHS) "
                        "to trace the parameter shapes.") from e
   partitioner = partitioner or partitioning.Partitioner()
-  cfg = trainer.DatasetConfig("", dict(feature_lengths))
-  params, step = trainer.restore_params(model, model_dir, cfg, partitioner)
+  cfg = pipeline.DatasetConfig("", dict(feature_lengths))
+  params, step = train_state.restore_params(model, model_dir, cfg, partitioner)
   return LoadedModel(model, params, step, partitioner)

@@ -66,6 +66,12 @@ def standard_logical_axis_rules() -> LogicalRules:
   )
 
 
+def log(message: str) -> None:
+  """Prints from process 0 only (every process runs the same code)."""
+  if jax.process_index() == 0:
+    print(message, flush=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataShard:
   """The rows of every global batch that this process feeds (seqio's ShardInfo).

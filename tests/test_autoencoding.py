@@ -5,7 +5,8 @@ import seqio
 import tensorflow as tf
 
 import decal_jax.tasks  # noqa: F401
-from decal_jax import models, trainer
+from decal_jax import models
+from decal_jax.data import pipeline
 from decal_jax.data import autoencoding, vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
 
@@ -61,10 +62,10 @@ def test_mixture_is_about_half_autoencoding():
 def test_autoencoding_with_short_targets_is_refused():
   vocab = vocabularies.builtin_vocabulary()
   model = models.EncoderDecoderModel(Transformer(T5Config(vocab_size=4224)), vocab, vocab)
-  cfg = trainer.DatasetConfig("decal_builtin_autoencode_continuation",
-                              {"inputs": 64, "targets": 16})
+  cfg = pipeline.DatasetConfig("decal_builtin_autoencode_continuation",
+                               {"inputs": 64, "targets": 16})
   with pytest.raises(ValueError, match="autoencodes.*Set 'targets' >= 'inputs'"):
-    trainer.check_feature_lengths(cfg, model)
+    pipeline.check_feature_lengths(cfg, model)
 
 
 # --------------------------------------------------------------------------- metrics, own text

@@ -6,7 +6,7 @@ import seqio
 import tensorflow as tf
 
 import decal_jax.tasks  # noqa: F401
-from decal_jax import trainer
+from decal_jax.data import pipeline
 from decal_jax.data import batch_iterator
 
 
@@ -16,9 +16,9 @@ class _EncDec:
 
 def _span_corruption_batches():
   """The built-in pretraining task, shuffled and prefetched, as training reads it."""
-  cfg = trainer.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
-                              batch_size=4, shuffle=True, seed=3)
-  return trainer.train_batches(cfg, _EncDec())
+  cfg = pipeline.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
+                               batch_size=4, shuffle=True, seed=3)
+  return pipeline.train_batches(cfg, _EncDec())
 
 
 def _assert_same_batches(got, want):
@@ -88,10 +88,10 @@ class _CheckpointOfAnotherPipeline:
 
 
 def test_resume_falls_back_to_rereading_when_the_saved_position_does_not_fit(capsys):
-  cfg = trainer.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
-                              batch_size=4, shuffle=True, seed=3)
+  cfg = pipeline.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
+                               batch_size=4, shuffle=True, seed=3)
   position = {"batches_consumed": 3, "seed": 3, "rng": [0, 1]}
-  batches = trainer._resume_batches(cfg, _EncDec(), None, _CheckpointOfAnotherPipeline(),
+  batches = pipeline.resume_batches(cfg, _EncDec(), None, _CheckpointOfAnotherPipeline(),
                                     position)
   assert "cannot take (Failed to restore dataset iterator" in capsys.readouterr().out
   straight = _span_corruption_batches()
@@ -100,10 +100,10 @@ def test_resume_falls_back_to_rereading_when_the_saved_position_does_not_fit(cap
 
 
 def test_after_a_change_of_data_seed_the_new_order_starts_from_its_beginning(capsys):
-  cfg = trainer.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
-                              batch_size=4, shuffle=True, seed=3)
+  cfg = pipeline.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
+                               batch_size=4, shuffle=True, seed=3)
   position = {"batches_consumed": 3, "seed": 3, "rng": [0, 1], "seed_changed": True}
-  batches = trainer._resume_batches(cfg, _EncDec(), None, _CheckpointOfAnotherPipeline(),
+  batches = pipeline.resume_batches(cfg, _EncDec(), None, _CheckpointOfAnotherPipeline(),
                                     position)
   assert "note" not in capsys.readouterr().out  # neither restored nor re-read
   _assert_same_batches([next(batches)], [next(_span_corruption_batches())])

@@ -135,6 +135,23 @@ def test_generation_with_an_empty_prompt_starts_from_bos():
     model.generate(params, np.ones((1, 60), np.int32), max_new_tokens=10)
 
 
+def test_prefilled_generation_equals_rerunning_the_whole_decoder():
+  """`generate(prefill=True)` writes the prompt into the KV cache in one causal pass; its
+  greedy tokens equal the uncached reference (the whole decoder rerun at every step) and
+  token-by-token prefeeding."""
+  module = Decoder(TINY)
+  params = _perturbed(module.init(jax.random.PRNGKey(1), np.ones((2, 4), np.int32),
+                                  enable_dropout=False)["params"])
+  model = models.DecoderOnlyModel(module, seqio.PassThroughVocabulary(VOCAB, eos_id=1))
+  prompt = _tokens(seed=5, n=11)
+  prefilled = np.asarray(model.generate(params, prompt, max_new_tokens=9, prefill=True,
+                                        topk=1))
+  np.testing.assert_array_equal(prefilled, model.generate_uncached(params, prompt, 9))
+  np.testing.assert_array_equal(prefilled, model.generate(params, prompt, max_new_tokens=9,
+                                                          topk=1))
+  assert len(set(prefilled.ravel().tolist())) > 2  # not one repeated token
+
+
 def test_threshold_calibration_hits_the_ratio_on_held_out_text():
   """Λ from the built-in corpus's training paragraphs keeps 1 / r (±10 %) of the tokens of
   its 104 held-out validation paragraphs."""

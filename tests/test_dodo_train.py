@@ -10,7 +10,8 @@ import pytest
 import sacrebleu
 
 import decal_jax.tasks  # noqa: F401  (registers decal_builtin_autoencode)
-from decal_jax import models, optimizers, partitioning, trainer
+from decal_jax import evaluation, models, optimizers, partitioning, train_state, trainer
+from decal_jax.data import pipeline
 from decal_jax.data import vocabularies
 from decal_jax.networks.decoder import DecoderConfig
 from decal_jax.networks.dodo import Dodo, DodoConfig
@@ -28,7 +29,7 @@ def _model():
 
 
 def _cfg(split="train"):
-  return trainer.DatasetConfig(TASK, LENGTHS, split=split, batch_size=4, shuffle=False)
+  return pipeline.DatasetConfig(TASK, LENGTHS, split=split, batch_size=4, shuffle=False)
 
 
 def _optimizer():
@@ -61,14 +62,14 @@ def test_cosine_schedule_refuses_bad_settings():
 # ------------------------------------------------------------------------------ training
 def test_autoencoding_loss_falls_on_a_repeated_batch():
   model, opt, part = _model(), _optimizer(), partitioning.Partitioner()
-  state, shardings = trainer.init_state(model, opt, part, _cfg(), seed=0)
+  state, shardings = train_state.init_state(model, opt, part, _cfg(), seed=0)
   step = trainer.make_train_step(model, opt, part, shardings)
-  batch = next(trainer.train_batches(_cfg(), model, skip=0))
+  batch = next(pipeline.train_batches(_cfg(), model, skip=0))
   # an autoencoding batch: the target is the input
   np.testing.assert_array_equal(batch["encoder_input_tokens"], batch["decoder_target_tokens"])
   losses = []
   for _ in range(25):
-    state, aux = step(state, trainer.to_global(batch, part), jax.random.PRNGKey(0))
+    state, aux = step(state, pipeline.to_global(batch, part), jax.random.PRNGKey(0))
     losses.append(float(aux["loss"]))
   assert losses[-1] < losses[0] - 2.0, losses
 
@@ -91,17 +92,17 @@ def test_training_writes_a_checkpoint_and_evaluates(trained):
 def test_evaluation_reports_bleu_of_the_decoded_reconstructions(trained):
   model_dir, _ = trained
   model, n = _model(), 6
-  result = trainer.evaluate(model=model, eval_dataset_cfg=_cfg("validation"),
-                            model_dir=str(model_dir), eval_batches=1, max_predict_examples=n)
+  result = evaluation.evaluate(model=model, eval_dataset_cfg=_cfg("validation"),
+                               model_dir=str(model_dir), eval_batches=1, max_predict_examples=n)
   rows = [json.loads(line) for line in
           (model_dir / "eval_results" / f"{TASK}.validation.4.predictions.jsonl").open()]
   assert len(rows) == n and result[f"{TASK}/num_examples"] == n
   # The predictions are the greedy decodes of the checkpoint: rerun the uncached reference
   # decoder on the same validation inputs and compare the texts.
-  params, _ = trainer.restore_params(model, str(model_dir), _cfg("validation"),
-                                     partitioning.Partitioner())
+  params, _ = train_state.restore_params(model, str(model_dir), _cfg("validation"),
+                                         partitioning.Partitioner())
   vocab = model.output_vocabulary
-  ds = trainer.get_dataset(_cfg("validation"), model, num_epochs=1)
+  ds = pipeline.get_dataset(_cfg("validation"), model, num_epochs=1)
   decoded, targets = [], []
   for batch in ds.as_numpy_iterator():
     tokens = np.asarray(jax.jit(model.predict_batch_uncached)(params, batch))

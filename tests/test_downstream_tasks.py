@@ -318,13 +318,14 @@ def test_a_task_and_model_of_different_vocabularies_are_refused():
   t5_vocab = DATA_DIR / "vocab" / "t5_spiece.model"
   if not t5_vocab.exists():
     pytest.skip(f"{t5_vocab} not found: set DECAL_DATA_DIR to the shared data folder")
-  from decal_jax import models, trainer
+  from decal_jax import models
+  from decal_jax.data import pipeline
   from decal_jax.networks.t5 import T5Config, Transformer
   with gin.unlock_config():
     gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary",
                        vocabularies.t5_vocabulary(str(t5_vocab)))
   builtin = vocabularies.builtin_vocabulary()
   model = models.EncoderDecoderModel(Transformer(T5Config(vocab_size=32128)), builtin, builtin)
-  cfg = trainer.DatasetConfig("decal_squad", LENGTHS)
+  cfg = pipeline.DatasetConfig("decal_squad", LENGTHS)
   with pytest.raises(ValueError, match="tokenizes with .* but the model reads"):
-    trainer.check_feature_lengths(cfg, model)
+    pipeline.check_feature_lengths(cfg, model)

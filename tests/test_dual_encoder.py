@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 
 from decal_jax import checkpoints
+from decal_jax.models import DualEncoderFeatureConverter, DualEncoderModel
 from decal_jax.networks import dual_encoder as de
 from decal_jax.networks import t5
 from decal_jax.retrieval import maxsim
-from decal_jax.retrieval.model import DualEncoderFeatureConverter, DualEncoderModel
 
 TINY = t5.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=48,
                    num_encoder_layers=2, num_decoder_layers=1)

@@ -16,7 +16,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 import decal_jax.tasks  # noqa: F401
-from decal_jax import checkpoints, models, optimizers, partitioning, resilience, trainer
+from decal_jax import (checkpoints, models, optimizers, partitioning, resilience, train_state,
+                       trainer)
+from decal_jax.data import pipeline
 from decal_jax.data import vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
 
@@ -123,7 +125,7 @@ def _model(cls=models.EncoderDecoderModel):
 
 
 def _cfg():
-  return trainer.DatasetConfig("decal_builtin_span_corruption", LENGTHS, batch_size=8)
+  return pipeline.DatasetConfig("decal_builtin_span_corruption", LENGTHS, batch_size=8)
 
 
 def _optimizer():
@@ -132,7 +134,7 @@ def _optimizer():
 
 @pytest.fixture(scope="module")
 def batches():
-  stream = trainer.train_batches(_cfg(), _model(), skip=0)
+  stream = pipeline.train_batches(_cfg(), _model(), skip=0)
   return [next(stream) for _ in range(5)]
 
 
@@ -172,10 +174,10 @@ def test_skipping_a_nan_step_equals_training_without_that_batch(tmp_path, batche
   assert int(got["step"]) == 5 and data["batches_consumed"] == 5
   # Reference: the plain model trained on batches 1, 2, 4, 5 only.
   model, opt, part = _model(), _optimizer(), partitioning.Partitioner()
-  state, shardings = trainer.init_state(model, opt, part, _cfg(), seed=0)
+  state, shardings = train_state.init_state(model, opt, part, _cfg(), seed=0)
   step = trainer.make_train_step(model, opt, part, shardings)
   for batch in batches[:2] + batches[3:]:
-    state, _ = step(state, trainer.to_global(batch, part), jax.random.PRNGKey(1))
+    state, _ = step(state, pipeline.to_global(batch, part), jax.random.PRNGKey(1))
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                          got["params"], jax.device_get(state["params"]))
 

@@ -202,21 +202,24 @@ def test_t5x_gin_files_pass_the_performance_options(fake_t5x):
 
 
 @pytest.mark.parametrize("run_file,fn_name", [
-    ("runs/pretrain_builtin.gin", "train"), ("runs/eval_builtin.gin", "evaluate"),
-    ("runs/infer_builtin.gin", "infer"), ("runs/finetune_builtin.gin", "train")])
+    ("runs/pretrain_builtin.gin", "trainer.train"),
+    ("runs/eval_builtin.gin", "evaluation.evaluate"),
+    ("runs/infer_builtin.gin", "evaluation.infer"),
+    ("runs/finetune_builtin.gin", "trainer.train")])
 def test_run_gin_files_bind_every_argument(run_file, fn_name):
   """The run files (with the generic pretrain/eval/infer files they include) leave no
-  required argument of their trainer function unbound."""
+  required argument of their entry point's function unbound."""
+  import importlib
   import inspect
-  from decal_jax import trainer
   bindings = ["MODEL_DIR = '/tmp/unused'", "INFER_INPUTS = ['text']",
               "INITIAL_CHECKPOINT_PATH = '/tmp/pretrained'"]
   _parse(run_file, bindings=bindings)
-  fn = getattr(trainer, fn_name)
+  module_name, name_in_module = fn_name.split(".")
+  fn = getattr(importlib.import_module(f"decal_jax.{module_name}"), name_in_module)
   required = [name for name, p in inspect.signature(fn).parameters.items()
               if p.default is inspect.Parameter.empty and name != "gin_config_text"]
   for name in required:
-    value = gin.query_parameter(f"decal_jax.trainer.{fn_name}.{name}")
+    value = gin.query_parameter(f"decal_jax.{fn_name}.{name}")
     assert value is not None, name
   model = _build_model()
   assert model.module.config.compression_ratio == 4
@@ -257,14 +260,14 @@ def test_finetune_gin_starts_from_a_checkpoint_at_a_constant_learning_rate():
      ["INITIAL_CHECKPOINT_PATH = '/tmp/imported'"])])
 def test_dodo_autoencode_runs_bind_every_argument(files, bindings):
   """Both run files train and evaluate: every required argument of trainer.train and
-  trainer.evaluate is bound, the task autoencodes with room for the whole input + EOS."""
+  evaluation.evaluate is bound, the task autoencodes with room for the whole input + EOS."""
   import inspect
-  from decal_jax import trainer
+  from decal_jax import evaluation, trainer
   _parse(*files, bindings=["MODEL_DIR = '/tmp/unused'", *bindings])
-  for fn_name in ("train", "evaluate"):
-    for name, p in inspect.signature(getattr(trainer, fn_name)).parameters.items():
+  for fn in (trainer.train, evaluation.evaluate):
+    for name, p in inspect.signature(fn).parameters.items():
       if p.default is inspect.Parameter.empty and name != "gin_config_text":
-        assert gin.query_parameter(f"decal_jax.trainer.{fn_name}.{name}") is not None, name
+        assert gin.query_parameter(f"{fn.__module__}.{fn.__name__}.{name}") is not None, name
   lengths = gin.query_parameter("%TASK_FEATURE_LENGTHS")
   assert lengths["targets"] >= lengths["inputs"]
   assert gin.query_parameter("%MIXTURE_OR_TASK_NAME").endswith("_autoencode")

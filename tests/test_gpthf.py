@@ -182,7 +182,8 @@ def test_training_on_the_sentence_task_lowers_the_loss():
   """The built-in sentence-marked LM task feeds GPTHF (its end id = the task's), and the
   trainer's step lowers the loss on a repeated batch."""
   import decal_jax.tasks  # noqa: F401  (registers decal_builtin_sentence_lm)
-  from decal_jax import optimizers, partitioning, trainer
+  from decal_jax import optimizers, partitioning, train_state, trainer
+  from decal_jax.data import pipeline
   from decal_jax.data import sentences, vocabularies
   vocab = vocabularies.builtin_vocabulary()
   decoder = DecoderConfig(vocab_size=4224, emb_dim=32, num_heads=2, num_kv_heads=1,
@@ -190,17 +191,17 @@ def test_training_on_the_sentence_task_lowers_the_loss():
   config = gpthf.GpthfConfig(decoder=decoder, encoder_layers=2,
                              sentence_end_id=sentences.sentence_end_id(vocab))
   model = models.DecoderOnlyModel(gpthf.Gpthf(config), vocab)
-  cfg = trainer.DatasetConfig("decal_builtin_sentence_lm", {"targets": 64}, split="validation",
-                              batch_size=4, shuffle=False)
+  cfg = pipeline.DatasetConfig("decal_builtin_sentence_lm", {"targets": 64}, split="validation",
+                               batch_size=4, shuffle=False)
   opt = optimizers.adamw(optimizers.cosine_schedule(3e-3, warmup_steps=0, decay_steps=100))
   part = partitioning.Partitioner()
-  state, shardings = trainer.init_state(model, opt, part, cfg, seed=0)
+  state, shardings = train_state.init_state(model, opt, part, cfg, seed=0)
   step = trainer.make_train_step(model, opt, part, shardings)
-  batch = next(trainer.train_batches(cfg, model, skip=0))
+  batch = next(pipeline.train_batches(cfg, model, skip=0))
   ends = batch["decoder_target_tokens"] == config.sentence_end_id
   assert ends.sum() >= 4  # the batch really is split into sentences
   losses = []
   for _ in range(15):
-    state, aux = step(state, trainer.to_global(batch, part), jax.random.PRNGKey(0))
+    state, aux = step(state, pipeline.to_global(batch, part), jax.random.PRNGKey(0))
     losses.append(float(aux["loss"]))
   assert losses[-1] < losses[0] - 1.0, losses

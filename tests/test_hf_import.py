@@ -30,7 +30,7 @@ import gin  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from decal_jax import checkpoints, hf_import, hf_params, trainer  # noqa: E402
+from decal_jax import checkpoints, hf_import, hf_params  # noqa: E402
 from decal_jax.data import hf_vocabularies  # noqa: E402
 from decal_jax.networks import decoder  # noqa: E402
 from decal_jax.networks.decoder import Decoder  # noqa: E402
@@ -360,7 +360,7 @@ def test_import_tool_writes_a_checkpoint_the_trainer_starts_from(llama, tmp_path
                                       [], finalize_config=False)
   trainer_model = gin.query_parameter("%MODEL").scoped_configurable_fn()
   gin.clear_config()
-  shapes = trainer._input_shapes(trainer.DatasetConfig("unused", {"inputs": 16, "targets": 8}))
+  shapes = trainer_model.input_shapes({"inputs": 16, "targets": 8})
   abstract = jax.eval_shape(lambda: trainer_model.get_initial_variables(
       jax.random.PRNGKey(9), shapes)["params"])  # names and shapes are what restoring needs
   fresh = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)

@@ -74,7 +74,8 @@ MESH_SCRIPT = textwrap.dedent("""
     RUN_ARGS, CKPT_DIR, REFERENCE = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     STEPS = int(sys.argv[4])
 """) + SETUP + textwrap.dedent("""
-    from decal_jax import checkpoints, partitioning, trainer
+    from decal_jax import checkpoints, partitioning, train_state, trainer
+    from decal_jax.data import pipeline
     batches = list(global_batches(STEPS))
     flat = lambda t: flax.traverse_util.flatten_dict(flax.core.unfreeze(t), sep="/")
     LAYOUTS = {"one": (1, 1, 1), "dp8": (8, 1, 1), "tp4x2": (4, 2), "fsdp8": (1, 8, 1),
@@ -83,11 +84,11 @@ MESH_SCRIPT = textwrap.dedent("""
     for name, shape in LAYOUTS.items():
       part = partitioning.Partitioner(mesh_shape=shape,
                                       devices=jax.devices()[:1] if name == "one" else None)
-      state, shardings = trainer.init_state(model, opt, part, data, seed=0)
+      state, shardings = train_state.init_state(model, opt, part, data, seed=0)
       step = trainer.make_train_step(model, opt, part, shardings)
       losses = []
       for batch in batches:
-        state, aux = step(state, trainer.to_global(batch, part), jax.random.PRNGKey(0))
+        state, aux = step(state, pipeline.to_global(batch, part), jax.random.PRNGKey(0))
         losses.append(float(aux["loss"]))
       params = flat(state["params"])
       host = {k: np.asarray(jax.device_get(v)) for k, v in params.items()}
@@ -127,9 +128,10 @@ MESH_SCRIPT = textwrap.dedent("""
                     for k, v in flat(variables["params_axes"]).items()}
     errors = {}
     for label, fn in {
-        "model8": lambda: trainer.init_state(model, opt, partitioning.Partitioner((1, 1, 8)),
-                                             data, seed=0),
-        "batch6": lambda: trainer.get_dataset(trainer.DatasetConfig(
+        "model8": lambda: train_state.init_state(model, opt,
+                                                 partitioning.Partitioner((1, 1, 8)), data,
+                                                 seed=0),
+        "batch6": lambda: pipeline.get_dataset(pipeline.DatasetConfig(
             data.mixture_or_task_name, data.task_feature_lengths, batch_size=6), model, None,
             partitioning.Partitioner((8, 1, 1))),
         "mesh3": lambda: partitioning.Partitioner((3, 1, -1))}.items():
@@ -263,12 +265,11 @@ def _family_models():
 
 
 def test_every_network_family_names_every_parameter_axis():
-  from decal_jax import partitioning, trainer
+  from decal_jax import partitioning
   library_rules = {name for name, _ in partitioning.standard_logical_axis_rules()}
   seen = set()
   for label, model, lengths in _family_models():
-    cfg = trainer.DatasetConfig("unused", lengths)
-    shapes = trainer._input_shapes(cfg, model)  # pylint: disable=protected-access
+    shapes = model.input_shapes(lengths)
     variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0),
                                                                    shapes))
     params = jax.tree_util.tree_flatten_with_path(variables["params"])[0]
@@ -370,15 +371,15 @@ def test_two_processes_match_one(tmp_path, eight):
   # The losses and parameters of one device on the global batches that the two processes'
   # seqio shards make up: so both took part, each feeding its own shard.
   np.testing.assert_allclose(losses, eight["one"]["losses"], rtol=1e-5)
-  from decal_jax import checkpoints, partitioning, trainer
+  from decal_jax import checkpoints, partitioning, train_state
   scope = {"np": np, "RUN_ARGS": RUN_ARGS}
   try:
     exec(SETUP, scope)  # pylint: disable=exec-used  (the same model, in this process)
   finally:
     import gin
     gin.clear_config()
-  abstract, _ = trainer.abstract_params(scope["model"], scope["data"],
-                                        partitioning.Partitioner())
+  abstract, _ = train_state.abstract_params(scope["model"], scope["data"],
+                                            partitioning.Partitioner())
   saved = checkpoints.Checkpointer(str(model_dir)).restore_params(STEPS, abstract)
   saved = flax.traverse_util.flatten_dict(flax.core.unfreeze(jax.device_get(saved)), sep="/")
   want = np.load(eight["reference"])

@@ -16,7 +16,8 @@ import numpy as np
 import optax
 import pytest
 
-from decal_jax import checkpoints, models, optimizers, partitioning, trainer
+from decal_jax import checkpoints, models, optimizers, partitioning, train_state
+from decal_jax.data import pipeline
 from decal_jax.layers import attention as attn
 from decal_jax.networks import param_layout
 from decal_jax.networks.t5 import REMAT_POLICIES, T5Config, Transformer
@@ -177,9 +178,9 @@ def test_scanned_adafactor_statistics_are_sharded_like_their_params():
   parameter's shape must still follow that parameter's (FSDP) sharding, not be replicated."""
   cfg = dataclasses.replace(PLAIN, scan_layers=True)
   model = _model(cfg)
-  data = trainer.DatasetConfig("unused", {"inputs": 11, "targets": 6}, batch_size=2)
+  data = pipeline.DatasetConfig("unused", {"inputs": 11, "targets": 6}, batch_size=2)
   part = partitioning.Partitioner()
-  state, _ = trainer.init_state(model, optimizers.adafactor(), part, data, seed=0)
+  state, _ = train_state.init_state(model, optimizers.adafactor(), part, data, seed=0)
   params = {jax.tree_util.keystr(path): leaf for path, leaf in
             jax.tree_util.tree_flatten_with_path(state["params"])[0]}
   checked = []
@@ -363,7 +364,7 @@ def test_checkpoints_load_converted_into_the_other_layout(tmp_path, capsys, src,
   assert report["initialised"] == [] and report["unused"] == []
   assert report["converted"] == (f"scan_layers: {src.scan_layers} -> {dst.scan_layers}, "
                                  f"fused_qkv: {src.fused_qkv} -> {dst.fused_qkv}")
-  trainer._start_from(str(tmp_path), fresh)  # pylint: disable=protected-access
+  train_state.start_from(str(tmp_path), fresh)  # pylint: disable=protected-access
   assert f"converted the checkpoint's layout: {report['converted']}" in capsys.readouterr().out
   ckpt = checkpoints.Checkpointer(str(tmp_path))
   evaluated = ckpt.restore_params(3, checkpoints.abstract_like(fresh))

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from decal_jax import checkpoints, gin_utils, partitioning, trainer
+from decal_jax import checkpoints, gin_utils, partitioning, train_state, trainer
+from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.networks import t5
 from decal_jax.retrieval import beir, index, ir_metrics, pipeline
 
@@ -103,9 +104,9 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   model = gin.query_parameter("%MODEL").scoped_configurable_fn()
   gin.clear_config()
   lengths = {"inputs": 16, "targets": 48}
-  params, step = trainer.restore_params(model, str(model_dir),
-                                        trainer.DatasetConfig("unused", lengths),
-                                        partitioning.Partitioner())
+  params, step = train_state.restore_params(model, str(model_dir),
+                                            DatasetConfig("unused", lengths),
+                                            partitioning.Partitioner())
   config = pipeline.index_config(model, 48, str(model_dir), step)
   opened = index.Index.open(str(idx_dir), expected_config=config)
   for doc in ("d0-1", "empty"):

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import decal_jax.tasks  # noqa: F401
-from decal_jax import checkpoints, models, optimizers, partitioning, trainer
+from decal_jax import (checkpoints, evaluation, models, optimizers, partitioning, train_state,
+                       trainer)
+from decal_jax.data import pipeline
 from decal_jax.data import batch_iterator, vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
 
@@ -24,7 +26,7 @@ def _model(emb_dim=32, ratio=4, compressor="latents"):
 
 
 def _cfg(**kw):
-  return trainer.DatasetConfig("decal_builtin_span_corruption", LENGTHS, batch_size=8, **kw)
+  return pipeline.DatasetConfig("decal_builtin_span_corruption", LENGTHS, batch_size=8, **kw)
 
 
 def _optimizer():
@@ -53,12 +55,12 @@ def test_adamw_step_matches_numpy():
 
 def test_short_training_run_lowers_the_loss():
   model, opt, part = _model(), _optimizer(), partitioning.Partitioner()
-  state, shardings = trainer.init_state(model, opt, part, _cfg(), seed=0)
+  state, shardings = train_state.init_state(model, opt, part, _cfg(), seed=0)
   step = trainer.make_train_step(model, opt, part, shardings)
-  batches = trainer.train_batches(_cfg(), model, skip=0)
+  batches = pipeline.train_batches(_cfg(), model, skip=0)
   losses = []
   for _ in range(40):
-    state, aux = step(state, trainer.to_global(next(batches), part), jax.random.PRNGKey(0))
+    state, aux = step(state, pipeline.to_global(next(batches), part), jax.random.PRNGKey(0))
     losses.append(float(aux["loss"]))
   assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
 
@@ -104,9 +106,9 @@ def test_resume_continues_where_it_stopped(tmp_path, capsys, monkeypatch):
                            straight["opt_state"])
   # The batch after a resume at step 3 is the 4th batch of an uninterrupted stream.
   model = _model()
-  fresh = trainer.train_batches(_cfg(), model, skip=0)
+  fresh = pipeline.train_batches(_cfg(), model, skip=0)
   fourth = [next(fresh) for _ in range(4)][-1]
-  after_resume = next(trainer.train_batches(_cfg(), model, skip=3))
+  after_resume = next(pipeline.train_batches(_cfg(), model, skip=3))
   for k in fourth:
     np.testing.assert_array_equal(fourth[k], after_resume[k])
 
@@ -131,23 +133,23 @@ def test_checkpoint_of_another_architecture_is_refused_and_left_intact(tmp_path)
 
 def test_feature_lengths_that_do_not_fit_are_refused():
   with pytest.raises(ValueError, match="targets would be cut"):
-    trainer.check_feature_lengths(
-        trainer.DatasetConfig("decal_builtin_span_corruption", {"inputs": 128, "targets": 8}),
+    pipeline.check_feature_lengths(
+        pipeline.DatasetConfig("decal_builtin_span_corruption", {"inputs": 128, "targets": 8}),
         _model())
   with pytest.raises(ValueError, match="positive integer 'inputs'"):
-    trainer.check_feature_lengths(
-        trainer.DatasetConfig("decal_builtin_span_corruption", {"targets": 8}), _model())
+    pipeline.check_feature_lengths(
+        pipeline.DatasetConfig("decal_builtin_span_corruption", {"targets": 8}), _model())
   small = _model()
   small.module = Transformer(T5Config(vocab_size=512, emb_dim=16, num_heads=2, head_dim=8,
                                       mlp_dim=16, num_encoder_layers=1, num_decoder_layers=1))
   with pytest.raises(ValueError, match="vocab_size >= "):
-    trainer.check_feature_lengths(_cfg(), small)
+    pipeline.check_feature_lengths(_cfg(), small)
 
 
 def test_infer_refuses_empty_input(tmp_path):
   with pytest.raises(ValueError, match="Input 1 is empty or whitespace only"):
-    trainer.infer(model=_model(), inputs=["some text", "   "], model_dir=str(tmp_path),
-                  task_feature_lengths=LENGTHS)
+    evaluation.infer(model=_model(), inputs=["some text", "   "], model_dir=str(tmp_path),
+                     task_feature_lengths=LENGTHS)
 
 
 def test_tensorboard_metrics_and_config_are_written(tmp_path):
@@ -177,15 +179,15 @@ def test_eval_restores_params_whatever_optimizer_trained_them(tmp_path):
                 total_steps=2, optimizer=optimizers.adamw(lambda step: 1e-3),
                 eval_batches=1, show_example=False)
   saved, _ = _restore_with(tmp_path, optimizers.adamw(lambda step: 1e-3))
-  params, step = trainer.restore_params(_model(), str(tmp_path), _cfg(),
-                                        partitioning.Partitioner())
+  params, step = train_state.restore_params(_model(), str(tmp_path), _cfg(),
+                                            partitioning.Partitioner())
   assert step == 2
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, saved["params"])
 
 
 def _restore_with(model_dir, optimizer):
   model, part = _model(), partitioning.Partitioner()
-  state, _ = trainer.init_state(model, optimizer, part, _cfg(), seed=0)
+  state, _ = train_state.init_state(model, optimizer, part, _cfg(), seed=0)
   ckpt = checkpoints.Checkpointer(str(model_dir))
   restored = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
   ckpt.close()
@@ -214,7 +216,7 @@ def test_starting_from_an_uncompressed_checkpoint_initialises_exactly_the_new_pa
   base = checkpoints.Checkpointer(str(baseline_dir)).manager.restore(
       2, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
   model, part = _model(ratio=4, compressor=compressor), partitioning.Partitioner()
-  fresh, _ = trainer.init_state(model, _optimizer(), part, _cfg(), seed=7)
+  fresh, _ = train_state.init_state(model, _optimizer(), part, _cfg(), seed=7)
   params, report = checkpoints.restore_matching_params(str(baseline_dir / "checkpoint_2"),
                                                        fresh["params"])
   flat = lambda t: {"/".join(k): np.asarray(v) for k, v in  # noqa: E731
@@ -239,8 +241,8 @@ def test_a_run_starts_from_an_initial_checkpoint_once_then_resumes_its_own(tmp_p
   assert "Resuming from step 1" in out and "Starting from" not in out
   ft = _restore(tmp_path / "ft")[0]
   assert int(ft["step"]) == 2  # counted from 0, not from the pretraining step
-  seed5 = trainer.init_state(_model(), _optimizer(), partitioning.Partitioner(), _cfg(),
-                             seed=5)[0]["params"]
+  seed5 = train_state.init_state(_model(), _optimizer(), partitioning.Partitioner(), _cfg(),
+                                 seed=5)[0]["params"]
   kernel = lambda p: np.asarray(p["decoder"]["logits_dense"]["kernel"])  # noqa: E731
   # two small steps from the pretrained weights, not from the run's own (seed 5) init
   assert np.abs(kernel(ft["params"]) - kernel(pre)).max() < \

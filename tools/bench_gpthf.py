@@ -183,35 +183,6 @@ def uncached_continuation(model: models.DecoderOnlyModel, params, prompt, contin
   return jax.lax.fori_loop(0, new_tokens, step, init)[1]
 
 
-def prefill_generate(model: models.DecoderOnlyModel, params, prompt, new_tokens: int,
-                     **decoder_kwargs):
-  """`DecoderOnlyModel.generate` on a `Decoder`, except that the fed prompt (BOS +
-  prompt[:-1]) goes into the KV cache in one causal prefill pass instead of n one-token
-  steps (its logits are unused, so XLA drops them); the k steps are the same."""
-  module = model.module
-  batch, length = prompt.shape
-  _, variables = module.apply({"params": params},
-                              jnp.ones((batch, length + new_tokens), jnp.int32), decode=True,
-                              enable_dropout=False, mutable=["cache"])
-  feed = jnp.pad(prompt, ((0, 0), (1, 0)))[:, :length]  # [b, n]
-  _, variables = module.apply({"params": params, "cache": variables["cache"]}, feed,
-                              decode=True, prefill=True, enable_dropout=False,
-                              mutable=["cache"])
-  last = prompt[:, -1:]
-
-  def tokens_to_logits(state: decoding.DecodingState):
-    token = jnp.where(state.cur_index == 0, last, state.cur_token)
-    logits, new = module.apply({"params": params, "cache": state.cache}, token, decode=True,
-                               enable_dropout=False, mutable=["cache"])
-    return logits[:, 0, :], new["cache"]
-
-  seqs, _ = model._decode_fn(  # pylint: disable=protected-access
-      inputs=jnp.zeros((batch, new_tokens), jnp.int32), cache=variables["cache"],
-      tokens_to_logits=tokens_to_logits, eos_id=model.output_vocabulary.eos_id,
-      **decoder_kwargs)
-  return seqs[:, -1, :]
-
-
 def side_functions(decoder: DecoderConfig, config: gpthf.GpthfConfig, new_tokens: int,
                    continuation: str) -> Dict[str, Callable]:
   """{side: fn(params, prompt [b, n], text continuation [b, k]) -> tokens [b, k]}."""
@@ -224,12 +195,12 @@ def side_functions(decoder: DecoderConfig, config: gpthf.GpthfConfig, new_tokens
         "GPTHF": lambda p, prompt, text: ours.generate(p, prompt, k, forced=text),
         "GPT no cache": lambda p, prompt, text: uncached_continuation(gpt, p, prompt, text),
         "GPT cache": lambda p, prompt, text: gpt.generate(p, prompt, k, forced=text),
-        "GPT cache + prefill": lambda p, prompt, text: prefill_generate(gpt, p, prompt, k,
-                                                                       forced=text)}
+        "GPT cache + prefill": lambda p, prompt, text: gpt.generate(p, prompt, k, prefill=True,
+                                                                    forced=text)}
   return {"GPTHF": lambda p, prompt, text: ours.generate(p, prompt, k),
           "GPT no cache": lambda p, prompt, text: gpt.generate_uncached(p, prompt, k),
           "GPT cache": lambda p, prompt, text: gpt.generate(p, prompt, k),
-          "GPT cache + prefill": lambda p, prompt, text: prefill_generate(gpt, p, prompt, k)}
+          "GPT cache + prefill": lambda p, prompt, text: gpt.generate(p, prompt, k, prefill=True)}
 
 
 def compile_side(name: str, fn: Callable, params, prompt, text, what: str) -> Side:

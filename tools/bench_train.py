@@ -6,7 +6,7 @@
 The model, optimizer and partitioner come from the gin files and bindings a train run uses
 (`--gin_file`, `--gin.NAME=VALUE`, `--gin_bindings`, as `python -m decal_jax.train`; without
 a run file: Adafactor and a one-axis data mesh, the trainer's defaults). The step is the
-trainer's own (`trainer.init_state` + `trainer.make_train_step`: donated state, the NaN
+trainer's own (`train_state.init_state` + `trainer.make_train_step`: donated state, the NaN
 guard, the optimizer update), compiled ahead of time so compile time is measured apart.
 
 Reported per configuration:
@@ -48,7 +48,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from decal_jax import flops, gin_utils, losses, optimizers, partitioning, trainer  # noqa: E402
+from decal_jax import (flops, gin_utils, losses, optimizers, partitioning,  # noqa: E402
+                       train_state, trainer)
+from decal_jax.data import pipeline  # noqa: E402
 from decal_jax.benchmarking import (device_peak, machine_record, median_seconds,  # noqa: E402
                                     write_jsonl, xla_cost)
 from decal_jax.compress.latents import DecalLatents  # noqa: E402
@@ -146,8 +148,8 @@ class Runner:
 
   def __init__(self, setup: Setup, seed: int):
     self.setup = setup
-    cfg = trainer.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
-    self.state, shardings = trainer.init_state(setup.model, setup.optimizer,
+    cfg = pipeline.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
+    self.state, shardings = train_state.init_state(setup.model, setup.optimizer,
                                                setup.partitioner, cfg, seed)
     step = trainer.make_train_step(setup.model, setup.optimizer, setup.partitioner, shardings)
     self.batch = trainer.to_global(synthetic_batch(setup, seed), setup.partitioner)
@@ -378,8 +380,8 @@ def _time_part(module, inputs, seed: int, repeats: int):
 
 def _time_optimizer(setup: Setup, seed: int, repeats: int):
   """(seconds, XLA FLOPs) of the optimizer update + apply on the model's parameters."""
-  cfg = trainer.DatasetConfig("synthetic", setup.lengths, batch_size=1)
-  abstract, _ = trainer.abstract_params(setup.model, cfg, setup.partitioner)
+  cfg = pipeline.DatasetConfig("synthetic", setup.lengths, batch_size=1)
+  abstract, _ = train_state.abstract_params(setup.model, cfg, setup.partitioner)
   keys = iter(jax.random.split(jax.random.PRNGKey(seed), len(jax.tree_util.tree_leaves(abstract))))
   params = jax.tree_util.tree_map(
       lambda a: 0.05 * jax.random.normal(next(keys), a.shape, a.dtype), abstract)

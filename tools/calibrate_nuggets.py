@@ -25,8 +25,8 @@ def main(argv=None):
   files, paths, bindings = gin_utils.split_args(rest)
   gin_utils.parse(files, paths, bindings)
   model_dir = gin.query_parameter("%MODEL_DIR")
-  train_cfg = gin.get_configurable("train/trainer.DatasetConfig")()
-  eval_cfg = gin.get_configurable("validation/trainer.DatasetConfig")()
+  train_cfg = gin.get_configurable("train/pipeline.DatasetConfig")()
+  eval_cfg = gin.get_configurable("validation/pipeline.DatasetConfig")()
   model, params, step, _ = gin_utils.load_model(files, model_dir, search_paths=paths,
                                                 bindings=bindings,
                                                 feature_lengths=train_cfg.task_feature_lengths)

@@ -100,15 +100,15 @@ def run(name: str, args, work: pathlib.Path) -> dict:
 
 def _calibrated_eval(files, bindings, model_dir):
   import gin
-  from decal_jax import calibration, gin_utils, trainer
+  from decal_jax import calibration, evaluation, gin_utils
   model, params, _, _ = gin_utils.load_model(files, str(model_dir), bindings=bindings)
-  train_cfg = gin.get_configurable("train/trainer.DatasetConfig")()
-  eval_cfg = gin.get_configurable("validation/trainer.DatasetConfig")()
+  train_cfg = gin.get_configurable("train/pipeline.DatasetConfig")()
+  eval_cfg = gin.get_configurable("validation/pipeline.DatasetConfig")()
   found = calibration.calibrate(model, params, train_cfg, eval_cfg)
   calibration.write_binding(str(model_dir), found["threshold"])
   calibrated = list(bindings) + [f"NUGGET_THRESHOLD = {found['threshold']!r}"]
   model = gin_utils.load_model(files, bindings=calibrated).model
-  metrics = gin.get_configurable(trainer.evaluate)(model=model, model_dir=str(model_dir))
+  metrics = gin.get_configurable(evaluation.evaluate)(model=model, model_dir=str(model_dir))
   note = (f"Λ = {found['threshold']:.4g} calibrated on training text: "
           f"{100 * found['validation_fraction']:.1f} % of validation tokens are nuggets "
           f"(target {100 * found['target_fraction']:.0f} %)")

@@ -70,7 +70,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
   (Qwen2 base models: '<|endoftext|>').
 
   Padding: seqio and every model here pad with id 0 and read "id > 0" as "a real token"
-  (masks, loss weights targets != 0, BOS = 0, `inference.token_text` keeps ids > 0). In
+  (masks, loss weights targets != 0, BOS = 0, `evaluation.token_text` keeps ids > 0). In
   GPT-2-style byte-level BPE vocabularies (Qwen2's, GPT-2's) id 0 is a real token, '!',
   which would vanish wherever it is tokenised on its own ('Hello!' -> 'Hello', '!').
   `zero_id_to=R` fixes that exactly: encode writes the tokenizer's id 0 as R and decode

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import fileio, metrics, partitioning, trainer
+from decal_jax import fileio, metrics, partitioning, train_state
+from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.retrieval import beir, index, ir_metrics
 
 EOS_ID = 1
@@ -143,8 +144,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   data = beir.load_beir(folder, split)
   partitioner = partitioner or partitioning.Partitioner()
   lengths = {"inputs": query_length, "targets": passage_length}
-  cfg = trainer.DatasetConfig(task_name or "decal_beir_builtin", lengths, split=split)
-  params, step = trainer.restore_params(model, model_dir, cfg, partitioner)
+  cfg = DatasetConfig(task_name or "decal_beir_builtin", lengths, split=split)
+  params, step = train_state.restore_params(model, model_dir, cfg, partitioner)
   config = index_config(model, passage_length, model_dir, step)
   directory = index_dir or os.path.join(model_dir, "index", f"{name}.step{step}")
   corpus_index = build_or_open_index(directory, data, model, params, config, passage_length,

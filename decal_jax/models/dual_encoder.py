@@ -17,6 +17,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from decal_jax.models import base
 from decal_jax.retrieval import maxsim
 
 Array = jax.Array
@@ -80,26 +81,29 @@ class DualEncoderFeatureConverter(seqio.FeatureConverter):
     return self._inner(task_feature_lengths).get_model_feature_lengths(task_feature_lengths)
 
 
-class DualEncoderModel:
-  """Loss / eval / scoring / encoding around `networks.dual_encoder.DualEncoder`.
+class DualEncoderModel(base.BaseModel):
+  """Loss / eval / scoring / encoding around `networks.dual_encoder.DualEncoder`. It
+  encodes, it does not decode text (retrieval is `decal_jax.retrieve`).
 
   `temperature` divides the MaxSim scores before the softmax (1.0 suits multi-vector sums
   of cosines; a single normalised vector wants about 0.05)."""
 
   FEATURE_CONVERTER_CLS = DualEncoderFeatureConverter
+  PREDICTS_TEXT = False
 
   def __init__(self, module, input_vocabulary: seqio.Vocabulary,
                output_vocabulary: Optional[seqio.Vocabulary] = None, temperature: float = 1.0):
     if temperature <= 0:
       raise ValueError(f"DualEncoderModel.temperature must be positive, got {temperature}.")
-    self.module = module
-    self.input_vocabulary = input_vocabulary
-    self.output_vocabulary = output_vocabulary or input_vocabulary
+    super().__init__(module, input_vocabulary, output_vocabulary or input_vocabulary)
     self.temperature = temperature
 
   # ------------------------------------------------------------------------- init
-  def input_shapes(self, task_feature_lengths: Mapping[str, int]):
-    """Model-feature shapes (batch 1) for `get_initial_variables`."""
+  @property
+  def vocab_size(self) -> int:
+    return self.module.config.encoder.vocab_size
+
+  def input_shapes(self, task_feature_lengths: Mapping[str, int]) -> base.Shapes:
     return {FEATURE_NAMES[k]: (1, n) for k, n in task_feature_lengths.items()
             if k in FEATURE_NAMES}
 
@@ -131,10 +135,8 @@ class DualEncoderModel:
                                         passage_valid, query_weights, candidates,
                                         self.temperature)
 
-  def eval_fn(self, params, batch: Batch):
-    return self.loss_fn(params, batch, dropout_rng=None)
-
   def summarize(self, sums: Mapping[str, float]):
+    """Loss and in-batch accuracy over the queries."""
     return maxsim.summarize(sums)
 
   def num_tokens(self, batch: Mapping[str, np.ndarray]) -> int:

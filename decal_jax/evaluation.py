@@ -1,0 +1,305 @@
+"""Evaluation and inference loops (T5X's `eval.py` / `infer.py`) and the files they write.
+
+`evaluate(...)` restores MODEL_DIR's latest checkpoint, measures the teacher-forced loss /
+accuracy over the validation split and, for tasks with `predict_metric_fns` (ROUGE, EM /
+F1), decodes the split and writes MODEL_DIR/eval_results/
+`<task>.<split>.<step>.predictions.jsonl` (one line per example: inputs, target,
+prediction) and `.metrics.json`. `infer(...)` decodes input texts. The trainer uses
+`evaluate_params`, `decode_example` and `report` for its periodic and final evaluation.
+"""
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+import seqio
+import tqdm
+
+from decal_jax import fileio, metrics, partitioning, train_state
+from decal_jax.data import local_files, pipeline, text_to_text
+from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.models import BaseModel
+
+
+# ------------------------------------------------------------------------------ loss
+def make_eval_step(model: BaseModel, partitioner):
+  """(params, global batch) -> the model's summable aux values, jitted."""
+  jitted = jax.jit(lambda params, batch: model.eval_fn(params, batch)[1],
+                   out_shardings=partitioner.replicated())
+
+  def run(params, batch):
+    with partitioner.activate():
+      return jitted(params, batch)
+  return run
+
+
+def evaluate_params(params, model: BaseModel, cfg: DatasetConfig, partitioner,
+                    max_batches: int = 50):
+  """Validation loss / accuracy over up to `max_batches` batches of `cfg.split`."""
+  step = make_eval_step(model, partitioner)
+  sums: Dict[str, float] = {}
+  ds = pipeline.get_dataset(dataclasses.replace(cfg, shuffle=False), model, 1, partitioner)
+  for batch in pipeline.lockstep_batches(ds, cfg.batch_size // partitioner.data_shard().count,
+                                         max_batches):
+    aux = jax.device_get(step(params, pipeline.to_global(batch, partitioner)))
+    for k, v in aux.items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  if not sums:
+    raise ValueError(f"Split {cfg.split!r} of {cfg.mixture_or_task_name!r} gave no examples.")
+  return model.summarize(sums)
+
+
+# ------------------------------------------------------------------------------ train report
+def decode_example(params, model: BaseModel, cfg: DatasetConfig, partitioner) -> Dict[str, str]:
+  """Greedy-decodes the first example of `cfg.split` from its compressed encoding."""
+  ds = pipeline.get_dataset(dataclasses.replace(cfg, shuffle=False,
+                                                batch_size=jax.process_count()),
+                            model, num_epochs=1)
+  batch = next(ds.as_numpy_iterator())
+  with partitioner.activate():
+    tokens = jax.jit(model.predict_batch)(params, batch)
+  vocab = model.output_vocabulary
+
+  def text(ids):
+    return vocab.decode([int(t) for t in ids if t > 0])
+
+  example = {name: text(batch[feature][0]) for name, feature in model.EXAMPLE_FEATURES}
+  return dict(example, prediction=text(np.asarray(tokens)[0]))
+
+
+def can_decode_example(model: BaseModel) -> bool:
+  """Whether the model decodes text from inputs (a decoder-only LM has no input to decode
+  from; its report is the perplexity)."""
+  return model.PREDICTS_TEXT and not model.DECODER_ONLY
+
+
+def report(result: Mapping[str, float], example: Optional[Mapping[str, str]], step: int) -> None:
+  """Prints the held-out metrics and, if given, the decoded example (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  if "perplexity" in result:
+    print(f"\nHeld-out (validation) at step {step}: loss {result['loss']:.4f}, "
+          f"token accuracy {result['accuracy']:.4f}, perplexity {result['perplexity']:.2f} "
+          f"over {int(result['target_tokens'])} target tokens.")
+  else:  # a model with its own summary (the dual encoder: in-batch accuracy)
+    print(f"\nHeld-out (validation) at step {step}: " +
+          ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
+  if example is None:
+    return
+  print("Validation example, decoded from the compressed encoding:")
+  for key, value in example.items():
+    print(f"  {key:>10}: {value}")
+
+
+# ------------------------------------------------------------------------------ evaluate
+def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: str, partitioner=None,
+             eval_batches: int = 50, max_predict_examples: Optional[int] = None,
+             num_decodes: int = 1) -> Dict[str, float]:
+  """Evaluates the latest checkpoint: teacher-forced loss / accuracy over `eval_batches`
+  batches and, for tasks with metrics (ROUGE, EM/F1), decodes the split (or its first
+  `max_predict_examples`) and writes predictions + metrics to MODEL_DIR/eval_results/.
+  TensorBoard gets everything under MODEL_DIR/eval."""
+  partitioner = partitioner or partitioning.Partitioner()
+  pipeline.check_feature_lengths(eval_dataset_cfg, model)
+  params, step = train_state.restore_params(model, model_dir, eval_dataset_cfg, partitioner)
+  result = evaluate_params(params, model, eval_dataset_cfg, partitioner, eval_batches)
+  print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
+  tasks = (tasks_with_metrics(eval_dataset_cfg.mixture_or_task_name)
+           if model.PREDICTS_TEXT else [])  # the dual encoder: decal_jax.retrieve
+  if tasks:
+    with partitioner.activate():
+      predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
+
+    def predict_fn(batch):
+      with partitioner.activate():
+        return jax.device_get(predict(params, pipeline.to_global(batch, partitioner)))
+    for task in tasks:
+      result.update(_predict_and_write(task, predict_fn, model, eval_dataset_cfg, model_dir,
+                                       step, max_predict_examples))
+  pipeline.print_data_notes()
+  writer = metrics.MetricsWriter(model_dir)
+  writer.write("eval", step, result)
+  writer.close()
+  return result
+
+
+def _predict_and_write(task: seqio.Task, predict_fn, model: BaseModel, cfg: DatasetConfig,
+                       model_dir: str, step: int, max_examples: Optional[int]
+                       ) -> Dict[str, float]:
+  """Decodes a task's split, writes its predictions and metrics (process 0), and returns
+  the metrics as `<task>/<name>` values."""
+  scores, rows = predict_task(
+      task, predict_fn, model.FEATURE_CONVERTER_CLS(pack=False), cfg.task_feature_lengths,
+      cfg.split, cfg.batch_size // jax.process_count(), max_examples)
+  scores = dict(scores, num_examples=len(rows), step=step,
+                compression_ratio=model.compression_ratio(cfg.task_feature_lengths))
+  if jax.process_index() == 0:
+    paths = write_results(model_dir, task.name, cfg.split, step, scores, rows)
+    print(f"{task.name} ({len(rows)} examples): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in sorted(scores.items())
+        if k not in ("step", "num_examples", "compression_ratio")) +
+          f"\n  predictions: {paths['predictions']}\n  metrics:     {paths['metrics']}")
+  return {f"{task.name}/{k}": float(v) for k, v in scores.items() if k != "step"}
+
+
+# ------------------------------------------------------------------------------ infer
+def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Sequence[str] = (),
+          input_file: Optional[str] = None, input_field: str = "inputs",
+          input_kind: Optional[str] = None, output_file: Optional[str] = None,
+          partitioner=None, num_decodes: int = 1, batch_size: int = 32) -> Sequence[str]:
+  """Decodes input texts with the latest checkpoint; prints and returns the outputs.
+
+  Inputs: `inputs` (texts), and/or `input_file` (JSONL: each line's `input_field`, or with
+  `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
+  as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
+  note. `output_file` gets one JSON line per input: {"inputs", "prediction"}."""
+  texts = list(inputs)
+  if input_file:
+    texts += read_inputs(input_file, input_field, input_kind)
+  if not texts:
+    raise ValueError("Nothing to decode: give INFER_INPUTS=['text', ...] or "
+                     "INFER_INPUT_FILE='file.jsonl'.")
+  for i, text in enumerate(texts):
+    if not isinstance(text, str) or not text.strip():
+      raise ValueError(f"Input {i} is empty or whitespace only ({text!r}); give each input "
+                       "some text to encode.")
+  partitioner = partitioner or partitioning.Partitioner()
+  cfg = DatasetConfig("", task_feature_lengths)
+  params, _ = train_state.restore_params(model, model_dir, cfg, partitioner)
+  ids = _input_ids(model.input_vocabulary, texts, task_feature_lengths["inputs"])
+  with partitioner.activate():
+    predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
+  outputs = []
+  for start in tqdm.trange(0, len(ids), batch_size, desc="decode", disable=len(ids) <= batch_size):
+    chunk = ids[start:start + batch_size]
+    enc = np.zeros((batch_size, max(len(x) for x in chunk)), np.int32)
+    for i, x in enumerate(chunk):
+      enc[i, :len(x)] = x
+    batch = {"encoder_input_tokens": enc,
+             "decoder_input_tokens": np.zeros((batch_size, task_feature_lengths["targets"]),
+                                              np.int32)}
+    with partitioner.activate():
+      tokens = np.asarray(predict(params, batch))[:len(chunk)]
+    outputs += [token_text(model.output_vocabulary, row) for row in tokens]
+  if output_file:
+    write_predictions(output_file, texts, outputs)
+    print(f"Wrote {len(outputs)} predictions to {output_file}.")
+  else:
+    for text, out in zip(texts, outputs):
+      print(f"input:  {text}\noutput: {out}\n")
+  return outputs
+
+
+def _input_ids(vocab: seqio.Vocabulary, texts: Sequence[str], max_len: int) -> List[List[int]]:
+  """Each text's ids cut to `max_len - 1`, then EOS (a note says how many were cut)."""
+  encoded = [list(vocab.encode(t)) for t in texts]
+  cut = sum(len(x) > max_len - 1 for x in encoded)
+  if cut:
+    print(f"note: {cut} of {len(texts)} inputs were longer than {max_len - 1} tokens and were "
+          "cut; raise TASK_FEATURE_LENGTHS['inputs'] to keep more.")
+  return [x[:max_len - 1] + [vocab.eos_id] for x in encoded]
+
+
+# ------------------------------------------------------------------------------ task splits
+def tasks_with_metrics(name: str) -> List[seqio.Task]:
+  """The task itself, or a mixture's sub-tasks, that have prediction metrics."""
+  task = seqio.get_mixture_or_task(name)
+  tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
+  return [t for t in tasks if t.predict_metric_fns]
+
+
+def token_text(vocabulary: seqio.Vocabulary, ids: Iterable[int]) -> str:
+  """Text of decoded ids, up to the first EOS (padding dropped)."""
+  ids = [int(i) for i in ids]
+  if vocabulary.eos_id in ids:
+    ids = ids[:ids.index(vocabulary.eos_id)]
+  return vocabulary.decode([i for i in ids if i > 0])
+
+
+def _plain(value: Any) -> Any:
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if isinstance(value, np.ndarray):
+    return [_plain(v) for v in value.tolist()]
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  return value
+
+
+def predict_task(task: seqio.Task, predict_fn, feature_converter, lengths: Mapping[str, int],
+                 split: str, batch_size: int, max_examples: Optional[int] = None
+                 ) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+  """(metrics, [{'inputs', 'target', 'prediction'}]) over a task split.
+
+  `predict_fn(batch) -> [batch, length]` token ids (a padded final batch is cut back)."""
+  ds = task.get_dataset(lengths, split=split, shuffle=False, num_epochs=1)
+  if max_examples:
+    ds = ds.take(max_examples)
+  ds = ds.cache()  # read (and truncation-counted) once, then replayed for the model features
+  examples = list(ds.as_numpy_iterator())
+  if not examples:
+    raise ValueError(f"Split {split!r} of {task.name!r} gave no examples.")
+  model_ds = feature_converter(ds, lengths).batch(batch_size)
+  vocab = task.output_features["targets"].vocabulary
+  predictions: List[str] = []
+  bar = tqdm.tqdm(total=len(examples), desc=f"decode {task.name}", dynamic_ncols=True,
+                  disable=jax.process_index() != 0)
+  for batch in model_ds.as_numpy_iterator():
+    n = len(batch["encoder_input_tokens"])
+    tokens = np.asarray(predict_fn(pipeline.pad_batch(batch, batch_size)))[:n]
+    predictions += [token_text(vocab, row) for row in tokens]
+    bar.update(n)
+  bar.close()
+  targets = [task.postprocess_fn(_plain(ex["targets_pretokenized"]), example=ex, is_target=True)
+             for ex in examples]
+  outputs = [task.postprocess_fn(p, example=ex, is_target=False)
+             for p, ex in zip(predictions, examples)]
+  scores: Dict[str, float] = {}
+  for fn in task.predict_metric_fns:
+    scores.update(fn(targets, outputs))
+  rows = [{"inputs": _plain(ex["inputs_pretokenized"]), "target": _plain(t), "prediction": p}
+          for ex, t, p in zip(examples, targets, outputs)]
+  return scores, rows
+
+
+def write_results(model_dir: str, task: str, split: str, step: int,
+                  scores: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+  """Writes the predictions JSONL and the metrics JSON; returns their paths."""
+  base = os.path.join(model_dir, "eval_results", f"{task}.{split}.{step}")
+  paths = {"predictions": base + ".predictions.jsonl", "metrics": base + ".metrics.json"}
+  fileio.write_text_atomic(paths["predictions"],
+                           "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+  fileio.write_text_atomic(paths["metrics"], json.dumps(dict(scores), indent=2) + "\n")
+  return paths
+
+
+def write_predictions(path: str, inputs: Sequence[str], predictions: Sequence[str]) -> None:
+  """JSONL {"inputs", "prediction"} per line, written atomically."""
+  fileio.write_text_atomic(path, "".join(
+      json.dumps({"inputs": i, "prediction": p}, ensure_ascii=False) + "\n"
+      for i, p in zip(inputs, predictions)))
+
+
+def read_inputs(path: str, field: str = "inputs", kind: Optional[str] = None) -> List[str]:
+  """Input texts from a JSONL file: the `field` of each line as it is or, given a task kind
+  ('summarization' / 'qa'), each line's record formatted as that kind's tasks do."""
+  texts = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        if kind is None:
+          record = local_files.parse_line(line, local_files.Schema({field: "text"}), {})
+          texts.append(record[field])
+        else:
+          record = local_files.parse_line(line, text_to_text.input_schema(kind), {})
+          texts.append(text_to_text.format_inputs(kind, record))
+      except local_files.BadRecordError as e:
+        raise local_files.BadRecordError(f"{path}:{number}: {e}") from None
+  if not texts:
+    raise ValueError(f"{path} holds no input line.")
+  return texts
