@@ -1,7 +1,7 @@
 """Calibrating Dodo's nugget threshold Λ for a trained compressed-history LM (`DodoLM` with
-selection='nuggets'): cached generation keeps the tokens whose score exceeds Λ, so Λ is the
-(1 - 1/r) quantile of the scorer's outputs on sample text, and about 1 / r of the tokens
-become nuggets. `tools/calibrate_nuggets.py` runs it; `tools/lm_table.py` uses it too.
+selection='nuggets'): cached generation keeps the tokens whose score exceeds Λ, so Λ is set
+between two neighbouring scorer outputs on sample text with 1 / r of them above it, and
+about 1 / r of the tokens become nuggets. `tools/calibrate_nuggets.py` runs it; `tools/lm_table.py` uses it too.
 """
 import dataclasses
 import pathlib

@@ -5,8 +5,8 @@
     --gin_file=models/dodo_lm.gin --gin_file=runs/lm_builtin.gin \
     --gin.MODEL_DIR="'runs/dodo_lm_tiny'" [--batches 8]
 
-Reads --batches batches of the run's training split, takes the (1 - 1/r) quantile of the
-scorer's outputs, reports the share of nuggets it gives on the validation split, and writes
+Reads --batches batches of the run's training split, sets Λ between two neighbouring
+scorer outputs with 1 / r of them above it, reports the share of nuggets it gives on the validation split, and writes
 MODEL_DIR/nugget_threshold.gin (`NUGGET_THRESHOLD = ...`) to pass as one more --gin_file
 (`decal_jax.calibration`).
 """

@@ -5,7 +5,7 @@
   the highest scores first, the last real token always kept, padding never; ties go to the
   earlier token. The kept indices come back in text order.
 * `calibrate_threshold` / `select_threshold` (autoregressive mode, §2.2): a token is a nugget
-  when its score exceeds Λ, with Λ the (1 - 1/r) quantile of scores on sample text.
+  when its score exceeds Λ, set on sample text so that 1/r of its scores exceed it.
 * `straight_through`: `s - stop_gradient(s)`, zero in the forward pass, added to every
   attention logit toward a nugget so the scorer learns from the LM loss alone (§2.4).
 * `segment_means`: the Compressive Transformer baseline — the mean of each fixed segment
@@ -72,13 +72,23 @@ def select_topk(scores: Array, tokens: Array, ratio: float) -> Selection:
 
 
 def calibrate_threshold(scores: np.ndarray, valid: np.ndarray, ratio: float) -> float:
-  """Λ such that about 1/r of the valid scores exceed it (the (1 - 1/r) quantile)."""
+  """Λ such that k = round(count / r) of the valid scores exceed it (at least one).
+
+  Λ lies halfway between the k-th and the (k+1)-th largest score, as far as it can be from
+  every sample score. A quantile can land on a sample score itself, and a token scored
+  there would be a nugget or not by float rounding alone: the cached and the parallel pass
+  sum in other orders and would disagree about it.
+  """
   check_ratio(ratio)
   values = np.asarray(scores, np.float64)[np.asarray(valid, bool)]
   if values.size == 0:
     raise ValueError("No valid token scores to calibrate the threshold on: pass sample text "
                      "with real (non-padding) tokens.")
-  return float(np.quantile(values, 1.0 - 1.0 / ratio))
+  descending = np.sort(values)[::-1]
+  k = int(np.clip(round(values.size / ratio), 1, values.size))
+  if k == values.size:  # every token a nugget (r close to 1)
+    return float(descending[-1] - 1.0)
+  return float((descending[k - 1] + descending[k]) / 2)
 
 
 def select_threshold(scores: Array, valid: Array, threshold: float) -> Array:

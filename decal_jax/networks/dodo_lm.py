@@ -256,7 +256,8 @@ class DodoLM(DecoderOnlyNetwork):
 
 # --------------------------------------------------------------------------- calibration
 def calibrate_threshold(module: DodoLM, params, token_batches) -> float:
-  """Λ from sample text: the (1 - 1/r) quantile of the scorer's outputs on real tokens.
+  """Λ from sample text: about 1/r of the scorer's outputs on real tokens exceed it
+  (`nuggets.calibrate_threshold`).
 
   token_batches: iterable of `[batch, n]` int arrays (0 = padding after the text).
   """
