@@ -1,0 +1,35 @@
+"""Tolerances for comparing two float32 computations of the same mathematics.
+
+Two programs that evaluate the same sums in different orders (another blocking of a matmul,
+AVX2 against AVX-512 kernels, XLA against PyTorch, a cached step against a full pass) round
+differently, so their float32 results differ even though the mathematics is equal. Each
+addition rounds by at most eps / 2 of its partial sum; over K terms of size up to M these
+rounding errors add like a random walk, to about eps * sqrt(K) * M, and rarely to more than
+a few times that. A test comparing two float32 runs states K and M through these helpers
+instead of a bare number such as 1e-5, so the bound holds on any x86-64 CPU.
+
+Comparisons against a float64 numpy reference need no helper: the float32 side's own
+rounding is the whole difference, and those tests state their tolerance where they use it.
+"""
+import math
+from typing import Iterable
+
+import numpy as np
+
+EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7: the spacing of float32 numbers at 1.0
+SAFETY = 8.0  # a random walk of K steps ends past 8 standard deviations almost never
+
+
+def reorder_atol(terms: int, magnitude: float, safety: float = SAFETY) -> float:
+  """Bound on |a - b| when a and b are float32 sums of the same `terms` values, each of
+  absolute size up to `magnitude`, added in two different orders."""
+  return safety * EPS32 * math.sqrt(terms) * float(magnitude)
+
+
+def network_atol(output, reductions: Iterable[int], safety: float = SAFETY) -> float:
+  """Bound on |a - b| for two float32 runs of one network that differ only in summation
+  order. `reductions`: the lengths of the sums on the path from input to output (per layer
+  e.g. the embedding width, the attended length, the MLP width); their rounding errors,
+  relative to the activations, add up along the path and reach the output scaled by its
+  size, `max |output|`."""
+  return reorder_atol(sum(reductions), np.max(np.abs(np.asarray(output))), safety)
