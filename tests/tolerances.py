@@ -33,3 +33,13 @@ def network_atol(output, reductions: Iterable[int], safety: float = SAFETY) -> f
   relative to the activations, add up along the path and reach the output scaled by its
   size, `max |output|`."""
   return reorder_atol(sum(reductions), np.max(np.abs(np.asarray(output))), safety)
+
+
+def stack_reductions(cfg, keys: int, layers: int = None):
+  """The sums on the path through a transformer stack of config `cfg` (emb_dim, num_heads,
+  head_dim, mlp_dim, num_layers): per layer q / k / v (emb_dim terms), attention over
+  `keys` positions, the output projection (heads x head_dim), the MLP's two matmuls
+  (emb_dim, mlp_dim); then the logits (emb_dim). `layers` defaults to cfg.num_layers."""
+  layers = cfg.num_layers if layers is None else layers
+  per_layer = [cfg.emb_dim, keys, cfg.num_heads * cfg.head_dim, cfg.emb_dim, cfg.mlp_dim]
+  return per_layer * layers + [cfg.emb_dim]
