@@ -17,6 +17,7 @@ from decal_jax.networks.decoder import Decoder, DecoderConfig, DecoderStack, cau
 from decal_jax.networks.dodo import Dodo, DodoConfig
 
 import numpy_llama
+import tolerances
 
 VOCAB = 61
 TINY = DecoderConfig(vocab_size=VOCAB, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -129,17 +130,19 @@ def test_decoder_matches_numpy_and_cached_decoding_and_prefill_match_full_pass()
     out, cache = module.apply({"params": params, **cache}, tokens[:, i:i + 1], decode=True,
                               enable_dropout=False, mutable=["cache"])
     steps.append(out)
-  np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+  # Cached steps and prefill sum the full pass's terms in other orders: float32 reordering.
+  tol = tolerances.network_atol(full, tolerances.stack_reductions(TINY, keys=9))
+  np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=tol)
   # prefill 5 tokens at once, then step
   _, cache = module.apply({"params": params}, jnp.ones((2, 9), jnp.int32), decode=True,
                           enable_dropout=False, mutable=["cache"])
   pre, cache = module.apply({"params": params, **cache}, tokens[:, :5], decode=True,
                             prefill=True, enable_dropout=False, mutable=["cache"])
-  np.testing.assert_allclose(pre, full[:, :5], atol=1e-5)
+  np.testing.assert_allclose(pre, full[:, :5], atol=tol)
   for i in range(5, 9):
     out, cache = module.apply({"params": params, **cache}, tokens[:, i:i + 1], decode=True,
                               enable_dropout=False, mutable=["cache"])
-    np.testing.assert_allclose(out[:, 0], full[:, i], atol=1e-5)
+    np.testing.assert_allclose(out[:, 0], full[:, i], atol=tol)
 
 
 def _stack_logits(cfg, stack_params, tokens, adapter):
@@ -156,9 +159,12 @@ def test_lora_adapters_match_numpy_and_start_as_the_base_model():
   cfg = dataclasses.replace(TINY, lora_rank=4, lora_adapters=("a", "b"))
   tokens = np.random.default_rng(4).integers(1, VOCAB, (2, 7)).astype(np.int32)
   fresh = Decoder(cfg).init(jax.random.PRNGKey(0), tokens, enable_dropout=False)["params"]
-  # B = 0 at initialisation: a fresh adapter gives the base model's output
-  np.testing.assert_allclose(_stack_logits(cfg, fresh["stack"], tokens, "a"),
-                             _stack_logits(cfg, fresh["stack"], tokens, None), atol=1e-6)
+  # B = 0 at initialisation: a fresh adapter gives the base model's output (it adds exact
+  # zeros; the two programs may still block their sums differently)
+  base = _stack_logits(cfg, fresh["stack"], tokens, None)
+  np.testing.assert_allclose(_stack_logits(cfg, fresh["stack"], tokens, "a"), base,
+                             atol=tolerances.network_atol(base, tolerances.stack_reductions(
+                                 cfg, keys=7)))
   trained = _perturbed(fresh)["stack"]
   for adapter in ("a", "b", None):
     reference = numpy_llama.Llama(cfg, _f64(trained))
