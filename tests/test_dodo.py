@@ -248,10 +248,20 @@ def test_cached_decoding_from_nuggets_equals_recomputing(selection):
   recomputed = model.predict_batch_uncached(params, batch)
   np.testing.assert_array_equal(cached, recomputed)
   assert len(set(map(tuple, np.asarray(cached).tolist()))) > 1  # not degenerate
-  # beam search expands the nuggets (a pytree) per beam and runs to the end
-  beams = models.EncoderDecoderModel(module, vocab, vocab).predict_batch(
-      params, batch, num_decodes=2)
+  # beam search expands the nuggets (a pytree) per beam and runs to the end; each best
+  # beam's score is the full pass's log probability of its tokens, length-normalised
+  beam_model = models.EncoderDecoderModel(module, vocab, vocab)
+  beams, aux = beam_model.predict_batch_with_aux(params, batch, num_decodes=2)
   assert beams.shape == targets.shape
+  beams = np.asarray(beams)
+  length = (beams > 0).sum(-1)
+  scored = dict(batch, decoder_target_tokens=beams,
+                decoder_input_tokens=np.pad(beams, ((0, 0), (1, 0)))[:, :-1],
+                decoder_loss_weights=(beams > 0).astype(np.float32))
+  want = np.asarray(beam_model.score_batch(params, scored)) / ((5 + length) / 6) ** 0.6
+  # Cached steps against one full pass: float32 sums in two orders, over a handful of log
+  # probabilities (|each| < 10); 1e-4 is several hundred eps of that.
+  np.testing.assert_allclose(np.asarray(aux["scores"]), want, rtol=1e-4, atol=1e-4)
 
 
 def test_context_and_targets_beyond_max_length_are_refused():
