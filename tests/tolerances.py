@@ -11,7 +11,7 @@ instead of a bare number such as 1e-5, so the bound holds on any x86-64 CPU.
 `network_atol` scales by the output's size, which assumes the layer norms keep hidden states
 of the output's order; where a path grows them (a second adapter pass, running sums), a test
 states its measured gap and margin instead. Measured on a 2-core AVX-512 AMD EPYC, the
-gaps of the comparisons that use these bounds are 1/30 to 1/90 of them.
+gaps of the comparisons that use these bounds are 1/19 to 1/90 of them (or zero).
 
 Comparisons against a float64 numpy reference need no helper: the float32 side's own
 rounding is the whole difference, and those tests state their tolerance where they use it.
