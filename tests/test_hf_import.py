@@ -147,7 +147,8 @@ def test_bf16_checkpoint_loads_its_exact_values(llama, tmp_path):
     for p in rounded.parameters():
       p.copy_(p.to(torch.bfloat16).float())
   np.testing.assert_allclose(ours, _torch_logits(rounded, TOKENS), atol=1e-4, rtol=1e-4)
-  # PyTorch's bf16 forward pass rounds every activation: a loose match.
+  # PyTorch's bf16 forward pass rounds every activation to 8 significant bits (2^-9 = 0.2 %
+  # each): a loose match. Measured: 2 % of max |logits| (2 layers); 5 % leaves 2.5x.
   reference = _torch_logits(model_bf16, TOKENS)
   scale = np.abs(reference).max()
   np.testing.assert_allclose(ours, reference, atol=0.05 * scale)
