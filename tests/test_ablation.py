@@ -2,6 +2,8 @@
 import dataclasses
 import json
 
+import matplotlib.figure
+import matplotlib.image
 import pytest
 
 from decal_jax import ablation
@@ -80,8 +82,6 @@ def test_a_tiny_ablation_runs_resumes_and_reports(tmp_path, capsys):
   rows = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}
   assert "| 1.00x | 1.00x |" in rows["Baseline"]
   assert " 1.00x" not in rows["CCProxy 2x"].split("|")[7]
-  ablation.plot(budget, results, tmp_path / "plot.png")
-  assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
   # A rerun skips finished variants; a variant without its result.json resumes its stages.
   (work / "ccproxy_2x" / "result.json").unlink()
   again = [ablation.run_variant(budget, v, work) for v in variants]
@@ -93,3 +93,44 @@ def test_a_tiny_ablation_runs_resumes_and_reports(tmp_path, capsys):
   ablation.claim(work, budget)
   with pytest.raises(ValueError, match="another budget .*finetune_steps.*another --work"):
     ablation.claim(work, dataclasses.replace(budget, finetune_steps=3))
+
+
+def _result(name, family, ratio, em, f1, encoder, cross, seconds, objective="span_corruption"):
+  return {"name": name, "label": name.upper(), "family": family, "ratio": ratio,
+          "pretrain_objective": objective, "pretrain_accuracy": 0.25 if objective else None,
+          "finetune_from": None if objective else "baseline", "metric": em,
+          "metrics": {"em": em, "f1": f1}, "flops": {"encoder": encoder,
+                                                     "cross_attention": cross},
+          "seconds": {"pretrain": seconds / 2, "finetune": seconds / 2}}
+
+
+HAND_MADE = [_result("baseline", "baseline", 1, 40.0, 50.0, 8e9, 4e9, 100),
+             _result("decal_2x", "decal", 2, 30.04, 45.06, 6e9, 2.5e9, 81),
+             _result("decal_4x", "decal", 4, 20.0, 35.0, 5e9, 1.5e9, 60, objective=None)]
+
+
+def test_table_shows_the_results_given(tmp_path):
+  budget = ablation.load_budget("smoke")
+  lines = ablation.table(budget, HAND_MADE).splitlines()
+  cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+  assert cells == [
+      ["BASELINE", "span corruption", "0.250", "40.0", "50.0", "1.00x", "1.00x", "100"],
+      ["DECAL_2X", "span corruption", "0.250", "30.0", "45.1", "0.75x", "0.62x", "81"],
+      ["DECAL_4X", "none (uses baseline's)", "-", "20.0", "35.0", "0.62x", "0.38x", "60"]]
+
+
+def test_plot_draws_the_results_given(tmp_path, monkeypatch):
+  figures, real_savefig = [], matplotlib.figure.Figure.savefig
+
+  def keep_figure(figure, *args, **kwargs):
+    figures.append(figure)
+    return real_savefig(figure, *args, **kwargs)
+
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_figure)
+  ablation.plot(ablation.load_budget("smoke"), HAND_MADE, tmp_path / "plot.png")
+  image = matplotlib.image.imread(tmp_path / "plot.png")  # decodes as a PNG: [h, w, RGBA]
+  assert image.shape == (round(4.2 * 120), round(6.4 * 120), 4) and image.std() > 0
+  ((ax,),) = [figure.axes for figure in figures]
+  baseline, decal = ax.lines  # the baseline's level, then the DeCAL family's line
+  assert list(baseline.get_ydata()) == [40.0, 40.0]
+  assert list(decal.get_xdata()) == [2, 4] and list(decal.get_ydata()) == [30.04, 20.0]

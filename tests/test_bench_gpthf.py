@@ -5,9 +5,12 @@ different networks, so each is checked against itself)."""
 import importlib.util
 import pathlib
 import statistics
+import time
 
 import jax
 import jax.numpy as jnp
+import matplotlib.figure
+import matplotlib.image
 import numpy as np
 import pytest
 
@@ -25,20 +28,29 @@ WORK = BATCH * NEW * (PROMPTS[0] + NEW)  # --max_batch_work: n = 10 runs, n = 20
 
 
 def _main(tmp_path, monkeypatch, *extra):
-  """Runs main() on the tiny preset; returns (rows, params, markdown, plot path)."""
-  built = []
-  real_params = bench.random_params
+  """Runs main() on the tiny preset; returns (rows, params, markdown, plot path, the saved
+  matplotlib figures, main's wall-clock seconds)."""
+  built, figures = [], []
+  real_params, real_savefig = bench.random_params, matplotlib.figure.Figure.savefig
 
   def capture(*args, **kwargs):
     built.append(real_params(*args, **kwargs))
     return built[-1]
 
+  def keep_figure(figure, *args, **kwargs):
+    figures.append(figure)
+    return real_savefig(figure, *args, **kwargs)
+
   monkeypatch.setattr(bench, "random_params", capture)
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_figure)
   argv = ["--preset", "tiny", "--new_tokens", str(NEW), "--repeats", str(REPEATS),
           "--warmup", "0", "--out", str(tmp_path / "gpthf.md"),
           "--plot", str(tmp_path / "gpthf.png"), *extra]
+  start = time.perf_counter()
   rows = bench.main(argv)
-  return rows, built[0], (tmp_path / "gpthf.md").read_text(), tmp_path / "gpthf.png"
+  elapsed = time.perf_counter() - start
+  return (rows, built[0], (tmp_path / "gpthf.md").read_text(), tmp_path / "gpthf.png",
+          figures, elapsed)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +73,7 @@ def _cells(text, header):
 
 
 def test_markdown_has_a_row_per_grid_point_and_says_what_ran(real):
-  rows, _, text, plot = real
+  rows, _, text, *_ = real
   assert "- command: `python tools/bench_gpthf.py --preset tiny" in text
   assert f"jax {jax.__version__}" in text and "![speedups" in text
   times = _cells(text, "Wall clock")
@@ -70,11 +82,36 @@ def test_markdown_has_a_row_per_grid_point_and_says_what_ran(real):
   done = {(r.prompt, r.new, r.batch) for r in rows if r.done}
   assert done == {(PROMPTS[0], NEW, BATCH)}
   assert set(_cells(text, "FLOPs")) == done
-  assert plot.stat().st_size > 10_000
+
+
+def test_plot_draws_the_rows_speedups_and_flop_ratios(real):
+  rows, _, _, plot, figures, _ = real
+  (figure,) = figures
+  image = matplotlib.image.imread(plot)  # [height, width, RGBA]: the file decodes as a PNG
+  assert image.ndim == 3 and image.shape[2] == 4 and image.std() > 0
+  time_ax, flop_ax = figure.axes
+  (row,) = [r for r in rows if r.done]
+  medians = {name: statistics.median(run.seconds for run in row.sides[name].runs)
+             for name in bench.SIDES}
+  decoder, config = row.configs
+  n, k = row.prompt, row.new
+  flop = {"GPTHF": flops.gpthf_generation_flops(config, n, k).total,
+          "GPT no cache": flops.gpt_generation_flops(decoder, n, k, cached=False).total,
+          "GPT cache": flops.gpt_generation_flops(decoder, n, k, cached=True).total,
+          "GPT cache + prefill": flops.gpt_generation_flops(decoder, n, k, cached=True,
+                                                            prefill=True).total}
+  speedups = {line.get_label(): line.get_ydata() for line in time_ax.lines}
+  ratios = {line.get_label(): line.get_ydata() for line in flop_ax.lines}
+  for name in bench.SIDES[1:]:  # one point per line: the one finished row, at x = n
+    label = f"vs {name}, k={k}, batch {row.batch}"
+    assert list(speedups[label]) == [pytest.approx(medians[name] / medians["GPTHF"])]
+    assert list(ratios[f"vs {name}, k={k}"]) == [pytest.approx(flop[name] / flop["GPTHF"])]
+    line = next(line for line in time_ax.lines if line.get_label() == label)
+    assert list(line.get_xdata()) == [n]
 
 
 def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
-  rows, _, text, _ = real
+  rows, _, text, _, _, elapsed = real
   times, flop_cells = _cells(text, "Wall clock"), _cells(text, "FLOPs")
   for row in (r for r in rows if r.done):
     key = (row.prompt, row.new, row.batch)
@@ -83,6 +120,8 @@ def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
       seconds = [run.seconds for run in row.sides[name].runs]
       assert len(seconds) == REPEATS and min(seconds) > 0
       medians[name] = statistics.median(seconds)
+    # The runs are timed one after another inside main(): together shorter than main().
+    assert sum(run.seconds for side in row.sides.values() for run in side.runs) < elapsed
     assert times[key][3].split()[0] == f"{medians['GPTHF'] * 1e3:.1f}"
     for cell, name in zip(times[key][7:10], bench.SIDES[1:]):
       assert cell == f"{medians[name] / medians['GPTHF']:.2f}"

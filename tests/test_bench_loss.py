@@ -7,6 +7,8 @@ import pathlib
 import numpy as np
 import pytest
 
+import tolerances
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_loss", REPO / "tools" / "bench_loss.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -35,7 +37,9 @@ def test_each_formulation_matches_the_numpy_derivation(name, smoothing):
   value, grad, _ = bench.measure(bench.FORMULATIONS[name], args, smoothing, 1e-3, repeats=1)
   want_value, want_grad = _numpy_value_and_grad(*args, smoothing, 1e-3)
   np.testing.assert_allclose(float(value), want_value, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(grad), want_grad, atol=1e-6)
+  # float32 against float64: the gradient is p * (...) with p = exp(x - log Z), so its error
+  # is that of log Z, a float32 sum of 37 shifted exponentials (each at most 1).
+  np.testing.assert_allclose(np.asarray(grad), want_grad, atol=tolerances.reorder_atol(37, 1.0))
 
 
 def test_ours_needs_no_vocab_sized_temporary_and_the_one_hot_form_does():

@@ -5,9 +5,12 @@ import importlib.util
 import math
 import pathlib
 import re
+import time
 
 import jax
 import jax.numpy as jnp
+import matplotlib.figure
+import matplotlib.image
 import numpy as np
 import pytest
 
@@ -24,9 +27,10 @@ PARAM_SCALE = 10.0  # weights of std 0.2: peaked logits, so greedy decoding is n
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
+  """(rows, built models, markdown, plot path, the saved figures, main's wall seconds)."""
   out = tmp_path_factory.mktemp("bench_squid")
-  built = []
-  real_build = bench.build
+  built, figures = [], []
+  real_build, real_savefig = bench.build, matplotlib.figure.Figure.savefig
 
   def scaled_build(config, seed=0):
     models = real_build(config, seed)
@@ -36,14 +40,21 @@ def result(tmp_path_factory):
     built.append(models)
     return models
 
+  def keep_figure(figure, *args, **kwargs):
+    figures.append(figure)
+    return real_savefig(figure, *args, **kwargs)
+
   argv = ["--preset", "tiny", "--contexts", str(CONTEXT), "--ratios",
           ",".join(map(str, RATIOS)), "--query_length", str(QUERY), "--answer_length",
           str(ANSWER), "--repeats", str(REPEATS), "--warmup", "0",
           "--out", str(out / "squid.md"), "--plot", str(out / "squid.png")]
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(bench, "build", scaled_build)
+    patch.setattr(matplotlib.figure.Figure, "savefig", keep_figure)
+    start = time.perf_counter()
     rows = bench.main(argv)
-  return rows, built[0], (out / "squid.md").read_text(), out / "squid.png"
+    elapsed = time.perf_counter() - start
+  return rows, built[0], (out / "squid.md").read_text(), out / "squid.png", figures, elapsed
 
 
 def _table_rows(text):
@@ -57,7 +68,7 @@ def _table_rows(text):
 
 
 def test_markdown_has_the_run_description_and_a_row_per_ratio(result):
-  rows, _, text, plot = result
+  rows, _, text, *_ = result
   assert "- command: `python" in text and "--preset tiny" in text
   assert f"jax {jax.__version__}" in text and f"JAX backend: {jax.default_backend()}" in text
   assert "![latency and FLOPs" in text
@@ -65,18 +76,42 @@ def test_markdown_has_the_run_description_and_a_row_per_ratio(result):
   assert set(table) == {(CONTEXT, r) for r in RATIOS}
   for r in RATIOS:
     assert int(table[CONTEXT, r][2]) == math.ceil(CONTEXT / r)  # N = L / ρ
-  assert plot.stat().st_size > 10_000  # a PNG with two panels was written
+
+
+def _totals(side):
+  return [sum(run.seconds.values()) for run in side.runs]  # end-to-end seconds per run
+
+
+def test_plot_draws_the_measured_medians_and_the_flops(result):
+  rows, models, _, plot, figures, _ = result
+  image = matplotlib.image.imread(plot)  # [height, width, RGBA]: the file decodes as a PNG
+  assert image.shape == (round(4.2 * 120), 11 * 120, 4) and image.std() > 0  # 11 x 4.2 in
+  (figure,) = figures
+  latency_ax, flops_ax = figure.axes
+  latency = {line.get_label(): line.get_ydata() for line in latency_ax.lines}
+  work = {line.get_label(): line.get_ydata() for line in flops_ax.lines}
+  large = flops.answer_flops(models.config.large, CONTEXT + QUERY, ANSWER).total
+  assert list(latency["large decoder, full context"]) == [
+      pytest.approx(np.median(_totals(rows[0].baseline)))]
+  assert list(work["large decoder, full context"]) == [pytest.approx(large / 1e9)]
+  for row in rows:  # one point per line: the one context length
+    squid = flops.squid_flops(bench.squid_with_memory(models, row.memory)[0].config,
+                              CONTEXT, QUERY, ANSWER)
+    assert list(latency[f"Squid ρ={row.ratio}"]) == [pytest.approx(np.median(_totals(row.squid)))]
+    assert list(work[f"Squid ρ={row.ratio} (large decoder)"]) == [
+        pytest.approx(squid.large_decoder / 1e9)]
 
 
 def test_ratios_are_the_quotients_of_the_measured_medians_and_the_flops(result):
-  rows, models, text, _ = result
+  rows, models, text, _, _, elapsed = result
   table = _table_rows(text)
   for row in rows:
     cells = table[row.context, row.ratio]
-    base_totals = [sum(run.seconds.values()) for run in row.baseline.runs]
-    squid_totals = [sum(run.seconds.values()) for run in row.squid.runs]
+    base_totals, squid_totals = _totals(row.baseline), _totals(row.squid)
     assert len(base_totals) == len(squid_totals) == REPEATS
     assert all(t > 0 for run in row.squid.runs for t in run.seconds.values())
+    # The runs are timed one after another inside main(): together shorter than main().
+    assert sum(base_totals) + sum(squid_totals) < elapsed
     base_ms, squid_ms = np.median(base_totals) * 1e3, np.median(squid_totals) * 1e3
     assert cells[4] == (f"{base_ms:.1f} ({min(base_totals) * 1e3:.1f}-"
                         f"{max(base_totals) * 1e3:.1f})")

@@ -19,6 +19,8 @@ from decal_jax.networks import dual_encoder as de
 from decal_jax.networks import t5
 from decal_jax.retrieval import maxsim
 
+import tolerances
+
 TINY = t5.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=48,
                    num_encoder_layers=2, num_decoder_layers=1)
 
@@ -79,7 +81,12 @@ def test_padding_rows_neither_count_as_queries_nor_compete_as_candidates():
   padded, sums = maxsim.in_batch_softmax_loss(qp, np.ones((4, 2), bool), pp, np.ones((4, 3), bool),
                                               np.array([1, 1, 1, 0.0]),
                                               np.array([True, True, True, False]))
-  np.testing.assert_allclose(float(padded), float(full), rtol=1e-6)
+  # The same sums over more (masked) terms, in float32 in other orders: dot products (4
+  # terms), MaxSim over 2 query vectors, log-sum-exp over 4 candidates, mean over 3
+  # queries; of scores up to max |MaxSim|.
+  scores = np.einsum("qad,pbd->qpab", q, p).max(-1).sum(-1)  # [3, 3] MaxSim, temperature 1
+  np.testing.assert_allclose(float(padded), float(full), rtol=0, atol=tolerances.reorder_atol(
+      4 + 2 + 4 + 3, max(np.abs(scores).max(), float(full))))
   assert float(sums["num_queries"]) == 3.0
 
 
@@ -129,8 +136,11 @@ def test_the_shared_encoder_is_the_pretrained_decal_encoder_at_each_sides_ratio(
     m = want.shape[1]
     valid = np.arange(m)[None, :] < np.ceil(np.array([20, 13, 1]) / ratio)[:, None]
     np.testing.assert_array_equal(np.asarray(got.valid), valid)
+    # The same encoder in another program: the float32 reordering bound of its sums.
+    tol = tolerances.network_atol(want, tolerances.stack_reductions(
+        TINY, keys=20 + m, layers=TINY.num_encoder_layers))
     np.testing.assert_allclose(np.asarray(got.vectors), np.asarray(want) * valid[..., None],
-                               rtol=1e-5, atol=1e-5)
+                               rtol=0, atol=tol)
 
 
 def test_projection_normalisation_and_mean_pooling_follow_their_definitions():

@@ -35,6 +35,7 @@ from decal_jax.data import hf_vocabularies  # noqa: E402
 from decal_jax.networks import decoder  # noqa: E402
 from decal_jax.networks.decoder import Decoder  # noqa: E402
 from decal_jax.networks.dodo import Dodo, DodoConfig  # noqa: E402
+import tolerances  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 101
@@ -147,7 +148,8 @@ def test_bf16_checkpoint_loads_its_exact_values(llama, tmp_path):
     for p in rounded.parameters():
       p.copy_(p.to(torch.bfloat16).float())
   np.testing.assert_allclose(ours, _torch_logits(rounded, TOKENS), atol=1e-4, rtol=1e-4)
-  # PyTorch's bf16 forward pass rounds every activation: a loose match.
+  # PyTorch's bf16 forward pass rounds every activation to 8 significant bits (2^-9 = 0.2 %
+  # each): a loose match. Measured: 2 % of max |logits| (2 layers); 5 % leaves 2.5x.
   reference = _torch_logits(model_bf16, TOKENS)
   scale = np.abs(reference).max()
   np.testing.assert_allclose(ours, reference, atol=0.05 * scale)
@@ -551,8 +553,39 @@ def test_import_tool_builds_squid_from_two_checkpoints(squid_checkpoints, tmp_pa
   context = np.random.RandomState(1).randint(1, VOCAB, (2, 12))  # [batch, n]
   forward = jax.jit(lambda p, c, q, a: Squid(config).apply({"params": p}, c, a, query_tokens=q,
                                                           enable_dropout=False))
-  logits = forward(params, context, TOKENS[:, :3], TOKENS[:, 3:9])  # [batch, 6, large vocab]
-  assert logits.shape == (2, 6, 128) and np.all(np.isfinite(np.asarray(logits)))
+  query, answer = TOKENS[:, :3], TOKENS[:, 3:9]  # no 0 (padding) among them
+  logits = np.asarray(forward(params, context, query, answer))  # [batch, 6, large vocab]
+  want = _torch_squid(small, large, params, config, context, query, answer)
+  # Two float32 programs (XLA, PyTorch) of the same sums: the bound for their reordering.
+  # The sums on the path: per layer q/k/v (emb), attention (its keys), out (emb), MLP in
+  # (emb) and out (mlp); small: 1 layer, emb 32, 16 keys; projector 32, 48; large: 2 layers,
+  # emb 48, 13 keys; logits 48.
+  reductions = [32, 16, 32, 32, 64] + [32, 48] + [48, 13, 48, 48, 96] * 2 + [48]
+  np.testing.assert_allclose(logits, want, rtol=0,
+                             atol=tolerances.network_atol(want, reductions))
+
+
+def _torch_squid(small_dir, large_dir, params, config, context, query, answer):
+  """Squid's answer logits `[batch, t, vocab]` from transformers' Qwen2 models: the small one
+  reads [context; memory table] embeddings, its final (normed) states at the memory slots go
+  through the projector (written out here), the large one reads [memory; query; answer]."""
+  small = transformers.Qwen2ForCausalLM.from_pretrained(small_dir).eval()
+  large = transformers.Qwen2ForCausalLM.from_pretrained(large_dir).eval()
+  table = torch.tensor(np.asarray(params["memory_tokens"]["memory_embeddings"]))  # [N, 32]
+  projector = params["projector"]
+  assert config.memory_ratio is None and config.projector_activation == "gelu"
+  with torch.no_grad():
+    x = torch.cat([small.get_input_embeddings()(torch.tensor(context)),
+                   table.expand(len(context), -1, -1)], 1)  # [batch, n + N, 32]
+    memory = small.model(inputs_embeds=x).last_hidden_state[:, context.shape[1]:]
+    for i in range(config.projector_layers):
+      memory = (memory @ torch.tensor(np.asarray(projector[f"dense_{i}"]["kernel"]))
+                + torch.tensor(np.asarray(projector[f"bias_{i}"])))  # [batch, N, width]
+      if i < config.projector_layers - 1:
+        memory = torch.nn.functional.gelu(memory, approximate="tanh")
+    embed = large.get_input_embeddings()
+    y = torch.cat([memory, embed(torch.tensor(query)), embed(torch.tensor(answer))], 1)
+    return large(inputs_embeds=y).logits[:, -answer.shape[1]:].numpy()  # [batch, t, 128]
 
 
 def test_import_tool_refuses_a_half_given_squid(squid_checkpoints, tmp_path, capsys):

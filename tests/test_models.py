@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import seqio
 
+import numpy_t5 as ref
+
 from decal_jax import decoding, losses, models
 from decal_jax.networks.t5 import T5Config, Transformer
 
@@ -118,7 +120,9 @@ def test_beam_search_best_scores_at_least_greedy():
 
 
 def test_drives_module_like_t5x_encoder_decoder_model():
-  """The exact call sequence of t5x.models.EncoderDecoderModel, without importing T5X."""
+  """The exact call sequence of t5x.models.EncoderDecoderModel, without importing T5X: the
+  training call's logits equal the numpy re-derivation (tests/numpy_t5.py), and each beam
+  that the cached `decode` calls find is scored as the numpy model scores its tokens."""
   module = _model(4).module
   enc = jnp.ones((2, 12), jnp.int32)
   dec = jnp.ones((2, 5), jnp.int32)
@@ -132,7 +136,16 @@ def test_drives_module_like_t5x_encoder_decoder_model():
                         encoder_segment_ids=None, decoder_segment_ids=None,
                         encoder_positions=None, decoder_positions=None, decode=False,
                         enable_dropout=True, rngs={"dropout": jax.random.PRNGKey(1)})
-  assert logits.shape == (2, 5, 61)
+  p = ref.to_numpy(params)
+
+  def numpy_logits(row, decoder_input):  # [t, vocab] float64
+    encoded, valid = ref.encoder(p, np.asarray(batch["encoder_input_tokens"][row]), module.config)
+    return ref.decoder_logits(p, encoded, valid, np.asarray(decoder_input), module.config)
+
+  # float32 against float64: the same tolerance as tests/test_t5_network.py's numpy checks.
+  for row in range(2):
+    np.testing.assert_allclose(np.asarray(logits[row]), numpy_logits(
+        row, batch["decoder_input_tokens"][row]), rtol=1e-3, atol=1e-4)
   _, initial = module.apply({"params": params}, jnp.ones_like(enc), dec, dec, decode=True,
                             enable_dropout=False, mutable=["cache"])
   encoded = decoding.flat_batch_beam_expand(
@@ -150,3 +163,12 @@ def test_drives_module_like_t5x_encoder_decoder_model():
                                                         tokens_to_logits, 1, num_decodes=3))(
                                                             initial["cache"])
   assert seqs.shape == (2, 3, 5) and np.all(np.diff(np.asarray(scores), axis=1) >= -1e-6)
+  for row in range(2):
+    for beam, tokens in enumerate(np.asarray(seqs[row])):
+      # Teacher-forced log probability of the tokens up to and including EOS (or all 5),
+      # divided by the brevity penalty ((5 + length) / 6) ** 0.6.
+      log_probs = _np_log_softmax(numpy_logits(row, np.pad(tokens, (1, 0))[:-1]))
+      length = int((tokens > 0).sum())
+      want = sum(log_probs[t, tokens[t]] for t in range(length)) / ((5 + length) / 6) ** 0.6
+      # A sum of 5 float32 log probabilities (|each| < 10) against float64: 1e-4 is ~100 eps.
+      assert float(scores[row, beam]) == pytest.approx(want, rel=1e-4, abs=1e-4), (row, beam)

@@ -123,3 +123,18 @@ def test_paired_difference_is_the_mean_and_spread_of_per_query_differences(tmp_p
     d = values[(row["pooling"], row["ratio"])] - values[("multi", 1)]
     assert row["ndcg_vs_base"] == pytest.approx([d.mean(), d.std(ddof=1) / math.sqrt(len(d))])
   assert rows[1]["ndcg_vs_base"] == [0.0, 0.0]
+  # The rendered table: NDCG cells are numpy's mean +- s.e. of pytrec_eval's per-query values.
+  for i, row in enumerate(rows):
+    row.update({"label": f"v{i}", "ndcg@10": float(values[(row["pooling"], row["ratio"])].mean()),
+                "ndcg_stderr": table.ndcg_stderr(table.run_file_of(row, a, tmp_path), a),
+                "recall@100": 0.5, "heldout_accuracy": None, "vectors_per_doc": 4.0 / (i + 1),
+                "index_bytes": 2 ** 20 * (i + 1), "train_minutes": 1.0, "eval_minutes": 2.0})
+  lines = table.table(rows).splitlines()[2:]
+  for i, (row, line) in enumerate(zip(rows, lines)):
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    v = values[(row["pooling"], row["ratio"])]
+    d = v - values[("multi", 1)]
+    assert cells[1] == f"{v.mean():.4f} ± {v.std(ddof=1) / math.sqrt(len(v)):.4f}"
+    assert cells[2] == ("-" if i == 1 else
+                        f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(len(d)):.4f}")
+    assert cells[6:8] == [f"{i + 1:.2f}", f"{(i + 1) / 2:.3f}"]  # MiB; to the base's 2 MiB

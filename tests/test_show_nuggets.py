@@ -10,7 +10,9 @@ import re
 import gin
 import jax
 import jax.numpy as jnp
+import matplotlib.figure
 import matplotlib.image
+import matplotlib.patches
 import numpy as np
 import pytest
 
@@ -135,6 +137,48 @@ def test_html_marks_the_kept_tokens_and_escapes_the_text(shown, reference):
     assert [html.unescape(c) for c in contents] == [p.replace("\u2581", " ") for p in pieces]
   assert "&lt;" in blocks[2] and "&amp;" in blocks[2]
   assert f"r = {RATIO}" in page
+
+
+def _saved_figures(monkeypatch):
+  """The matplotlib figures saved from now on, in order."""
+  figures, real_savefig = [], matplotlib.figure.Figure.savefig
+
+  def keep_figure(figure, *args, **kwargs):
+    figures.append(figure)
+    return real_savefig(figure, *args, **kwargs)
+
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_figure)
+  return figures
+
+
+def test_example_plot_outlines_exactly_the_numpy_selection(tool, shown, reference, tmp_path,
+                                                           monkeypatch):
+  result, _ = shown
+  figures = _saved_figures(monkeypatch)
+  tool.plot_examples(tmp_path / "examples.png", result["results"][:2],
+                     [pieces for _, pieces, _, _ in reference[:2]], RATIO)
+  (figure,) = figures
+  boxes = [p for p in figure.axes[0].patches if isinstance(p, matplotlib.patches.Rectangle)]
+  outlined = [tuple(box.get_edgecolor()) == (0.0, 0.0, 0.0, 1.0) for box in boxes]
+  want = np.concatenate([mask for *_, mask in reference[:2]])  # one box per token, in order
+  np.testing.assert_array_equal(outlined, want)
+  image = matplotlib.image.imread(tmp_path / "examples.png")  # [h, w, RGBA]
+  width, height = figure.get_size_inches() * 110  # matplotlib rounds pixels down
+  assert image.shape[2] == 4 and abs(image.shape[0] - height) < 1 and abs(
+      image.shape[1] - width) < 1
+
+
+def test_frequency_plot_draws_the_shares_given(tool, tmp_path, monkeypatch):
+  rows = [{"piece": "▁the", "selected_share": 0.5, "overall_share": 0.25},
+          {"piece": ".", "selected_share": 0.125, "overall_share": 0.0625}]
+  figures = _saved_figures(monkeypatch)
+  tool.plot_frequencies(tmp_path / "bars.png", rows, RATIO)
+  ((ax,),) = [figure.axes for figure in figures]
+  heights = [bar.get_height() for bar in ax.patches]  # the kept bars, then the overall bars
+  assert heights == [50.0, 12.5, 25.0, 6.25]
+  assert [label.get_text() for label in ax.get_xticklabels()] == ["▁the", "."]
+  image = matplotlib.image.imread(tmp_path / "bars.png")  # 6 x 4 inches at 110 dpi
+  assert image.shape == (4 * 110, 6 * 110, 4) and image.std() > 0
 
 
 def test_pngs_are_images_and_markdown_is_printed(shown, capsys):
