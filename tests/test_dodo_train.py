@@ -1,8 +1,7 @@
 """Dodo autoencoding end to end at tiny sizes: the trainer lowers the loss, writes a
-checkpoint, and evaluation reports BLEU of the reconstructions it decoded; plus the cosine
-schedule of the Dodo run files against its formula worked by hand."""
+checkpoint, and evaluation reports BLEU of the reconstructions it decoded (the cosine
+schedule of its run files: tests/test_optimizers.py)."""
 import json
-import math
 
 import jax
 import numpy as np
@@ -34,29 +33,6 @@ def _cfg(split="train"):
 
 def _optimizer():
   return optimizers.adamw(optimizers.cosine_schedule(3e-3, warmup_steps=2, decay_steps=50))
-
-
-# ------------------------------------------------------------------------------ schedule
-def test_cosine_schedule_hand_worked():
-  lr = optimizers.cosine_schedule(base_learning_rate=1e-4, warmup_steps=2000,
-                                  decay_steps=150_000)
-  # ramp 1e-4 * step / 2000; then 1e-4 * (1 + cos(pi * t)) / 2, t = (step - 2000) / 150000
-  # (t = 1/3: cos = 1/2 -> 0.75; t = 1/2: cos = 0 -> 0.5); flat at 0 after the period.
-  for step, want in ((0, 0.0), (500, 2.5e-5), (2000, 1e-4), (52_000, 7.5e-5),
-                     (77_000, 5e-5), (152_000, 0.0), (300_000, 0.0)):
-    assert float(lr(step)) == pytest.approx(want, rel=1e-6, abs=1e-12), step
-  floor = optimizers.cosine_schedule(1.0, warmup_steps=0, decay_steps=10, final_fraction=0.1)
-  # f + (1 - f) * (1 + cos(pi * step / 10)) / 2 with f = 0.1
-  for step in (0, 3, 5, 10, 20):
-    want = 0.1 + 0.9 * (1 + math.cos(math.pi * min(step, 10) / 10)) / 2
-    assert float(floor(step)) == pytest.approx(want, rel=1e-6), step
-
-
-def test_cosine_schedule_refuses_bad_settings():
-  with pytest.raises(ValueError, match="decay_steps >= 1"):
-    optimizers.cosine_schedule(warmup_steps=10, decay_steps=0)
-  with pytest.raises(ValueError, match="final_fraction"):
-    optimizers.cosine_schedule(final_fraction=1.5)
 
 
 # ------------------------------------------------------------------------------ training

@@ -1,12 +1,13 @@
 """The command-line entry points, run as a user runs them (subprocesses, tiny settings)."""
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 SMALL = ["--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 12}", "--gin.BATCH_SIZE=4"]
 
 

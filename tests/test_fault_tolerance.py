@@ -22,7 +22,9 @@ from decal_jax.data import pipeline
 from decal_jax.data import vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 STEPS = 12
 
 

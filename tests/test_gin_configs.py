@@ -16,7 +16,9 @@ import pytest
 
 from decal_jax import gin_utils  # noqa: F401  (its fix to gin's file lookup: ./runs may exist)
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 GIN_DIR = REPO / "gin"
 PUBLISHED_T5_1_1_PARAMS = {"small": 76_961_152, "base": 247_577_856, "large": 783_150_080}
 

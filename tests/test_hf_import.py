@@ -11,7 +11,6 @@ import functools
 import importlib.util
 import json
 import os
-import pathlib
 import re
 import shutil
 import subprocess
@@ -36,8 +35,9 @@ from decal_jax.networks import decoder  # noqa: E402
 from decal_jax.networks.decoder import Decoder  # noqa: E402
 from decal_jax.networks.dodo import Dodo, DodoConfig  # noqa: E402
 import tolerances  # noqa: E402
+import paths  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 VOCAB = 101
 TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=112,
             num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=64,

@@ -24,7 +24,9 @@ import jax
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 
 # The rules as this test reads the design: tensor parallel over heads / mlp / vocab, all
 # else whole; batch over (data, fsdp). Re-derived here, not imported from the library.

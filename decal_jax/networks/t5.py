@@ -17,7 +17,7 @@ The module follows the call signatures that `t5x.models.EncoderDecoderModel` use
 
 Performance options (`T5Config.scan_layers`, `remat_policy`, `dtype`, `fused_qkv`,
 `attention_kernel`; docs/performance.md) change how the same function is computed, never
-what it computes: `tests/test_performance_options.py` holds each to the plain path.
+what it computes: `tests/networks/test_performance_options.py` holds each to the plain path.
 """
 import dataclasses
 from typing import Any, Optional, Sequence, Tuple

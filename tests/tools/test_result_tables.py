@@ -1,10 +1,11 @@
 """The results tables of tools/downstream_table.py and tools/lm_table.py, rendered from
 hand-made rows: each cell is the number given, formatted as the header says."""
 import importlib.util
-import pathlib
 import types
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 
 
 def _tool(name):

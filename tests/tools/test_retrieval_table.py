@@ -6,7 +6,6 @@ import argparse
 import importlib.util
 import json
 import math
-import pathlib
 
 import numpy as np
 import pytest
@@ -14,7 +13,9 @@ import pytrec_eval
 
 from decal_jax.retrieval import beir, bm25, ir_metrics
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("retrieval_table",
                                                REPO / "tools" / "retrieval_table.py")
 table = importlib.util.module_from_spec(_spec)

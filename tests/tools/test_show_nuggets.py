@@ -4,7 +4,6 @@ import collections
 import html
 import importlib.util
 import math
-import pathlib
 import re
 
 import gin
@@ -19,7 +18,9 @@ import pytest
 from decal_jax import checkpoints, gin_utils
 from decal_jax.networks.dodo import Dodo
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 RATIO = 4
 GIN_ARGS = ["--gin_file=models/dodo_tiny.gin", "--gin.decoder.DecoderConfig.emb_dim=32",
             "--gin.decoder.DecoderConfig.num_heads=2", "--gin.decoder.DecoderConfig.num_kv_heads=1",

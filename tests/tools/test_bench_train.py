@@ -2,7 +2,6 @@
 step's jitted program exposed by trainer.make_train_step, and the summary arithmetic
 (median, throughput, analytical FLOPs, MFU) on hand-made timings."""
 import importlib.util
-import pathlib
 import types
 
 import jax
@@ -11,7 +10,9 @@ import pytest
 from decal_jax import flops, models, optimizers, partitioning, trainer
 from decal_jax.networks.t5 import T5Config, Transformer
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("bench_train", REPO / "tools" / "bench_train.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -2,32 +2,18 @@
 a numpy derivation, and ours holds no [batch, length, vocab] temporary while the one-hot
 form does (the property the tool measures)."""
 import importlib.util
-import pathlib
 
 import numpy as np
 import pytest
 
+import numpy_losses
 import tolerances
+import paths
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("bench_loss", REPO / "tools" / "bench_loss.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
-
-
-def _numpy_value_and_grad(logits, targets, weights, smoothing, z):
-  """Loss and d loss / d logits by hand: per token, (softmax - q) + 2 z log Z softmax."""
-  x = np.asarray(logits, np.float64)
-  vocab = x.shape[-1]
-  q = np.full(x.shape, smoothing / (vocab - 1))
-  np.put_along_axis(q, np.asarray(targets)[..., None], 1.0 - smoothing, axis=-1)
-  log_z = np.log(np.exp(x).sum(-1, keepdims=True))
-  p = np.exp(x - log_z)
-  entropy = -(q * np.log(q, where=q > 0, out=np.zeros_like(q))).sum(-1)
-  w = np.asarray(weights, np.float64)
-  value = (((-(q * (x - log_z)).sum(-1) - entropy) + z * log_z[..., 0] ** 2) * w).sum()
-  grad = ((p - q) + 2 * z * log_z * p) * w[..., None]
-  return value, grad
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -35,7 +21,7 @@ def _numpy_value_and_grad(logits, targets, weights, smoothing, z):
 def test_each_formulation_matches_the_numpy_derivation(name, smoothing):
   args = bench.inputs(2, 5, 37, "float32", seed=1)
   value, grad, _ = bench.measure(bench.FORMULATIONS[name], args, smoothing, 1e-3, repeats=1)
-  want_value, want_grad = _numpy_value_and_grad(*args, smoothing, 1e-3)
+  want_value, want_grad = numpy_losses.cross_entropy_value_and_grad(*args, smoothing, 1e-3)
   np.testing.assert_allclose(float(value), want_value, rtol=1e-5)
   # float32 against float64: the gradient is p * (...) with p = exp(x - log Z), so its error
   # is that of log Z, a float32 sum of 37 shifted exponentials (each at most 1).

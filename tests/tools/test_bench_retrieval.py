@@ -14,7 +14,9 @@ import sentencepiece as spm
 from decal_jax.data import vocabularies
 from decal_jax.retrieval import beir
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("bench_retrieval",
                                                REPO / "tools" / "bench_retrieval.py")
 bench = importlib.util.module_from_spec(_spec)

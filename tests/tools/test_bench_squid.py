@@ -3,7 +3,6 @@ are the measured medians' and the analytical FLOPs' quotients, and both sides de
 uncached greedy loop over the same weights decodes."""
 import importlib.util
 import math
-import pathlib
 import re
 import time
 
@@ -16,7 +15,9 @@ import pytest
 
 from decal_jax import flops
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("bench_squid", REPO / "tools" / "bench_squid.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

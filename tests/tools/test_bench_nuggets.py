@@ -2,7 +2,6 @@
 the tokens each cached path decodes checked against an uncached greedy reference."""
 import importlib.util
 import math
-import pathlib
 import time
 
 import jax
@@ -14,7 +13,9 @@ import seqio
 from decal_jax import benchmarking, models
 from decal_jax.networks.decoder import DecoderConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("bench_nuggets", REPO / "tools" / "bench_nuggets.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -3,7 +3,6 @@ quotients of the recorded medians and FLOPs, sentence counts as a numpy scan giv
 every side's tokens equal to its own network's uncached reference (GPTHF and GPT are
 different networks, so each is checked against itself)."""
 import importlib.util
-import pathlib
 import statistics
 import time
 
@@ -18,7 +17,9 @@ from decal_jax import flops, models
 from decal_jax.networks import gpthf
 from decal_jax.networks.decoder import Decoder
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import paths
+
+REPO = paths.REPO
 _spec = importlib.util.spec_from_file_location("bench_gpthf", REPO / "tools" / "bench_gpthf.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

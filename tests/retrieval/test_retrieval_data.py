@@ -24,8 +24,10 @@ from decal_jax.data import vocabularies
 from decal_jax.retrieval import beir, msmarco
 from decal_jax.tasks import retrieval_tasks
 
+import paths
+
 DATA_DIR = pathlib.Path(os.environ.get(
-    "DECAL_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+    "DECAL_DATA_DIR", paths.REPO.parent / "shared" / "data"))
 LENGTHS = {"inputs": 64, "targets": 128, "negative_targets": 128}
 
 CORPUS = "\n".join([

@@ -16,9 +16,11 @@ from decal_jax import text_metrics
 from decal_jax.data import local_files, text_to_text, vocabularies
 from decal_jax.tasks import downstream_tasks
 
+import paths
+
 LENGTHS = {"inputs": 96, "targets": 24}
 DATA_DIR = pathlib.Path(os.environ.get(
-    "DECAL_DATA_DIR", pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    "DECAL_DATA_DIR", paths.REPO.parent / "shared" / "data"))
 TASKS = {"decal_cnn_dailymail": "summarization", "decal_arxiv": "summarization",
          "decal_pubmed": "summarization", "decal_mediasum": "summarization",
          "decal_squad": "qa", "decal_triviaqa": "qa", "decal_hotpotqa": "qa",
@@ -263,7 +265,7 @@ def test_squad_release_converts_and_feeds_decal_squad(tmp_path, monkeypatch, bui
     pytest.skip(f"{source} not found: set DECAL_DATA_DIR to the shared data folder")
   import subprocess
   import sys
-  repo = pathlib.Path(__file__).resolve().parents[1]
+  repo = paths.REPO
   proc = subprocess.run([sys.executable, str(repo / "tools" / "prepare_jsonl.py"), "squad",
                          str(source), "--split", "validation", "--out", str(tmp_path)],
                         capture_output=True, text=True, check=True)

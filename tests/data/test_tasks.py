@@ -16,10 +16,12 @@ import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax.data import corpus, span_corruption, vocabularies
 from decal_jax.tasks import span_corruption_tasks
 
+import paths
+
 BUILTIN = "decal_builtin_span_corruption"
 C4 = "decal_c4_span_corruption"
 DATA_DIR = pathlib.Path(os.environ.get(
-    "DECAL_DATA_DIR", pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    "DECAL_DATA_DIR", paths.REPO.parent / "shared" / "data"))
 T5_VOCAB = DATA_DIR / "vocab" / "t5_spiece.model"
 CONTRACT_FEATURES = {"encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
                      "decoder_loss_weights"}

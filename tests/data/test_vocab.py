@@ -11,6 +11,8 @@ import sentencepiece
 
 from decal_jax.data import corpus, vocabularies
 
+import paths
+
 SMALL = 1000  # pieces: quick to train, still covers the corpus
 
 
@@ -123,7 +125,7 @@ def test_unwritable_cache_dir_names_the_fix(tmp_path, monkeypatch):
 
 def _load_make_vocab():
   import importlib.util
-  path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "make_vocab.py"
+  path = paths.REPO / "tools" / "make_vocab.py"
   spec = importlib.util.spec_from_file_location("make_vocab", path)
   tool = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(tool)
