@@ -74,7 +74,7 @@ def numbered_lines(path: PathLike) -> Iterator[Tuple[int, str]]:
         line = raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError as e:
         raise bad_line(path, number, f"not UTF-8 ({e.reason} at byte {e.start})",
-                   "Re-save the file as UTF-8") from None
+                       "Re-save the file as UTF-8") from None
       if line.strip():
         yield number, line
 
@@ -84,10 +84,10 @@ def _json_object(path: PathLike, number: int, line: str) -> dict:
     record = json.loads(line)
   except json.JSONDecodeError as e:
     raise bad_line(path, number, f"not valid JSON ({e.msg} at column {e.colno})",
-               "Write one JSON object per line") from None
+                   "Write one JSON object per line") from None
   if not isinstance(record, dict):
     raise bad_line(path, number, f"expected a JSON object, got {type(record).__name__}",
-               "Write one JSON object per line")
+                   "Write one JSON object per line")
   return record
 
 
@@ -98,7 +98,7 @@ def _record_id(path: PathLike, number: int, record: dict) -> str:
   if not isinstance(value, str) or not value.strip():
     got = "no '_id'" if "_id" not in record else f"'_id' = {json.dumps(value)}"
     raise bad_line(path, number, f"{got}; every line needs a non-empty string '_id'",
-               "Give the line its id")
+                   "Give the line its id")
   return value
 
 
@@ -106,21 +106,22 @@ def _string_field(path: PathLike, number: int, record: dict, key: str,
                   optional: bool = False) -> str:
   """record[key] as a string; an optional field may be missing or null (-> '')."""
   if key not in record and not optional:
-    raise bad_line(path, number, f"missing field {key!r}", f"Add {key!r} (an empty string is allowed)")
+    raise bad_line(path, number, f"missing field {key!r}",
+                   f"Add {key!r} (an empty string is allowed)")
   value = record.get(key)
   if value is None and optional:
     return ""
   if not isinstance(value, str):
     raise bad_line(path, number, f"field {key!r} must be a string, got {json.dumps(value)[:60]}",
-               f"Write {key!r} as a JSON string")
+                   f"Write {key!r} as a JSON string")
   return value
 
 
 def check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
-                  what: str) -> None:
+                 what: str) -> None:
   if key in seen:
     raise bad_line(path, number, f"duplicate {what} {key!r} (first on line {seen[key]})",
-               "Give every line its own id, or remove the repeated line")
+                   "Give every line its own id, or remove the repeated line")
   seen[key] = number
 
 
@@ -153,7 +154,7 @@ def grade(path: PathLike, number: int, text: str) -> int:
     return int(text)
   except ValueError:
     raise bad_line(path, number, f"score {text!r} is not an integer",
-               "Write the relevance grade as an integer (e.g. 0, 1, 2)") from None
+                   "Write the relevance grade as an integer (e.g. 0, 1, 2)") from None
 
 
 def _qrels_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
@@ -164,7 +165,7 @@ def _qrels_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
       continue
     if len(columns) != 3:
       raise bad_line(path, number, f"expected 3 tab-separated columns (query-id, corpus-id, "
-                 f"score), found {len(columns)}", "Separate the three columns by single tabs")
+                     f"score), found {len(columns)}", "Separate the three columns by single tabs")
     query_id, doc_id = columns[0].strip(), columns[1].strip()
     if not query_id or not doc_id:
       raise bad_line(path, number, "empty query-id or corpus-id", "Fill in both ids")
@@ -172,20 +173,20 @@ def _qrels_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
 
 
 def collect_qrels(path: PathLike, rows: Iterable[Tuple[int, str, str, int]],
-                   doc_ids: Optional[Mapping] = None,
-                   query_ids: Optional[Mapping] = None) -> Qrels:
+                  doc_ids: Optional[Mapping] = None,
+                  query_ids: Optional[Mapping] = None) -> Qrels:
   qrels: Qrels = {}
   seen: Dict[Tuple[str, str], int] = {}
   for number, query_id, doc_id, score in rows:
     if query_ids is not None and query_id not in query_ids:
       raise bad_line(path, number, f"query id {query_id!r} is not in the queries file",
-                 "Add the query, or remove this judgement")
+                     "Add the query, or remove this judgement")
     if doc_ids is not None and doc_id not in doc_ids:
       raise bad_line(path, number, f"document id {doc_id!r} is not in the corpus",
-                 "Add the document to the corpus, or remove this judgement")
+                     "Add the document to the corpus, or remove this judgement")
     if (query_id, doc_id) in seen:
       raise bad_line(path, number, f"pair ({query_id!r}, {doc_id!r}) judged twice (first on line "
-                 f"{seen[(query_id, doc_id)]})", "Keep one judgement per pair")
+                     f"{seen[(query_id, doc_id)]})", "Keep one judgement per pair")
     seen[(query_id, doc_id)] = number
     qrels.setdefault(query_id, {})[doc_id] = score
   return qrels

@@ -32,7 +32,7 @@ def _tsv_text_rows(path: PathLike) -> Iterator[Tuple[int, str, str]]:
     columns = line.split("\t")
     if len(columns) != 2:
       raise bad_line(path, number, f"expected 2 tab-separated columns (id, text), found "
-                 f"{len(columns)}", "Write 'id<TAB>text' with no tab inside the text")
+                     f"{len(columns)}", "Write 'id<TAB>text' with no tab inside the text")
     if not columns[0].strip():
       raise bad_line(path, number, "empty id", "Give the line its id")
     yield number, columns[0].strip(), columns[1]
@@ -53,7 +53,7 @@ def _trec_rows(path: PathLike) -> Iterator[Tuple[int, str, str, int]]:
     columns = line.split()
     if len(columns) != 4:
       raise bad_line(path, number, f"expected 4 whitespace-separated columns (qid, 0, pid, rel), "
-                 f"found {len(columns)}", "Write TREC qrels lines: 'qid 0 pid rel'")
+                     f"found {len(columns)}", "Write TREC qrels lines: 'qid 0 pid rel'")
     yield number, columns[0], columns[2], grade(path, number, columns[3])
 
 
@@ -121,7 +121,7 @@ def _triple_columns(path: pathlib.Path, number: int, line: str, what: str) -> Li
   columns = line.split("\t")
   if len(columns) != 3:
     raise bad_line(path, number, f"expected 3 tab-separated columns ({what}), found "
-               f"{len(columns)}", "Write one triple per line, columns separated by tabs")
+                   f"{len(columns)}", "Write one triple per line, columns separated by tabs")
   return columns
 
 
@@ -140,9 +140,9 @@ def _id_triples(path: pathlib.Path, collection_path: pathlib.Path,
         path, number, line, "qid, positive pid, negative pid"))
     if qid not in queries:
       raise bad_line(path, number, f"query id {qid!r} is not in {queries_path.name}",
-                 "Use the train queries file that goes with these triples")
+                     "Use the train queries file that goes with these triples")
     for pid in (positive, negative):
       if pid not in collection:
         raise bad_line(path, number, f"passage id {pid!r} is not in {collection_path.name}",
-                   "Use the full collection.tsv that goes with these triples")
+                       "Use the full collection.tsv that goes with these triples")
     yield queries[qid], collection[positive], collection[negative]
