@@ -67,40 +67,39 @@ class Dataset:
   local_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-class LocalOrTfdsSource(local_files.DeferredSource):
-  """Reads local JSONL files when `<local dir>/<name>/` exists, else the TFDS dataset.
-  The choice is made each time data is read, so gin bindings made after import count.
-  `task_name` (default decal_<name>) is the name its error messages give."""
-
-  def __init__(self, dataset: Dataset, task_name: Optional[str] = None):
-    self.dataset, self.task_name = dataset, task_name or f"decal_{dataset.name}"
-    self._tfds = (PreparedTfdsSource(dataset.tfds_name, splits=dict(dataset.tfds_splits))
-                  if dataset.tfds_name else None)
-    self._local: Dict[tuple, local_files.JsonlSource] = {}
-    super().__init__(splits=SPLITS)
+class LocalFirstSource(local_files.DeferredSource):
+  """Local files in `<local dir>/<folder_name>/` when that folder exists, else a TFDS
+  dataset (`self._tfds`, None where TFDS has none). The choice is made each time data is
+  read, so gin bindings made after import count. Subclasses say how to open the folder,
+  what to tell a user who has neither, and how TFDS records become the task's."""
+  folder_name: str
+  _tfds: Optional[seqio.DataSource]
 
   def local_folder(self) -> Optional[pathlib.Path]:
     directory, _ = local_data()
-    folder = pathlib.Path(directory).expanduser() / self.dataset.name if directory else None
+    folder = pathlib.Path(directory).expanduser() / self.folder_name if directory else None
     return folder if folder is not None and folder.is_dir() else None
+
+  def _open_local(self, folder: pathlib.Path) -> seqio.DataSource:
+    raise NotImplementedError
+
+  def _no_data_message(self) -> str:
+    """Why there is nothing to read: no local folder and no TFDS dataset."""
+    raise NotImplementedError
+
+  def _local_files_hint(self, split: str) -> str:
+    """Where local files would go, added to TFDS's own error."""
+    raise NotImplementedError
+
+  def _from_tfds(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    return ds
 
   def _source(self) -> seqio.DataSource:
     folder = self.local_folder()
     if folder is not None:
-      key = (str(folder), local_data()[1])
-      if key not in self._local:
-        files = {s: str(folder / f"{s}.jsonl") for s in SPLITS if (folder / f"{s}.jsonl").exists()}
-        schema = local_files.Schema(text_to_text.KINDS[self.dataset.kind])
-        self._local[key] = local_files.JsonlSource(files, schema, self.dataset.local_fields,
-                                                   bad_lines=key[1])
-      return self._local[key]
+      return self._open_local(folder)
     if self._tfds is None:
-      directory = local_data()[0] or "$DECAL_LOCAL_DATA_DIR"
-      raise FileNotFoundError(
-          f"{self.task_name} reads local files only (it is not in TFDS): put "
-          f"train.jsonl / validation.jsonl in {directory}/{self.dataset.name}/ (fields "
-          f"{list(text_to_text.KINDS[self.dataset.kind])}; tools/prepare_jsonl.py converts the "
-          "official release) and set DECAL_LOCAL_DATA_DIR or downstream_tasks.local_data.directory.")
+      raise FileNotFoundError(self._no_data_message())
     return self._tfds
 
   def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
@@ -110,14 +109,48 @@ class LocalOrTfdsSource(local_files.DeferredSource):
       ds = source.get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info)
     except FileNotFoundError as e:
       if source is self._tfds:
-        raise FileNotFoundError(
-            f"{e}\nOr use local files: put {split}.jsonl (fields "
-            f"{list(text_to_text.KINDS[self.dataset.kind])}) in <dir>/{self.dataset.name}/ and "
-            "set DECAL_LOCAL_DATA_DIR=<dir>.") from e
+        raise FileNotFoundError(f"{e}\nOr use local files: {self._local_files_hint(split)}") from e
       raise
-    if source is self._tfds and self.dataset.tfds_map is not None:
-      ds = ds.map(self.dataset.tfds_map, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds
+    return self._from_tfds(ds) if source is self._tfds else ds
+
+
+class LocalOrTfdsSource(LocalFirstSource):
+  """A downstream dataset: local JSONL files when `<local dir>/<name>/` exists, else its
+  TFDS dataset. `task_name` (default decal_<name>) is the name its error messages give."""
+
+  def __init__(self, dataset: Dataset, task_name: Optional[str] = None):
+    self.dataset, self.task_name = dataset, task_name or f"decal_{dataset.name}"
+    self.folder_name = dataset.name
+    self._tfds = (PreparedTfdsSource(dataset.tfds_name, splits=dict(dataset.tfds_splits))
+                  if dataset.tfds_name else None)
+    self._local: Dict[tuple, local_files.JsonlSource] = {}
+    super().__init__(splits=SPLITS)
+
+  def _open_local(self, folder: pathlib.Path) -> seqio.DataSource:
+    key = (str(folder), local_data()[1])
+    if key not in self._local:
+      files = {s: str(folder / f"{s}.jsonl") for s in SPLITS if (folder / f"{s}.jsonl").exists()}
+      schema = local_files.Schema(text_to_text.KINDS[self.dataset.kind])
+      self._local[key] = local_files.JsonlSource(files, schema, self.dataset.local_fields,
+                                                 bad_lines=key[1])
+    return self._local[key]
+
+  def _no_data_message(self) -> str:
+    directory = local_data()[0] or "$DECAL_LOCAL_DATA_DIR"
+    return (f"{self.task_name} reads local files only (it is not in TFDS): put "
+            f"train.jsonl / validation.jsonl in {directory}/{self.dataset.name}/ (fields "
+            f"{list(text_to_text.KINDS[self.dataset.kind])}; tools/prepare_jsonl.py converts the "
+            "official release) and set DECAL_LOCAL_DATA_DIR or "
+            "downstream_tasks.local_data.directory.")
+
+  def _local_files_hint(self, split: str) -> str:
+    return (f"put {split}.jsonl (fields {list(text_to_text.KINDS[self.dataset.kind])}) in "
+            f"<dir>/{self.dataset.name}/ and set DECAL_LOCAL_DATA_DIR=<dir>.")
+
+  def _from_tfds(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    if self.dataset.tfds_map is None:
+      return ds
+    return ds.map(self.dataset.tfds_map, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 # ------------------------------------------------------------------------------ TFDS layouts

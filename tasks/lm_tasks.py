@@ -39,18 +39,25 @@ def text_lines(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return lines.filter(lambda ex: tf.strings.length(ex["text"]) > 0)
 
 
-def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
-              lines: bool = False) -> seqio.Task:
+def register_targets_task(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
+                          preprocessors, lines: bool = False) -> seqio.Task:
+  """A targets-only task (registered anew if the name exists): `text_lines` first when the
+  source yields raw lines, then `preprocessors`."""
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   return seqio.TaskRegistry.add(
       name, source=source,
       output_features={"targets": seqio.Feature(vocabulary, add_eos=False, required=True)},
-      preprocessors=([text_lines] if lines else []) + [
-          functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
-          seqio.preprocessors.tokenize,
-          lm_chunks],
+      preprocessors=([text_lines] if lines else []) + list(preprocessors),
       metric_fns=[])
+
+
+def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
+              lines: bool = False) -> seqio.Task:
+  return register_targets_task(name, source, vocabulary, [
+      functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
+      seqio.preprocessors.tokenize,
+      lm_chunks], lines)
 
 
 def _text_source(split_files: Mapping[str, str]) -> seqio.DataSource:

@@ -56,7 +56,7 @@ import gin
 import seqio
 import tensorflow as tf
 
-from decal_jax.data import local_files, text_to_text, vocabularies
+from decal_jax.data import text_to_text, vocabularies
 from decal_jax.retrieval import beir, msmarco
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import PreparedTfdsSource
@@ -186,9 +186,9 @@ def _tfds_pairs(dataset: tf.data.Dataset) -> tf.data.Dataset:
                      num_parallel_calls=tf.data.AUTOTUNE)
 
 
-class MsMarcoSource(local_files.DeferredSource):
-  """`<local dir>/msmarco/` when it exists, else (pairs only) TFDS `beir/msmarco`; chosen
-  each time the data is read, so gin bindings made after import count."""
+class MsMarcoSource(downstream_tasks.LocalFirstSource):
+  """`<local dir>/msmarco/` when it exists, else (pairs only) TFDS `beir/msmarco`."""
+  folder_name = MSMARCO_FOLDER
 
   def __init__(self, triples: bool):
     self.triples = triples
@@ -198,22 +198,12 @@ class MsMarcoSource(local_files.DeferredSource):
     self._local: Dict[str, MsMarcoLocalSource] = {}
     super().__init__(splits=MSMARCO_SPLITS)
 
-  def local_folder(self) -> Optional[pathlib.Path]:
-    directory = downstream_tasks.local_data()[0]
-    folder = pathlib.Path(directory).expanduser() / MSMARCO_FOLDER if directory else None
-    return folder if folder is not None and folder.is_dir() else None
+  def _open_local(self, folder: pathlib.Path) -> seqio.DataSource:
+    if str(folder) not in self._local:
+      self._local[str(folder)] = MsMarcoLocalSource(folder, self.triples)
+    return self._local[str(folder)]
 
-  def _source(self) -> seqio.DataSource:
-    folder = self.local_folder()
-    if folder is not None:
-      if str(folder) not in self._local:
-        self._local[str(folder)] = MsMarcoLocalSource(folder, self.triples)
-      return self._local[str(folder)]
-    if self._tfds is None:
-      raise FileNotFoundError(self._where_to_put_files())
-    return self._tfds
-
-  def _where_to_put_files(self) -> str:
+  def _no_data_message(self) -> str:
     directory = downstream_tasks.local_data()[0] or "<dir>"
     files = (f"{msmarco.TEXT_TRIPLES} (query<TAB>positive<TAB>negative) or "
              f"{msmarco.ID_TRIPLES} with collection.tsv and queries.train.tsv; for "
@@ -226,16 +216,12 @@ class MsMarcoSource(local_files.DeferredSource):
             f"{directory}/{MSMARCO_FOLDER}/ and set DECAL_LOCAL_DATA_DIR (or gin "
             f"downstream_tasks.local_data.directory) to {directory}; {tfds}.")
 
-  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
-                  shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs):
-    source = self._source()
-    try:
-      ds = source.get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info)
-    except FileNotFoundError as e:
-      if source is self._tfds:
-        raise FileNotFoundError(f"{e}\nOr use local files: {self._where_to_put_files()}") from e
-      raise
-    return _tfds_pairs(ds) if source is self._tfds else ds
+  def _local_files_hint(self, split: str) -> str:
+    del split
+    return self._no_data_message()
+
+  def _from_tfds(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    return _tfds_pairs(ds)
 
 
 # ------------------------------------------------------------------------------ registration

@@ -31,14 +31,9 @@ TEXT_SENTENCE_LM_TASK = "decal_text_sentence_lm"
 
 def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
               lines: bool = False) -> seqio.Task:
-  if name in seqio.TaskRegistry.names():
-    seqio.TaskRegistry.remove(name)
-  return seqio.TaskRegistry.add(
-      name, source=source,
-      output_features={"targets": seqio.Feature(vocabulary, add_eos=False, required=True)},
-      preprocessors=([lm_tasks.text_lines] if lines else []) + [
-          functools.partial(sentences.sentences_lm, task_name=name)],
-      metric_fns=[])
+  return lm_tasks.register_targets_task(
+      name, source, vocabulary, [functools.partial(sentences.sentences_lm, task_name=name)],
+      lines)
 
 
 def register_text_sentence_lm_task(name: str, split_files: Mapping[str, str],

@@ -48,8 +48,6 @@ import sys
 from typing import Dict, List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import gin  # noqa: E402
 import jax  # noqa: E402

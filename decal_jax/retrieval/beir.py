@@ -126,27 +126,29 @@ def check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
 
 
 # ------------------------------------------------------------------------------ BEIR
-def read_corpus(path: PathLike) -> Dict[str, Passage]:
-  """corpus.jsonl -> {doc id: Passage}, in file order ('title' may be missing or null)."""
-  corpus, seen = {}, {}
+def _read_records(path: PathLike, what: str, make) -> dict:
+  """{'_id': make(line number, record)} of a JSONL file, in file order; `what` names the
+  ids in errors ('document id')."""
+  records, seen = {}, {}
   for number, line in numbered_lines(path):
     record = _json_object(path, number, line)
-    doc_id = _record_id(path, number, record)
-    check_new_id(path, number, doc_id, seen, "document id")
-    corpus[doc_id] = Passage(_string_field(path, number, record, "title", optional=True),
-                             _string_field(path, number, record, "text"))
-  return corpus
+    record_id = _record_id(path, number, record)
+    check_new_id(path, number, record_id, seen, what)
+    records[record_id] = make(number, record)
+  return records
+
+
+def read_corpus(path: PathLike) -> Dict[str, Passage]:
+  """corpus.jsonl -> {doc id: Passage}, in file order ('title' may be missing or null)."""
+  return _read_records(path, "document id", lambda number, record: Passage(
+      _string_field(path, number, record, "title", optional=True),
+      _string_field(path, number, record, "text")))
 
 
 def read_queries(path: PathLike) -> Dict[str, str]:
   """queries.jsonl -> {query id: text}, in file order."""
-  queries, seen = {}, {}
-  for number, line in numbered_lines(path):
-    record = _json_object(path, number, line)
-    query_id = _record_id(path, number, record)
-    check_new_id(path, number, query_id, seen, "query id")
-    queries[query_id] = _string_field(path, number, record, "text")
-  return queries
+  return _read_records(path, "query id",
+                       lambda number, record: _string_field(path, number, record, "text"))
 
 
 def grade(path: PathLike, number: int, text: str) -> int:
