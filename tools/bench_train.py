@@ -109,7 +109,7 @@ def build(label: str, files: Sequence[str], paths: Sequence[str], bindings: Sequ
   if args.targets_length:
     lengths["targets"] = args.targets_length
   batch_size = args.batch_size or _macro("BATCH_SIZE")
-  needed = ("targets",) if getattr(model, "DECODER_ONLY", False) else ("inputs", "targets")
+  needed = model.required_lengths()
   if not batch_size or any(not lengths.get(k) for k in needed):
     raise SystemExit(f"error: need a batch size and lengths {needed}: pass --batch_size, "
                      "--inputs_length, --targets_length (or a run gin that sets BATCH_SIZE "
