@@ -2,6 +2,7 @@
 checks the message names the culprit and the fix, and that nothing on disk was changed or
 lost."""
 import json
+import logging
 import pathlib
 
 import gin
@@ -97,3 +98,24 @@ def test_retrieval_index_tells_a_corpus_edit_that_keeps_the_count(tmp_path):
   older = _build(tmp_path / "old", _ragged_corpus())  # built before corpora were fingerprinted
   assert "no corpus fingerprint" in older.corpus_change(fingerprint(passages))
 
+
+def test_empty_queries_are_scored_with_a_warning_naming_them(tmp_path, caplog):
+  folder = tmp_path / "set"
+  corpus, queries, qrels = _write_fixture(folder)
+  empty = sorted(qrels["test"])[:6]  # six of the test split's eight queries
+  beir.write_beir(folder, corpus, dict(queries, **{q: "" for q in empty}), qrels,
+                  overwrite=True)
+  files = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+  with caplog.at_level(logging.WARNING):
+    data = beir.load_beir(folder, "test")
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert warnings == [
+      f"{folder / 'queries.jsonl'}: 6 query(ies) judged in split 'test' have empty text "
+      f"(ids: {', '.join(empty[:5])} and 1 more); each is scored as EOS alone and counted in "
+      f"NDCG / Recall. Give them text, or remove them from {folder / 'qrels' / 'test.tsv'}."]
+  assert data.empty_queries == 6 and all(data.queries[q] == "" for q in empty)  # kept
+  assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == files
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    assert beir.load_beir(folder, "validation").empty_queries == 0
+  assert not caplog.records

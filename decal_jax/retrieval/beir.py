@@ -11,7 +11,9 @@ A qrels score is an integer grade; every row is kept (grade 0 included), and onl
 > 0 count as relevant. A `dev.tsv` qrels file serves the split 'validation' (and the other
 way round), as TFDS's `beir` names it. Empty query texts and empty passages (no title, no
 text) are kept, since an encoder still reads them (as EOS alone), and counted
-(`BeirData.empty_queries`, `BeirData.empty_passages`).
+(`BeirData.empty_queries`, `BeirData.empty_passages`). An empty query of the split is
+warned about, not refused: `load_beir` logs a WARNING naming queries.jsonl, the count and
+the first ids, because such a query is scored as EOS alone and counted in NDCG / Recall.
 
 While the corpus is read, `CorpusDigest` fingerprints it (document count and a sha256 over
 every id, title and text, in file order; `BeirData.corpus_fingerprint`), so an index built
@@ -237,7 +239,7 @@ class BeirData:
   split: str
   name: str
   empty_passages: int = 0       # passages with neither title nor text (kept)
-  empty_queries: int = 0        # queries of this split with empty text (kept)
+  empty_queries: int = 0        # queries of this split with empty text (kept, warned about)
   corpus_fingerprint: Dict[str, Any] = dataclasses.field(default_factory=dict)
   # {'num_docs', 'sha256'} of corpus.jsonl (`CorpusDigest`)
 
@@ -279,7 +281,7 @@ def check_beir_folder(folder: pathlib.Path) -> None:
 
 def load_beir(folder: PathLike, split: str = "test") -> BeirData:
   """Reads a BEIR folder's corpus, queries and one split's qrels, checking every id and
-  fingerprinting the corpus."""
+  fingerprinting the corpus. Empty queries of the split are kept, with a WARNING."""
   qrels_file = qrels_path(folder, split)  # checks the layout first
   folder = pathlib.Path(folder)
   digest = CorpusDigest()
@@ -287,13 +289,18 @@ def load_beir(folder: PathLike, split: str = "test") -> BeirData:
   all_queries = read_queries(folder / QUERIES_FILE)
   qrels = read_qrels(qrels_file, doc_ids=corpus, query_ids=all_queries)
   queries = {q: all_queries[q] for q in qrels}
+  empty = [q for q, text in queries.items() if not text.strip()]
   data = BeirData(corpus, queries, qrels, str(folder), split, folder.name,
                   empty_passages=sum(p.is_empty for p in corpus.values()),
-                  empty_queries=sum(not t.strip() for t in queries.values()),
-                  corpus_fingerprint=digest.fingerprint())
-  if data.empty_passages or data.empty_queries:
-    logging.info("%s (%s): %d empty passage(s) and %d empty query(ies) kept.", folder, split,
-                 data.empty_passages, data.empty_queries)
+                  empty_queries=len(empty), corpus_fingerprint=digest.fingerprint())
+  if data.empty_passages:
+    logging.info("%s: %d empty passage(s) kept.", folder / CORPUS_FILE, data.empty_passages)
+  if empty:
+    logging.warning(
+        "%s: %d query(ies) judged in split %r have empty text (ids: %s%s); each is scored "
+        "as EOS alone and counted in NDCG / Recall. Give them text, or remove them from "
+        "%s.", folder / QUERIES_FILE, len(empty), split, ", ".join(empty[:5]),
+        f" and {len(empty) - 5} more" if len(empty) > 5 else "", qrels_file)
   return data
 
 

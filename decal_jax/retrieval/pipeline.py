@@ -10,7 +10,8 @@ with the same model, checkpoint and corpus reuses it, another model or checkpoin
 refused, and a changed corpus (a BEIR folder edited in place) rebuilds it with a WARNING
 naming the folder and the document counts. Queries are encoded at the query ratio and
 searched with exact MaxSim; the run is written in TREC format next to a metrics JSON, under
-MODEL_DIR/retrieval/.
+MODEL_DIR/retrieval/. Empty queries are scored (as EOS alone) with a WARNING from
+`beir.load_beir`, and counted in the metrics JSON (`empty_queries`).
 """
 import dataclasses
 import json
@@ -167,7 +168,7 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                                     query_length, batch_size)
   run = corpus_index.search_run(qids, q_vectors, q_valid, top_k=top_k)
   scores = ir_metrics.evaluate(run, data.qrels)
-  scores.update(step=step, num_docs=corpus_index.num_docs,
+  scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=corpus_index.nbytes)
   _write_results(model_dir, name, split, step, run, scores, top_k)
