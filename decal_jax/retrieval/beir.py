@@ -11,7 +11,13 @@ A qrels score is an integer grade; every row is kept (grade 0 included), and onl
 > 0 count as relevant. A `dev.tsv` qrels file serves the split 'validation' (and the other
 way round), as TFDS's `beir` names it. Empty query texts and empty passages (no title, no
 text) are kept, since an encoder still reads them (as EOS alone), and counted
-(`BeirData.empty_queries`, `BeirData.empty_passages`).
+(`BeirData.empty_queries`, `BeirData.empty_passages`). An empty query of the split is
+warned about, not refused: `load_beir` logs a WARNING naming queries.jsonl, the count and
+the first ids, because such a query is scored as EOS alone and counted in NDCG / Recall.
+
+While the corpus is read, `CorpusDigest` fingerprints it (document count and a sha256 over
+every id, title and text, in file order; `BeirData.corpus_fingerprint`), so an index built
+from it can tell when the folder was edited since (`pipeline.build_or_open_index`).
 
 A line that breaks these layouts raises `BadRetrievalFileError` naming the file, the line
 (from 1), the problem and the fix; a missing file names what was expected.
@@ -23,7 +29,7 @@ import json
 import logging
 import os
 import pathlib
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from decal_jax import fileio
 
@@ -126,23 +132,45 @@ def check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],
 
 
 # ------------------------------------------------------------------------------ BEIR
-def _read_records(path: PathLike, what: str, make) -> dict:
+class CorpusDigest:
+  """A corpus fingerprint taken while it is read: the document count and a sha256 over
+  each document's id, title and text, in file order."""
+
+  def __init__(self):
+    self._sha = hashlib.sha256()
+    self.num_docs = 0
+
+  def add(self, doc_id: str, passage: Passage) -> None:
+    line = json.dumps([doc_id, passage.title, passage.text], ensure_ascii=False) + "\n"
+    self._sha.update(line.encode("utf-8"))  # one JSON line per document: unambiguous
+    self.num_docs += 1
+
+  def fingerprint(self) -> Dict[str, Any]:
+    """{'num_docs', 'sha256'} (JSON-serialisable; an index keeps it in its meta.json)."""
+    return {"num_docs": self.num_docs, "sha256": self._sha.hexdigest()}
+
+
+def _read_records(path: PathLike, what: str, make,
+                  on_record: Optional[Callable[[str, Any], None]] = None) -> dict:
   """{'_id': make(line number, record)} of a JSONL file, in file order; `what` names the
-  ids in errors ('document id')."""
+  ids in errors ('document id'); `on_record(id, value)` sees each entry as it is read."""
   records, seen = {}, {}
   for number, line in numbered_lines(path):
     record = _json_object(path, number, line)
     record_id = _record_id(path, number, record)
     check_new_id(path, number, record_id, seen, what)
     records[record_id] = make(number, record)
+    if on_record is not None:
+      on_record(record_id, records[record_id])
   return records
 
 
-def read_corpus(path: PathLike) -> Dict[str, Passage]:
-  """corpus.jsonl -> {doc id: Passage}, in file order ('title' may be missing or null)."""
+def read_corpus(path: PathLike, digest: Optional[CorpusDigest] = None) -> Dict[str, Passage]:
+  """corpus.jsonl -> {doc id: Passage}, in file order ('title' may be missing or null);
+  each passage is added to `digest` (when given) as it is read."""
   return _read_records(path, "document id", lambda number, record: Passage(
       _string_field(path, number, record, "title", optional=True),
-      _string_field(path, number, record, "text")))
+      _string_field(path, number, record, "text")), digest.add if digest else None)
 
 
 def read_queries(path: PathLike) -> Dict[str, str]:
@@ -211,7 +239,9 @@ class BeirData:
   split: str
   name: str
   empty_passages: int = 0       # passages with neither title nor text (kept)
-  empty_queries: int = 0        # queries of this split with empty text (kept)
+  empty_queries: int = 0        # queries of this split with empty text (kept, warned about)
+  corpus_fingerprint: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  # {'num_docs', 'sha256'} of corpus.jsonl (`CorpusDigest`)
 
   def positive_pairs(self) -> List[Tuple[str, str]]:
     """(query id, doc id) of every judgement with score > 0, in qrels file order."""
@@ -250,19 +280,27 @@ def check_beir_folder(folder: pathlib.Path) -> None:
 
 
 def load_beir(folder: PathLike, split: str = "test") -> BeirData:
-  """Reads a BEIR folder's corpus, queries and one split's qrels, checking every id."""
+  """Reads a BEIR folder's corpus, queries and one split's qrels, checking every id and
+  fingerprinting the corpus. Empty queries of the split are kept, with a WARNING."""
   qrels_file = qrels_path(folder, split)  # checks the layout first
   folder = pathlib.Path(folder)
-  corpus = read_corpus(folder / CORPUS_FILE)
+  digest = CorpusDigest()
+  corpus = read_corpus(folder / CORPUS_FILE, digest)
   all_queries = read_queries(folder / QUERIES_FILE)
   qrels = read_qrels(qrels_file, doc_ids=corpus, query_ids=all_queries)
   queries = {q: all_queries[q] for q in qrels}
+  empty = [q for q, text in queries.items() if not text.strip()]
   data = BeirData(corpus, queries, qrels, str(folder), split, folder.name,
                   empty_passages=sum(p.is_empty for p in corpus.values()),
-                  empty_queries=sum(not t.strip() for t in queries.values()))
-  if data.empty_passages or data.empty_queries:
-    logging.info("%s (%s): %d empty passage(s) and %d empty query(ies) kept.", folder, split,
-                 data.empty_passages, data.empty_queries)
+                  empty_queries=len(empty), corpus_fingerprint=digest.fingerprint())
+  if data.empty_passages:
+    logging.info("%s: %d empty passage(s) kept.", folder / CORPUS_FILE, data.empty_passages)
+  if empty:
+    logging.warning(
+        "%s: %d query(ies) judged in split %r have empty text (ids: %s%s); each is scored "
+        "as EOS alone and counted in NDCG / Recall. Give them text, or remove them from "
+        "%s.", folder / QUERIES_FILE, len(empty), split, ", ".join(empty[:5]),
+        f" and {len(empty) - 5} more" if len(empty) > 5 else "", qrels_file)
   return data
 
 

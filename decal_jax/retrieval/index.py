@@ -7,7 +7,8 @@ Layout of an index directory (every file is written before the directory gets it
     offsets.npy    [num_docs + 1]    int64: document i owns vectors[offsets[i]:offsets[i+1]]
     doc_ids.json   [num_docs]        the document ids, in index order
     meta.json      the encoder config, its fingerprint (sha256 of the canonical config
-                   JSON), dim, dtype, num_docs, num_vectors, bytes, created (UTC)
+                   JSON), the corpus fingerprint when given ({'num_docs', 'sha256'}, see
+                   `beir.CorpusDigest`), dim, dtype, num_docs, num_vectors, bytes, created (UTC)
 
 `build_index` calls the encoder batch by batch and appends each document's valid vectors
 to `vectors.npy` as it goes (the .npy header, whose shape is only known at the end, is
@@ -113,7 +114,8 @@ def _check_encoded(vectors: np.ndarray, valid: np.ndarray, rows: int, dim: Optio
 
 def build_index(directory: str, doc_ids: Sequence[str], token_batches: Iterable[np.ndarray],
                 encode_fn: EncodeFn, config: Mapping[str, Any], dtype: str = "float16",
-                progress: bool = True, overwrite: bool = False) -> "Index":
+                progress: bool = True, overwrite: bool = False,
+                corpus_fingerprint: Optional[Mapping[str, Any]] = None) -> "Index":
   """Encodes the corpus and writes the index to `directory`; returns it opened.
 
   doc_ids: one id per document, in the order the rows of `token_batches` come.
@@ -121,6 +123,8 @@ def build_index(directory: str, doc_ids: Sequence[str], token_batches: Iterable[
   encode_fn: tokens `[b, n]` -> (vectors float `[b, m, d]`, valid bool `[b, m]`); only the
     valid vectors are stored (a document may have none: it is kept, with 0 vectors).
   config: the encoder's config (JSON-serialisable), saved and checked by `Index.open`.
+  corpus_fingerprint: the corpus's {'num_docs', 'sha256'} (`beir.CorpusDigest`), saved as
+    meta['corpus'] and compared by `Index.corpus_change`.
   """
   if dtype not in DTYPES:
     raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
@@ -150,6 +154,8 @@ def build_index(directory: str, doc_ids: Sequence[str], token_batches: Iterable[
     meta.update(config=json.loads(config_json), fingerprint=config_fingerprint(config),
                 format_version=FORMAT_VERSION,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    if corpus_fingerprint is not None:
+      meta["corpus"] = dict(corpus_fingerprint)
     _write_json(os.path.join(tmp, "doc_ids.json"), doc_ids)
     _write_json(os.path.join(tmp, "meta.json"), meta)  # last: its presence marks completion
   return Index.open(directory, expected_config=config)
@@ -296,6 +302,18 @@ class Index:
         + "\n  ".join(differences)
         + "\nRebuild the index with this config (build_index(..., overwrite=True)), or search "
           "with the config it was built with (meta.json holds it).")
+
+  def corpus_change(self, corpus_fingerprint: Mapping[str, Any]) -> str:
+    """'' when the index was built from the corpus of this fingerprint ({'num_docs',
+    'sha256'}, `beir.CorpusDigest`); else what changed since, in words."""
+    built, now = self.meta.get("corpus"), corpus_fingerprint
+    if not built:
+      return "the index records no corpus fingerprint, so it may be stale"
+    if built["num_docs"] != now["num_docs"]:
+      return f"{built['num_docs']} -> {now['num_docs']} documents"
+    if built["sha256"] != now["sha256"]:
+      return f"the same {now['num_docs']} documents, but their ids, titles or texts differ"
+    return ""
 
   # ----------------------------------------------------------------------------- sizes
   @property

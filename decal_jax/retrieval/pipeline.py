@@ -4,10 +4,14 @@ Recall@100): what `python -m decal_jax.retrieve` runs.
 Passages are tokenized with the model's vocabulary, grouped by length into a few padded
 widths (so the jitted encoder compiles a handful of shapes, not one per batch), encoded at
 the passage ratio and written to an on-disk index (`index.build_index`). The index
-remembers the encoder config and checkpoint it was built with; a later run with the same
-model and checkpoint reuses it, any other refuses it. Queries are encoded at the query
-ratio and searched with exact MaxSim; the run is written in TREC format next to a metrics
-JSON, under MODEL_DIR/retrieval/.
+remembers the encoder config and checkpoint it was built with, and the corpus fingerprint
+(`beir.CorpusDigest`: document count and a hash of ids, titles and texts); a later run
+with the same model, checkpoint and corpus reuses it, another model or checkpoint is
+refused, and a changed corpus (a BEIR folder edited in place) rebuilds it with a WARNING
+naming the folder and the document counts. Queries are encoded at the query ratio and
+searched with exact MaxSim; the run is written in TREC format next to a metrics JSON, under
+MODEL_DIR/retrieval/. Empty queries are scored (as EOS alone) with a WARNING from
+`beir.load_beir`, and counted in the metrics JSON (`empty_queries`).
 """
 import dataclasses
 import json
@@ -100,11 +104,20 @@ def index_config(model, passage_length: int, model_dir: str, step: int) -> Dict:
 
 def build_or_open_index(directory: str, data: beir.BeirData, model, params, config: Dict,
                         passage_length: int, batch_size: int, dtype: str = "float16"):
-  """The corpus index at `directory`: reused when it exists (and matches `config`), else
-  built with a progress bar."""
+  """The corpus index at `directory`: reused when it exists and was built with `config`
+  from this corpus (another config is refused: IndexConfigMismatchError); rebuilt, with a
+  WARNING, when the corpus changed since; else built. A build replaces the old index only
+  when complete (`fileio.atomic_directory`)."""
   if (pathlib.Path(directory) / "meta.json").exists():
-    print(f"Reusing the index at {directory}.", flush=True)
-    return index.Index.open(directory, expected_config=config)
+    existing = index.Index.open(directory, expected_config=config)
+    change = existing.corpus_change(data.corpus_fingerprint)
+    if not change:
+      print(f"Reusing the index at {directory}.", flush=True)
+      return existing
+    del existing  # its memory-mapped vectors: the rebuild replaces the folder
+    partitioning.log(f"WARNING: the corpus {pathlib.Path(data.folder) / beir.CORPUS_FILE} "
+                     f"changed since the index at {directory} was built ({change}); "
+                     "rebuilding the index.")
   doc_ids = list(data.corpus)
   ids = tokenize([data.corpus[d].full_text for d in doc_ids], model.input_vocabulary,
                  passage_length)
@@ -112,9 +125,9 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
   ordered_ids = [doc_ids[i] for rows, _ in batched for i in rows]
   run = encoder_fn(model, params, "passage")
   token_batches = (tokens[:len(rows)] for rows, tokens in batched)  # real rows only
-  index.build_index(directory, ordered_ids, token_batches, _padded_to(batch_size, run),
-                    config, dtype=dtype)
-  return index.Index.open(directory, expected_config=config)
+  return index.build_index(directory, ordered_ids, token_batches,
+                           _padded_to(batch_size, run), config, dtype=dtype, overwrite=True,
+                           corpus_fingerprint=data.corpus_fingerprint)
 
 
 def _padded_to(batch_size: int, run):
@@ -155,7 +168,7 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                                     query_length, batch_size)
   run = corpus_index.search_run(qids, q_vectors, q_valid, top_k=top_k)
   scores = ir_metrics.evaluate(run, data.qrels)
-  scores.update(step=step, num_docs=corpus_index.num_docs,
+  scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=corpus_index.nbytes)
   _write_results(model_dir, name, split, step, run, scores, top_k)
