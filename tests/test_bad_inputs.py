@@ -9,7 +9,7 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import evaluation
+from decal_jax import evaluation, fileio
 from decal_jax.data import convert, hf_vocabularies, local_files, vocabularies
 
 import paths
@@ -210,3 +210,21 @@ def test_a_vocabulary_file_that_is_not_sentencepiece_is_named(tmp_path, make, co
   assert message.startswith(f"{path} is not a SentencePiece model")
   assert ("DECAL_T5_VOCAB" if make is vocabularies.t5_vocabulary else "LLAMA_TOKENIZER") in message
   assert path.read_bytes() == content
+
+
+def test_a_non_utf8_squid_context_file_is_named_before_the_model_loads(tmp_path):
+  context = _write(tmp_path / "doc.txt", b"A context.\nWith a \x80 byte.\n")
+  model_dir = tmp_path / "no_model_here"  # never read: the context is checked first
+  with pytest.raises(fileio.NotUtf8Error, match=f"{context}:2: not UTF-8"):
+    _load_tool("squid_answer").main(["--model_dir", str(model_dir), "--context_file",
+                                     str(context), "--question", "What?"])
+  assert _files_under(tmp_path) == ["doc.txt"]
+
+
+def test_prepare_jsonl_names_the_line_of_a_release_that_is_not_json(tmp_path, capsys):
+  source = tmp_path / "release.json"
+  source.write_text('{"data": [\n  {"paragraphs": [}\n]}\n')
+  with pytest.raises(SystemExit):
+    _prepare(["squad", str(source), "--split", "train"], tmp_path / "out")
+  assert f"{source}:2: not valid JSON" in capsys.readouterr().err
+  assert _files_under(tmp_path) == ["release.json"]

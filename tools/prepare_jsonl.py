@@ -19,6 +19,7 @@ abstract_text) need no conversion: copy or link the files to <out>/<name>/<split
 import argparse
 import pathlib
 
+from decal_jax import fileio
 from decal_jax.data import convert
 
 
@@ -54,7 +55,7 @@ def main(argv=None):
       parser.error(f"no such file: {path}")
   try:
     counts = _convert(parser, args, folder)
-  except convert.ReleaseLayoutError as e:
+  except (convert.ReleaseLayoutError, fileio.NotUtf8Error) as e:
     parser.exit(2, f"error: {e}\nNothing was written.\n")
   for split, (written, skipped) in counts.items():
     print(f"{folder / (split + '.jsonl')}: {written} records"

@@ -40,14 +40,9 @@ class ReleaseLayoutError(ValueError):
 
 
 def load_json(path: str) -> Any:
-  """A JSON file's value, or the list of a JSONL file's values; errors name file and line."""
-  raw = pathlib.Path(path).read_bytes()
-  try:
-    text = raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = raw[:e.start].count(b"\n") + 1
-    raise ReleaseLayoutError(f"{path}:{line}: not UTF-8 ({e.reason}); re-save the file as "
-                             "UTF-8.") from None
+  """A JSON file's value, or the list of a JSONL file's values; errors name file and line
+  (not UTF-8: fileio.NotUtf8Error; not JSON: ReleaseLayoutError)."""
+  text = fileio.read_utf8(path)
   try:
     return json.loads(text)
   except json.JSONDecodeError as e:
