@@ -6,8 +6,10 @@
 
   squad     SQuAD v1.1 / v2.0 JSON file, or HF squad rows  -> <out>/squad/<split>.jsonl
   hotpotqa  HotpotQA JSON file, or HF hotpot_qa rows        -> <out>/hotpotqa/<split>.jsonl
-  mediasum  news_dialogue.json train_val_test_split.json   -> <out>/mediasum/{train,validation,test}.jsonl
-            or one split's rows (HF nbroad/ccdv mediasum) with --split -> <out>/mediasum/<split>.jsonl
+  mediasum  news_dialogue.json train_val_test_split.json
+                                        -> <out>/mediasum/{train,validation,test}.jsonl
+            or one split's rows (HF nbroad/ccdv mediasum) with --split
+                                        -> <out>/mediasum/<split>.jsonl
 
 Hugging Face rows are a JSON list or JSONL (`Dataset.to_json`); `decal_jax/data/convert.py`
 lists every layout read. A file in another layout stops with its first bad record, and

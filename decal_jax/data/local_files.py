@@ -1,13 +1,13 @@
 """seqio data sources over local JSON Lines and plain-text files, with line-numbered errors.
 
 Each split is one file or a glob (`train-*.jsonl`); each line is one JSON object (or, for
-`TextLineSource`, one line of UTF-8 text). A
-`Schema` names the fields a task reads, their kind (`text`: a non-empty string, or a list
-of strings that is joined; `texts`: a non-empty list of non-empty strings, or one string)
-and, through `fields`, which key of the file holds each one. A line that is not JSON, lacks a
-field, has the wrong type, only whitespace or bytes that are not UTF-8 is reported with its file and line number;
-`bad_lines='fail'` (the default) stops with that message, `'skip'` leaves the line out and
-logs how many were skipped per file.
+`TextLineSource`, one line of text). A `Schema` names the fields a task reads, their kind
+(`text`: a non-empty string, or a list of strings that is joined; `texts`: a non-empty list
+of non-empty strings, or one string) and, through `fields`, which key of the file holds
+each one. A line that is not UTF-8 or not JSON, lacks a field, has the wrong type or only
+whitespace is reported with its file and line number; `bad_lines='fail'` (the default)
+stops with that message, `'skip'` leaves the line out and logs how many were skipped per
+file.
 
 The files are checked once, when the split is first read, and then streamed.
 """
