@@ -287,7 +287,7 @@ def read_inputs(path: str, field: str = "inputs", kind: Optional[str] = None) ->
   """Input texts from a JSONL file: the `field` of each line as it is or, given a task kind
   ('summarization' / 'qa'), each line's record formatted as that kind's tasks do."""
   texts = []
-  with open(path, encoding="utf-8") as f:
+  with open(path, "rb") as f:  # lines decoded one by one: a bad one is named by its number
     for number, line in enumerate(f, start=1):
       if not line.strip():
         continue

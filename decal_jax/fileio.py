@@ -4,7 +4,8 @@
 the target's own folder (so the final rename never crosses a file system), then
 `os.replace` over the target. A reader sees the old file or the new one, never a part; a
 failure (an exception, Ctrl-C) removes the temporary file and leaves the target as it was.
-`atomic_directory` does the same for a folder of files built together.
+`atomic_directory` does the same for a folder of files built together. `read_utf8` reads
+a user's text file whole, naming the file and line of any bytes that are not UTF-8.
 """
 import contextlib
 import os
@@ -14,6 +15,21 @@ import tempfile
 from typing import IO, Iterator, Union
 
 PathLike = Union[str, os.PathLike]
+
+
+class NotUtf8Error(ValueError):
+  """A text file with bytes that are not UTF-8 (the message names file and line)."""
+
+
+def read_utf8(path: PathLike) -> str:
+  """The whole of a UTF-8 text file; NotUtf8Error names the line of a bad byte."""
+  raw = pathlib.Path(path).read_bytes()
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw[:e.start].count(b"\n") + 1
+    raise NotUtf8Error(f"{path}:{line}: not UTF-8 ({e.reason}); re-save the file as "
+                       "UTF-8.") from None
 
 
 @contextlib.contextmanager

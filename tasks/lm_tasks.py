@@ -9,10 +9,12 @@ Evaluation reports perplexity per subword (teacher-forced; `metrics.summarize`).
 | decal_text_lm | plain-text files `<local dir>/text_lm/<split>.txt` | the model's |
 
 `register_text_lm_task(name, {split: path or glob})` makes a task of any plain-text files
-(one line per record, e.g. WikiText's raw files; blank lines are skipped).
+(one line per record, e.g. WikiText's raw files; blank lines are skipped). A line that is
+not UTF-8 stops the run with its file and line, or is left out with bad_lines='skip'
+($DECAL_BAD_LINES=skip for decal_text_lm).
 """
 import functools
-from typing import Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 import seqio
 import tensorflow as tf
@@ -60,18 +62,19 @@ def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
       lm_chunks], lines)
 
 
-def _text_source(split_files: Mapping[str, str]) -> seqio.DataSource:
+def _text_source(split_files: Mapping[str, str], bad_lines: str) -> seqio.DataSource:
   for split, pattern in split_files.items():
     if not tf.io.gfile.glob(pattern):
       raise FileNotFoundError(f"No text file matches {pattern!r} (split {split!r}).")
-  return seqio.TextLineDataSource(dict(split_files))
+  return local_files.TextLineSource(split_files, bad_lines)
 
 
 def register_text_lm_task(name: str, split_files: Mapping[str, str],
-                          vocabulary: Optional[seqio.Vocabulary] = None) -> seqio.Task:
+                          vocabulary: Optional[seqio.Vocabulary] = None,
+                          bad_lines: str = "fail") -> seqio.Task:
   """LM task over your plain-text files, {split: path or glob}; tokenized with
   `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read)."""
-  return _register(name, _text_source(split_files),
+  return _register(name, _text_source(split_files, bad_lines),
                    vocabulary or vocabularies.DeferredVocabulary(), lines=True)
 
 
@@ -80,16 +83,20 @@ class _LocalTextLines(local_files.DeferredSource):
   gin or $DECAL_LOCAL_DATA_DIR after import)."""
 
   def __init__(self):
+    self._sources: Dict[Tuple[str, str], local_files.TextLineSource] = {}
     super().__init__(splits=downstream_tasks.SPLITS)
 
-  def _source(self) -> seqio.DataSource:
+  def _source(self) -> local_files.TextLineSource:
     folder, files = downstream_tasks.local_split_files(TEXT_LM_FOLDER, ".txt")
     if not files:
       raise FileNotFoundError(
           f"{TEXT_LM_TASK} reads train.txt / validation.txt from <dir>/{TEXT_LM_FOLDER}/, but "
           f"{folder or '<dir>'} has none: set DECAL_LOCAL_DATA_DIR=<dir> (or gin "
           "downstream_tasks.local_data.directory) and put the files there.")
-    return seqio.TextLineDataSource(files)
+    key = (str(folder), downstream_tasks.local_data()[1])
+    if key not in self._sources:  # checked once per folder and policy
+      self._sources[key] = local_files.TextLineSource(files, key[1])
+    return self._sources[key]
 
 
 

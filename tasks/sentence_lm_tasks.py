@@ -8,7 +8,8 @@ sentence is followed by the end-of-sentence token (`data.sentences.sentences_lm`
 | decal_text_sentence_lm | plain-text files `<local dir>/text_lm/<split>.txt` (decal_text_lm's) | the model's |
 
 `register_text_sentence_lm_task(name, {split: path or glob})` makes a task of any plain-text
-files (one paragraph per line; blank lines are skipped).
+files (one paragraph per line; blank lines are skipped; lines that are not UTF-8 are
+reported as lm_tasks' are).
 
 Features: 'targets' (add_eos=False; the end id is the vocabulary's top sentinel, see
 `sentences.sentence_end_id`) and 'sentence_ids' (each position's sentence index within its
@@ -37,11 +38,13 @@ def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
 
 
 def register_text_sentence_lm_task(name: str, split_files: Mapping[str, str],
-                                   vocabulary: Optional[seqio.Vocabulary] = None) -> seqio.Task:
+                                   vocabulary: Optional[seqio.Vocabulary] = None,
+                                   bad_lines: str = "fail") -> seqio.Task:
   """Sentence LM task over your plain-text files, {split: path or glob}; tokenized with
-  `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read)."""
-  return _register(name, lm_tasks._text_source(split_files),  # pylint: disable=protected-access
-                   vocabulary or vocabularies.DeferredVocabulary(), lines=True)
+  `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read). A line
+  that is not UTF-8 stops with its file and line, or is left out with bad_lines='skip'."""
+  source = lm_tasks._text_source(split_files, bad_lines)  # pylint: disable=protected-access
+  return _register(name, source, vocabulary or vocabularies.DeferredVocabulary(), lines=True)
 
 
 _register("decal_builtin_sentence_lm", corpus.data_source(), vocabularies.builtin_vocabulary())

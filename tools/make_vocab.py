@@ -15,25 +15,39 @@ import json
 import pathlib
 import sys
 import time
-from typing import List
+from typing import Iterator, List, Tuple
 
 import seqio
 
-from decal_jax.data import vocabularies
+from decal_jax.data import local_files, vocabularies
 
 EXAMPLE = "The with statement wraps the execution of a block."
 
 
+def _numbered_lines(path: pathlib.Path) -> Iterator[Tuple[int, str]]:
+  """(number from 1, text) of each line; a line that is not UTF-8 stops with its number."""
+  with path.open("rb") as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        yield number, local_files.decode(raw)
+      except local_files.BadRecordError as e:
+        sys.exit(f"error: {path}:{number}: {e}.")
+
+
 def _read_jsonl(path: pathlib.Path, field: str) -> List[str]:
   texts = []
-  with path.open(encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if line.strip():
+  for number, line in _numbered_lines(path):
+    if line.strip():
+      try:
         record = json.loads(line)
-        if field not in record:
-          sys.exit(f"error: {path}:{number} has no field {field!r} (fields: "
-                   f"{sorted(record)}); choose one with --field.")
-        texts.append(record[field])
+      except json.JSONDecodeError as e:
+        sys.exit(f"error: {path}:{number} is not valid JSON ({e.msg}); write one JSON object "
+                 "per line.")
+      if not isinstance(record, dict) or field not in record:
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        sys.exit(f"error: {path}:{number} has no field {field!r} (found: {found}); choose "
+                 "one with --field.")
+      texts.append(record[field])
   return texts
 
 
@@ -44,7 +58,7 @@ def read_sentences(path: pathlib.Path, field: str) -> List[str]:
   if path.suffix == ".jsonl":
     texts = _read_jsonl(path, field)
   else:
-    texts = [path.read_text(encoding="utf-8")]
+    texts = [line for _, line in _numbered_lines(path)]
   sentences = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
   if not sentences:
     sys.exit(f"error: no text found in {path}.")

@@ -17,7 +17,6 @@ and are printed, and written as JSON lines with --out.
 """
 import argparse
 import json
-import pathlib
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -106,13 +105,14 @@ def load_compressed(path: str, model):
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, str]]:
   import jax
   args = parse_args(argv)
+  text = None if args.compressed else fileio.read_utf8(args.context_file)  # fail early
   model, params, step = load_model(args)
   start = time.perf_counter()
   if args.compressed:
     compressed = load_compressed(args.compressed, model)
     print(f"Read {compressed.embeddings.shape[1]} memory vectors from {args.compressed}.")
   else:
-    context = context_tokens(model, pathlib.Path(args.context_file).read_text("utf-8"))
+    context = context_tokens(model, text)
     compressed = model.compress(params, context)
     jax.block_until_ready(compressed)
     print(f"Compressed {context.shape[1]} context tokens into {compressed.embeddings.shape[1]} "

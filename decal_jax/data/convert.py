@@ -1,54 +1,187 @@
-"""Official dataset releases -> the downstream tasks' local JSONL layout.
+"""Dataset releases -> the downstream tasks' local JSONL layout.
 
 `<out>/<name>/<split>.jsonl`, one record per line: QA {"id", "question", "context",
 "answers": [...]}; summarization {"id", "document", "summary"}. `tools/prepare_jsonl.py` is
 the command line. Records with an empty question, context, document, summary or answer
 list are left out and counted.
+
+Each dataset is read in its official release layout or as Hugging Face `datasets` rows (a
+JSON list, or JSONL as `Dataset.to_json` writes); `LAYOUTS` describes them. A file in
+neither raises `ReleaseLayoutError` naming the file, the first record that does not fit,
+the keys it has and the layouts expected. Every record is converted before anything is
+written, so a bad file leaves no output behind.
 """
 import json
 import pathlib
-from typing import Dict, Iterable, Iterator, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 from decal_jax import fileio
 
 Record = Dict[str, object]
 
-
-def squad(path: str) -> Iterator[Record]:
-  """SQuAD v1.1 / v2.0 JSON (data -> paragraphs -> qas); unanswerable v2 questions are
-  left out."""
-  release = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
-  for article in release["data"]:
-    for paragraph in article["paragraphs"]:
-      for qa in paragraph["qas"]:
-        yield {"id": qa["id"], "question": qa["question"], "context": paragraph["context"],
-               "answers": [a["text"] for a in qa.get("answers", [])]}
-
-
-def hotpotqa(path: str) -> Iterator[Record]:
-  """HotpotQA JSON (a list of {_id, question, answer, context: [[title, [sentences]]]});
-  each context paragraph becomes 'title: sentences' on its own line."""
-  for item in json.loads(pathlib.Path(path).read_text(encoding="utf-8")):
-    context = "\n".join(f"{title}: {''.join(sentences)}" for title, sentences in item["context"])
-    yield {"id": item["_id"], "question": item["question"], "context": context,
-           "answers": [item["answer"]] if item.get("answer") else []}
+LAYOUTS = {
+    "squad": "the official SQuAD v1.1 / v2.0 JSON ({\"data\": [{\"paragraphs\": [{\"context\", "
+             "\"qas\": [{\"id\", \"question\", \"answers\": [{\"text\"}]}]}]}]}), or Hugging Face "
+             "squad / squad_v2 rows ({\"id\", \"question\", \"context\", \"answers\": {\"text\": "
+             "[...], \"answer_start\": [...]}})",
+    "hotpotqa": "the official HotpotQA JSON (a list of {\"_id\", \"question\", \"answer\", "
+                "\"context\": [[title, [sentences]]]}), or Hugging Face hotpot_qa rows "
+                "({\"id\", \"question\", \"answer\", \"context\": {\"title\": [...], "
+                "\"sentences\": [[...]]}})",
+    "mediasum": "the official news_dialogue.json ({\"id\", \"summary\", \"utt\", \"speaker\"} "
+                "records) with train_val_test_split.json; or one split's rows, as Hugging Face "
+                "has them: {\"id\", \"summary\", \"utt\", \"speaker\"} (nbroad/mediasum) or "
+                "{\"id\", \"document\", \"summary\"} (ccdv/mediasum)",
+}
 
 
-def mediasum(dialogues_path: str, split_path: str) -> Iterator[Tuple[str, Record]]:
-  """MediaSum `news_dialogue.json` + `train_val_test_split.json` -> (split, record); the
-  transcript becomes 'SPEAKER: utterance' lines."""
-  split_of = {}
-  for split, ids in json.loads(pathlib.Path(split_path).read_text(encoding="utf-8")).items():
-    name = {"val": "validation"}.get(split, split)
-    split_of.update({str(i): name for i in ids})
-  for item in json.loads(pathlib.Path(dialogues_path).read_text(encoding="utf-8")):
-    split = split_of.get(str(item["id"]))
-    if split is None:
-      continue
-    document = "\n".join(f"{s}: {u}" for s, u in zip(item["speaker"], item["utt"]))
-    yield split, {"id": item["id"], "document": document, "summary": item["summary"]}
+class ReleaseLayoutError(ValueError):
+  """A release file in no layout the converter reads (the message names file and record)."""
 
 
+def load_json(path: str) -> Any:
+  """A JSON file's value, or the list of a JSONL file's values; errors name file and line
+  (not UTF-8: fileio.NotUtf8Error; not JSON: ReleaseLayoutError)."""
+  text = fileio.read_utf8(path)
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    if e.msg != "Extra data":
+      raise ReleaseLayoutError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column "
+                               f"{e.colno}); fix the file or download it again.") from None
+  rows = []  # JSON Lines: one value per non-blank line
+  for number, line in enumerate(text.splitlines(), start=1):
+    if line.strip():
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ReleaseLayoutError(f"{path}:{number}: not valid JSON ({e.msg} at column "
+                                 f"{e.colno}); write one JSON object per line.") from None
+  return rows
+
+
+def _expect(condition: bool) -> None:
+  if not condition:
+    raise ValueError("layout")
+
+
+def _strings(value: Any) -> List[str]:
+  _expect(isinstance(value, list) and all(isinstance(v, str) for v in value))
+  return value
+
+
+def convert_rows(path: str, rows: Any, convert_one: Callable[[dict], Any],
+                 dataset: str) -> List[Any]:
+  """[convert_one(row)] of a list of rows (one object counts as a list of one); the first
+  row it cannot read raises ReleaseLayoutError with its number and keys."""
+  rows = rows if isinstance(rows, list) else [rows]
+  if not rows:
+    raise ReleaseLayoutError(f"{path}: no record; expected {LAYOUTS[dataset]}.")
+  out = []
+  for number, row in enumerate(rows, start=1):
+    try:
+      _expect(isinstance(row, dict))
+      out.append(convert_one(row))
+    except (KeyError, TypeError, ValueError):
+      found = f"keys {sorted(row)}" if isinstance(row, dict) else f"a {type(row).__name__}"
+      raise ReleaseLayoutError(
+          f"{path}: record {number} is not in a {dataset} layout this converter reads (it "
+          f"has {found}). Expected {LAYOUTS[dataset]}.") from None
+  return out
+
+
+# ------------------------------------------------------------------------------ SQuAD
+def _squad_article(article: dict) -> List[Record]:
+  records = []
+  for paragraph in article["paragraphs"]:
+    for qa in paragraph["qas"]:
+      answers = [a["text"] for a in qa.get("answers", [])]
+      records.append(_qa(qa["id"], qa["question"], paragraph["context"], answers))
+  return records
+
+
+def _squad_row(row: dict) -> Record:
+  return _qa(row["id"], row["question"], row["context"], _strings(row["answers"]["text"]))
+
+
+def _qa(id_: Any, question: Any, context: Any, answers: List[str]) -> Record:
+  _expect(isinstance(question, str) and isinstance(context, str))
+  return {"id": id_, "question": question, "context": context, "answers": answers}
+
+
+def squad(path: str) -> List[Record]:
+  """SQuAD v1.1 / v2.0 records; unanswerable v2 questions have no answer (left out when
+  written)."""
+  release = load_json(path)
+  if isinstance(release, dict) and "data" in release:
+    articles = convert_rows(path, release["data"], _squad_article, "squad")
+    return [record for article in articles for record in article]
+  return convert_rows(path, release, _squad_row, "squad")
+
+
+# ------------------------------------------------------------------------------ HotpotQA
+def _hotpot_paragraphs(context: Any) -> List[Tuple[str, List[str]]]:
+  """[(title, sentences)] of the official [[title, [sentences]]] or HF {title, sentences}."""
+  if isinstance(context, dict):
+    titles, sentences = _strings(context["title"]), context["sentences"]
+    _expect(isinstance(sentences, list) and len(sentences) == len(titles))
+    pairs = list(zip(titles, sentences))
+  else:
+    _expect(isinstance(context, list) and all(isinstance(p, list) and len(p) == 2
+                                              for p in context))
+    pairs = [tuple(p) for p in context]
+  for title, _ in pairs:
+    _expect(isinstance(title, str))
+  return [(title, _strings(sentences)) for title, sentences in pairs]
+
+
+def _hotpot_row(row: dict) -> Record:
+  context = "\n".join(f"{title}: {''.join(sentences)}"
+                      for title, sentences in _hotpot_paragraphs(row["context"]))
+  answer = row.get("answer")
+  return _qa(row["_id"] if "_id" in row else row["id"], row["question"], context,
+             [answer] if answer else [])
+
+
+def hotpotqa(path: str) -> List[Record]:
+  """HotpotQA records (distractor or fullwiki); each context paragraph becomes
+  'title: sentences' on its own line."""
+  return convert_rows(path, load_json(path), _hotpot_row, "hotpotqa")
+
+
+# ------------------------------------------------------------------------------ MediaSum
+def _mediasum_row(row: dict) -> Record:
+  if "document" in row:  # ccdv/mediasum: the transcript already joined (or a list of turns)
+    document = row["document"]
+    document = "\n".join(_strings(document)) if isinstance(document, list) else document
+  else:  # the official record: parallel speaker / utterance lists
+    speakers, utterances = _strings(row["speaker"]), _strings(row["utt"])
+    _expect(len(speakers) == len(utterances))
+    document = "\n".join(f"{s}: {u}" for s, u in zip(speakers, utterances))
+  _expect(isinstance(document, str) and isinstance(row["summary"], str))
+  return {"id": row.get("id"), "document": document, "summary": row["summary"]}
+
+
+def mediasum_split(path: str) -> List[Record]:
+  """One split's MediaSum rows (official records or ccdv's {document, summary})."""
+  return convert_rows(path, load_json(path), _mediasum_row, "mediasum")
+
+
+def mediasum(dialogues_path: str, split_path: str) -> List[Tuple[str, Record]]:
+  """The official `news_dialogue.json` + `train_val_test_split.json` -> [(split, record)];
+  the transcript becomes 'SPEAKER: utterance' lines."""
+  splits = load_json(split_path)
+  if not (isinstance(splits, dict) and all(isinstance(v, list) for v in splits.values())):
+    raise ReleaseLayoutError(
+        f"{split_path}: expected train_val_test_split.json, an object {{\"train\": [ids], "
+        f"\"val\": [ids], \"test\": [ids]}}; expected {LAYOUTS['mediasum']}.")
+  split_of = {str(i): {"val": "validation"}.get(split, split)
+              for split, ids in splits.items() for i in ids}
+  records = mediasum_split(dialogues_path)
+  return [(split_of[str(r["id"])], r) for r in records if str(r["id"]) in split_of]
+
+
+# ------------------------------------------------------------------------------ writing
 REQUIRED = {"qa": ("question", "context", "answers"), "summarization": ("document", "summary")}
 
 

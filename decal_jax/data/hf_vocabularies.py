@@ -18,19 +18,24 @@ import seqio
 import tensorflow as tf
 import tokenizers
 
+from decal_jax.data import vocabularies
 from decal_jax.hf_import import checked_zero_id_to
 
 SENTENCEPIECE_ENV = "DECAL_LLAMA_TOKENIZER"  # a tokenizer.model (LLaMA: SentencePiece)
 TOKENIZER_JSON_ENV = "DECAL_HF_TOKENIZER"    # a tokenizer.json (Qwen2: byte-level BPE)
 
 
-class HfSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+class HfSentencePieceVocabulary(vocabularies.NamedSentencePieceVocabulary):
   """A checkpoint's SentencePiece `tokenizer.model`, with extra_ids=0: its ids are the
   model's.
 
   Path: the argument, else `$DECAL_LLAMA_TOKENIZER`. LLaMA's own ids are unk 0, bos 1,
   eos 2; seqio pads with 0 (LLaMA's <unk>, which text never produces).
   """
+
+  FIX = (f"Bind LLAMA_TOKENIZER (or set ${SENTENCEPIECE_ENV}) to the checkpoint's "
+         "SentencePiece tokenizer.model; a tokenizer.json goes to QWEN2_TOKENIZER "
+         "(HfTokenizerVocabulary) instead")
 
   def __init__(self, path: Optional[str] = None):
     super().__init__(path or os.environ.get(SENTENCEPIECE_ENV, ""), extra_ids=0)

@@ -1,12 +1,13 @@
-"""A seqio data source over local JSON Lines files, with line-numbered errors.
+"""seqio data sources over local JSON Lines and plain-text files, with line-numbered errors.
 
-Each split is one file or a glob (`train-*.jsonl`); each line is one JSON object. A
-`Schema` names the fields a task reads, their kind (`text`: a non-empty string, or a list
-of strings that is joined; `texts`: a non-empty list of non-empty strings, or one string)
-and, through `fields`, which key of the file holds each one. A line that is not JSON, lacks a
-field, has the wrong type or only whitespace is reported with its file and line number;
-`bad_lines='fail'` (the default) stops with that message, `'skip'` leaves the line out and
-logs how many were skipped per file.
+Each split is one file or a glob (`train-*.jsonl`); each line is one JSON object (or, for
+`TextLineSource`, one line of text). A `Schema` names the fields a task reads, their kind
+(`text`: a non-empty string, or a list of strings that is joined; `texts`: a non-empty list
+of non-empty strings, or one string) and, through `fields`, which key of the file holds
+each one. A line that is not UTF-8 or not JSON, lacks a field, has the wrong type or only
+whitespace is reported with its file and line number; `bad_lines='fail'` (the default)
+stops with that message, `'skip'` leaves the line out and logs how many were skipped per
+file.
 
 The files are checked once, when the split is first read, and then streamed.
 """
@@ -16,7 +17,7 @@ import glob
 import json
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import seqio
 import tensorflow as tf
@@ -55,10 +56,22 @@ def _as_texts(value: Any) -> Optional[List[str]]:
   return value
 
 
-def parse_line(line: str, schema: Schema, fields: Mapping[str, str]) -> Dict[str, Any]:
+def decode(line: Union[bytes, str]) -> str:
+  """A line read in binary mode as text; BadRecordError (without location) if not UTF-8."""
+  if isinstance(line, str):
+    return line
+  try:
+    return line.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise BadRecordError(f"not UTF-8 ({e.reason} at byte {e.start} of the line); re-save "
+                         "the file as UTF-8") from None
+
+
+def parse_line(line: Union[bytes, str], schema: Schema,
+               fields: Mapping[str, str]) -> Dict[str, Any]:
   """One JSONL line -> {field: str or [str]}; raises BadRecordError (without location)."""
   try:
-    record = json.loads(line)
+    record = json.loads(decode(line))
   except json.JSONDecodeError as e:
     raise BadRecordError(f"not valid JSON ({e.msg})") from None
   if not isinstance(record, dict):
@@ -91,17 +104,18 @@ def expand(pattern: str) -> List[str]:
   return paths
 
 
-def check_file(path: str, schema: Schema, fields: Mapping[str, str],
+def check_file(path: str, parse: Callable[[bytes], Any],
                bad_lines: str) -> Tuple[List[int], int]:
-  """(numbers of the good lines, count of skipped ones); raises on the first bad line
-  when `bad_lines == 'fail'`. Blank lines are ignored."""
+  """(numbers of the good lines, count of skipped ones): each non-blank line (bytes) goes
+  through `parse`, which raises BadRecordError on a bad one; raises on the first bad line
+  when `bad_lines == 'fail'`."""
   good, skipped = [], 0
-  with open(path, encoding="utf-8") as f:
+  with open(path, "rb") as f:
     for number, line in enumerate(f, start=1):
       if not line.strip():
         continue
       try:
-        parse_line(line, schema, fields)
+        parse(line)
       except BadRecordError as e:
         if bad_lines == "fail":
           raise BadRecordError(
@@ -118,21 +132,24 @@ def check_file(path: str, schema: Schema, fields: Mapping[str, str],
   return good, skipped
 
 
-class JsonlSource(seqio.DataSource):
-  """{split: path-or-glob} JSONL files as a seqio source of `schema`'s fields."""
+class CheckedLineSource(seqio.DataSource):
+  """{split: path-or-glob} files whose lines are checked once (`parse`, `bad_lines`) and
+  then streamed as `parse`d records of `signature`."""
 
-  def __init__(self, split_files: Mapping[str, str], schema: Schema,
-               fields: Optional[Mapping[str, str]] = None, bad_lines: str = "fail"):
+  def __init__(self, split_files: Mapping[str, str], bad_lines: str = "fail"):
     if bad_lines not in BAD_LINE_POLICIES:
       raise ValueError(f"bad_lines must be one of {BAD_LINE_POLICIES}, got {bad_lines!r}.")
-    unknown = set(fields or {}) - set(schema.kinds)
-    if unknown:
-      raise ValueError(f"fields maps unknown names {sorted(unknown)}; the schema has "
-                       f"{sorted(schema.kinds)}.")
-    self._split_files = dict(split_files)
-    self.schema, self.fields, self.bad_lines = schema, dict(fields or {}), bad_lines
+    self._split_files, self.bad_lines = dict(split_files), bad_lines
     self._checked: Dict[str, List[Tuple[str, List[int]]]] = {}
     super().__init__(splits=tuple(self._split_files))
+
+  @abc.abstractmethod
+  def parse(self, line: bytes) -> Any:
+    """One non-blank line -> the record it yields; BadRecordError if it is bad."""
+
+  @abc.abstractmethod
+  def signature(self) -> Any:
+    """The tf.data output signature of a record."""
 
   @property
   def supports_arbitrary_sharding(self) -> bool:
@@ -149,32 +166,62 @@ class JsonlSource(seqio.DataSource):
   def checked(self, split: str) -> List[Tuple[str, List[int]]]:
     """[(path, good line numbers)] of the split, checked on first call."""
     if split not in self._checked:
-      self._checked[split] = [(p, check_file(p, self.schema, self.fields, self.bad_lines)[0])
+      self._checked[split] = [(p, check_file(p, self.parse, self.bad_lines)[0])
                               for p in expand(self._files_of(split))]
     return self._checked[split]
 
   def num_input_examples(self, split: str) -> int:
     return sum(len(lines) for _, lines in self.checked(split))
 
-  def _records(self, files: List[Tuple[str, List[int]]]) -> Iterator[Dict[str, Any]]:
+  def _records(self, files: List[Tuple[str, List[int]]]) -> Iterator[Any]:
     for path, lines in files:
       wanted = set(lines)
-      with open(path, encoding="utf-8") as f:
+      with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
           if number in wanted:
-            yield parse_line(line, self.schema, self.fields)
+            yield self.parse(line)
 
   def get_dataset(self, split: str = "train", shuffle: bool = True, seed: Optional[int] = None,
                   shard_info: Optional[seqio.ShardInfo] = None, *args, **kwargs
                   ) -> tf.data.Dataset:
     files = self.checked(split)
     ds = tf.data.Dataset.from_generator(lambda: self._records(files),
-                                        output_signature=self.schema.signature())
+                                        output_signature=self.signature())
     if shard_info is not None and shard_info.num_shards > 1:
       ds = ds.shard(shard_info.num_shards, shard_info.index)
     if shuffle:
       ds = ds.shuffle(min(self.num_input_examples(split), 10_000), seed=seed)
     return ds
+
+
+class JsonlSource(CheckedLineSource):
+  """{split: path-or-glob} JSONL files as a seqio source of `schema`'s fields."""
+
+  def __init__(self, split_files: Mapping[str, str], schema: Schema,
+               fields: Optional[Mapping[str, str]] = None, bad_lines: str = "fail"):
+    unknown = set(fields or {}) - set(schema.kinds)
+    if unknown:
+      raise ValueError(f"fields maps unknown names {sorted(unknown)}; the schema has "
+                       f"{sorted(schema.kinds)}.")
+    self.schema, self.fields = schema, dict(fields or {})
+    super().__init__(split_files, bad_lines)
+
+  def parse(self, line: bytes) -> Dict[str, Any]:
+    return parse_line(line, self.schema, self.fields)
+
+  def signature(self) -> Dict[str, tf.TensorSpec]:
+    return self.schema.signature()
+
+
+class TextLineSource(CheckedLineSource):
+  """{split: path-or-glob} UTF-8 text files as a seqio source of their non-blank lines
+  (scalar strings without the line break, as `seqio.TextLineDataSource` gives them)."""
+
+  def parse(self, line: bytes) -> str:
+    return decode(line).rstrip("\r\n")
+
+  def signature(self) -> tf.TensorSpec:
+    return tf.TensorSpec([], tf.string)
 
 
 class DeferredSource(seqio.DataSource):

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import gin
 import seqio
 import sentencepiece as spm
+from google.protobuf import message as protobuf_message
 
 from decal_jax import fileio
 from decal_jax.data import corpus
@@ -52,6 +53,29 @@ def train_sentencepiece(texts: Iterable[str], path: pathlib.Path, vocab_size: in
   return pathlib.Path(path)
 
 
+class NotSentencePieceError(ValueError):
+  """A vocabulary file SentencePiece cannot read (the message names the file)."""
+
+
+class NamedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+  """A SentencePiece vocabulary whose file, if it is not a SentencePiece model, is named in
+  the error (seqio raises protobuf's DecodeError or a bare RuntimeError, without it)."""
+
+  FIX = ("Give a binary SentencePiece model (e.g. T5's spiece.model, or one written by "
+         "tools/make_vocab.py); a Hugging Face tokenizer.json goes to "
+         "hf_vocabularies.HfTokenizerVocabulary instead")
+
+  def _model_context(self):
+    if self._model:
+      return self._model
+    try:
+      return super()._model_context()
+    except (protobuf_message.DecodeError, RuntimeError) as e:
+      raise NotSentencePieceError(
+          f"{self._sentencepiece_model_file} is not a SentencePiece model "
+          f"({type(e).__name__}: {e}). {self.FIX}.") from None
+
+
 @contextlib.contextmanager
 def _exclusive_lock(path: pathlib.Path) -> Iterator[None]:
   """Holds an exclusive lock on `path` + '.lock' (no-op where fcntl is missing)."""
@@ -81,7 +105,7 @@ def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = 
   return str(path)
 
 
-class BuiltinVocabulary(seqio.SentencePieceVocabulary):
+class BuiltinVocabulary(NamedSentencePieceVocabulary):
   """The built-in-corpus SentencePiece vocabulary; trained on first use, not at creation."""
 
   def __init__(self, vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS):
@@ -114,8 +138,11 @@ def _check_t5_vocab(path: str) -> None:
         "'decal_builtin_span_corruption', whose vocabulary needs no download.")
 
 
-class T5Vocabulary(seqio.SentencePieceVocabulary):
+class T5Vocabulary(NamedSentencePieceVocabulary):
   """The T5 vocabulary; a missing local file is reported clearly when first used."""
+
+  FIX = ("Point DECAL_T5_VOCAB (or gin `vocabularies.t5_vocabulary.path`) at a binary "
+         "SentencePiece model, e.g. T5's spiece.model or one written by tools/make_vocab.py")
 
   def _model_context(self):
     if not self._model:
