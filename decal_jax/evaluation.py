@@ -102,6 +102,8 @@ def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: st
   batches and, for tasks with metrics (ROUGE, EM/F1), decodes the split (or its first
   `max_predict_examples`) and writes predictions + metrics to MODEL_DIR/eval_results/.
   TensorBoard gets everything under MODEL_DIR/eval."""
+  train_state.check_model_dir(model_dir, "evaluation.evaluate.model_dir")
+  pipeline.check_count("EVAL_BATCHES (evaluation.evaluate.eval_batches)", eval_batches)
   partitioner = partitioner or partitioning.Partitioner()
   pipeline.check_feature_lengths(eval_dataset_cfg, model)
   params, step = train_state.restore_params(model, model_dir, eval_dataset_cfg, partitioner)
@@ -156,6 +158,7 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
   `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
   as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
   note. `output_file` gets one JSON line per input: {"inputs", "prediction"}."""
+  train_state.check_model_dir(model_dir, "evaluation.infer.model_dir")
   texts = list(inputs)
   if input_file:
     texts += read_inputs(input_file, input_field, input_kind)
@@ -206,7 +209,7 @@ def _input_ids(vocab: seqio.Vocabulary, texts: Sequence[str], max_len: int) -> L
 # ------------------------------------------------------------------------------ task splits
 def tasks_with_metrics(name: str) -> List[seqio.Task]:
   """The task itself, or a mixture's sub-tasks, that have prediction metrics."""
-  task = seqio.get_mixture_or_task(name)
+  task = pipeline.get_task(name)
   tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
   return [t for t in tasks if t.predict_metric_fns]
 

@@ -6,6 +6,7 @@ current directory and the repository's gin/ folder), `--gin.NAME=VALUE` (one bin
 gin `MODEL` and restores its latest checkpoint (what the tools and scripts need).
 """
 import argparse
+import difflib
 import logging
 import pathlib
 import re
@@ -13,6 +14,7 @@ import sys
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import gin
+from gin import config_parser
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
@@ -68,8 +70,8 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
 
 
 def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str]) -> None:
-  """Parses gin files and bindings; a missing file or unknown binding exits with a message
-  naming it and where files were looked for."""
+  """Parses gin files and bindings; a missing file, an unknown binding or a binding of a
+  macro no file defines or reads (a misspelling) exits with a message naming it."""
   import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
   gin.clear_config()
   all_paths = list(search_paths) + [str(pathlib.Path.cwd()), str(REPO_GIN_DIR)]
@@ -79,13 +81,64 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
     raise GinConfigError("error: give at least one --gin_file (e.g. "
                          "--gin_file=runs/pretrain_builtin.gin).")
   try:
-    gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=True)
+    for file in files:
+      gin.parse_config_file(file)
+    defined_by_files = _macros_defined()
+    gin.parse_config(list(bindings))
+    check_macro_bindings(bindings, defined_by_files)
+    gin.finalize()
   except (IOError, OSError) as e:
     raise GinConfigError(f"error: gin file not found: {e}\nSearched: {all_paths}") from e
   except (ValueError, KeyError, SyntaxError, TypeError) as e:
     raise GinConfigError(f"error: bad gin configuration: {e}\nCheck the binding's name and "
                          "value (e.g. --gin.TRAIN_STEPS=100, strings as "
                          "--gin.MODEL_DIR=\"'/tmp/m'\").") from e
+
+
+class _NamesOnly(config_parser.ParserDelegate):
+  """Reads binding statements without resolving the configurables their values name."""
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    return None
+
+  def macro(self, macro_name):
+    return None
+
+
+def _macros_defined() -> set:
+  """The macros the parsed gin config binds (`NAME = value`: gin keys it (NAME, 'gin.macro'))."""
+  bindings = gin.config._CONFIG  # pylint: disable=protected-access
+  return {scope for scope, selector in bindings if selector == "gin.macro"}
+
+
+def _macros_read() -> set:
+  """The macros some binding of the parsed gin config reads (`... = %NAME`)."""
+  bindings = gin.config._CONFIG  # pylint: disable=protected-access
+  references = gin.config.iterate_references(bindings, to=gin.get_configurable(gin.config.macro))
+  return {ref.scoped_selector.rsplit("/", 1)[0] for ref in references}  # 'NAME/gin.macro'
+
+
+def check_macro_bindings(bindings: Sequence[str], defined_by_files: set) -> None:
+  """Refuses a command-line binding of a MACRO (an all-caps name) that no loaded gin file
+  defines and no binding reads: a misspelling such as TRAIN_STEPZ would otherwise change
+  nothing, silently. Call it with the gin files and the bindings parsed, before finalising."""
+  read = _macros_read()
+  known = sorted(defined_by_files | read)
+  statements = config_parser.ConfigParser("\n".join(bindings), _NamesOnly())
+  for statement in statements:
+    if not isinstance(statement, config_parser.BindingStatement) or statement.arg_name:
+      continue
+    name = statement.selector
+    if (statement.scope or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name)
+        or name in defined_by_files or name in read):
+      continue
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = (f"Did you mean {', '.join(close)}?" if close else
+            f"The loaded gin files' macros are: {', '.join(known) or 'none'}.")
+    raise GinConfigError(
+        f"error: the binding {statement.location.line_content.strip()!r} sets the macro "
+        f"{name}, which no loaded gin file defines or reads, so it would change nothing. "
+        f"{hint} (Each gin file's header lists the macros it takes.)")
 
 
 def start_distributed() -> bool:

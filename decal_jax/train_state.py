@@ -5,6 +5,7 @@ MODEL_DIR's latest checkpoint, or started from another run's parameters (T5X's
 Parameters are sharded by their logical axis names (`partitioner.params_shardings`); each
 optimizer-state leaf that mirrors a parameter is sharded like it, the rest is replicated.
 """
+import pathlib
 from typing import Any, Dict, Tuple
 
 import jax
@@ -14,6 +15,18 @@ import numpy as np
 from decal_jax import checkpoints, partitioning
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
+
+
+def check_model_dir(model_dir: str, binding: str) -> None:
+  """Refuses a MODEL_DIR that is (or lies under) an existing file, before any start-up work;
+  `binding` names the gin parameter it came from."""
+  path = pathlib.Path(model_dir)
+  existing = next((p for p in (path, *path.parents) if p.exists()), None)
+  if existing is not None and not existing.is_dir():
+    where = "is a file" if existing == path else f"lies under the file {existing}"
+    raise NotADirectoryError(f"MODEL_DIR ({binding}) = {model_dir!r} {where}, not a folder: "
+                             "give a folder for the run's checkpoints (new or existing), e.g. "
+                             "--gin.MODEL_DIR=\"'runs/my_run'\".")
 
 
 def abstract_params(model: BaseModel, cfg: DatasetConfig, partitioner):

@@ -58,6 +58,20 @@ def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
 
 
 # ------------------------------------------------------------------------------ train
+RUN_SETTING_MACROS = {"total_steps": "TRAIN_STEPS", "eval_period": "EVAL_PERIOD",
+                      "eval_batches": "EVAL_BATCHES", "log_period": "LOG_PERIOD",
+                      "checkpoint_period": "CHECKPOINT_PERIOD",
+                      "keep_checkpoints": "KEEP_CHECKPOINTS"}
+
+
+def check_run_settings(model_dir: str, **settings: int) -> None:
+  """Refuses a MODEL_DIR that is a file and counts below 1 (TRAIN_STEPS = -5 would write
+  checkpoint_-5), naming the gin binding, before any start-up work."""
+  train_state.check_model_dir(model_dir, "trainer.train.model_dir")
+  for name, value in settings.items():
+    pipeline.check_count(f"{RUN_SETTING_MACROS[name]} (trainer.train.{name})", value)
+
+
 def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
           eval_dataset_cfg: Optional[DatasetConfig] = None, model_dir: str,
           total_steps: int, optimizer=None, partitioner=None, seed: int = 0,
@@ -87,6 +101,9 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   `checkpoint_input`: each checkpoint also holds every process's input-pipeline position
   (`data.batch_iterator`), so a resume reads nothing twice; False leaves it out (smaller
   checkpoints when shuffle buffers are large; a resume then re-reads the consumed batches)."""
+  check_run_settings(model_dir, total_steps=total_steps, eval_period=eval_period,
+                     eval_batches=eval_batches, log_period=log_period,
+                     checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
   guard = resilience.NonFiniteGuard(nonfinite_policy)

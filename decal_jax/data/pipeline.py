@@ -7,6 +7,7 @@ before anything is read; `resume_batches` puts a training stream back where the 
 checkpoint left it.
 """
 import dataclasses
+import difflib
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 import jax
@@ -33,16 +34,42 @@ class DatasetConfig:
   use_cached: bool = False
   pack: bool = False
 
+  def __post_init__(self):
+    check_count("BATCH_SIZE (pipeline.DatasetConfig.batch_size)", self.batch_size)
+    for key, length in dict(self.task_feature_lengths).items():
+      check_count(f"TASK_FEATURE_LENGTHS[{key!r}] (pipeline.DatasetConfig.task_feature_lengths)",
+                  length)
+
+
+def check_count(binding: str, value) -> None:
+  """Refuses a run setting that must be a whole number >= 1, naming its gin binding."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{binding} = {value!r}: must be a whole number >= 1.")
+
+
+def get_task(name: str):
+  """The registered seqio task or mixture `name`; an unknown name is refused with the
+  closest registered names."""
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError:
+    pass
+  known = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+  close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+  hint = f"Did you mean {', '.join(close)}?" if close else f"Registered: {', '.join(known)}."
+  raise ValueError(f"MIXTURE_OR_TASK_NAME (pipeline.DatasetConfig.mixture_or_task_name) = "
+                   f"{name!r}: no seqio task or mixture has that name. {hint}")
+
 
 def check_feature_lengths(cfg: DatasetConfig, model) -> None:
   """Clear errors for feature lengths that cannot work with this task and model."""
   lengths = dict(cfg.task_feature_lengths)
   for key in model.required_lengths():
-    if not isinstance(lengths.get(key), int) or lengths[key] < 1:
+    if key not in lengths:
       raise ValueError(f"TASK_FEATURE_LENGTHS needs a positive integer {key!r} length, got "
                        f"{lengths!r}; e.g. --gin.TASK_FEATURE_LENGTHS=\"{{'inputs': 128, "
                        "'targets': 32}\".")
-  task = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
+  task = get_task(cfg.mixture_or_task_name)
   tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
   if any(span_corruption.span_corruption in t.preprocessors for t in tasks):
     need = span_corruption.target_length(lengths["inputs"])
@@ -75,6 +102,7 @@ def get_dataset(cfg: DatasetConfig, model, num_epochs: Optional[int],
     partitioner.check_batch_size(cfg.batch_size)
   shard = (partitioner.data_shard() if partitioner is not None else
            partitioning.DataShard(jax.process_index(), jax.process_count()))
+  get_task(cfg.mixture_or_task_name)  # an unknown name: the closest registered ones
   if cfg.batch_size % shard.count:
     raise ValueError(f"BATCH_SIZE {cfg.batch_size} must divide evenly over the {shard.count} "
                      "data shards (one per process); use a multiple of it.")
