@@ -247,10 +247,10 @@ class Checkpointer:
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:
-  """'Type: first line of the message' of the error's root cause (Orbax wraps TensorStore's
-  errors in pages of JSON spec), cut to `limit` characters."""
-  while error.__cause__ or error.__context__:
-    error = error.__cause__ or error.__context__
+  """'Type: first line of the message' of the error's root cause (Orbax raises TensorStore's
+  errors from one whose message is pages of JSON spec), cut to `limit` characters."""
+  while error.__cause__ is not None:
+    error = error.__cause__
   first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
   text = f"{type(error).__name__}: {first}" if first else type(error).__name__
   return text if len(text) <= limit else text[:limit - 3] + "..."
