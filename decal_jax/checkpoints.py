@@ -5,28 +5,36 @@ Each step directory holds up to four items: `state` (params, optimizer state, st
 (every parameter's path and shape) and `dataset` (each process's tf.data iterator state,
 `data.batch_iterator`; absent when the pipeline cannot be saved). Orbax writes a step to
 a temporary directory and renames it when complete, so a crash never leaves a
-half-written checkpoint that looks like the latest. Before restoring, the saved architecture is compared with the model's, and a
-mismatch is reported without touching the directory. Params saved in another layout of
-the T5 network (`T5Config.scan_layers`, `fused_qkv`) are converted when loaded for eval /
-infer (`restore_params`) or to start a run (`restore_matching_params`).
+half-written checkpoint that looks like the latest. Before restoring, the saved
+architecture is compared with the model's, and a mismatch is reported without touching the
+directory. A checkpoint damaged afterwards (a file truncated or deleted) is named with the
+error: a resume sets it aside as `checkpoint_<step>.damaged` (kept, never listed or deleted
+by Orbax) and continues from the newest intact one; eval / infer name the other steps to
+pick instead. Params saved in another layout of the T5 network (`T5Config.scan_layers`,
+`fused_qkv`) are converted when loaded for eval / infer (`restore_params`) or to start a
+run (`restore_matching_params`).
 """
 import dataclasses
 import pathlib
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from decal_jax import fileio
+from decal_jax import fileio, partitioning
 from decal_jax.data import batch_iterator
 from decal_jax.networks import param_layout
 
 
 class ArchitectureMismatchError(ValueError):
   pass
+
+
+class DamagedCheckpointError(RuntimeError):
+  """A checkpoint whose files no longer read back (truncated or partly deleted)."""
 
 
 class _DatasetHandler(ocp.CheckpointHandler):
@@ -87,6 +95,9 @@ class Checkpointer:
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
+  def all_steps(self) -> List[int]:
+    return sorted(self.manager.all_steps())
+
   def save(self, step: int, state: Any, data_position: Dict[str, int], force: bool = False,
            batches: Optional[batch_iterator.BatchIterator] = None):
     """Saves when `step` is a multiple of save_period (or `force`), with the input
@@ -146,7 +157,20 @@ class Checkpointer:
   def restore_params(self, step: int, abstract_params: Any) -> Any:
     """Only the params (for eval / infer), whatever optimizer wrote the checkpoint, placed
     with the shardings of `abstract_params`; params saved in another T5 layout are
-    converted to that of `abstract_params`."""
+    converted to that of `abstract_params`. A damaged checkpoint raises
+    DamagedCheckpointError naming it, why, and the other steps to use instead."""
+    params, reason = self._read(step, lambda: self._params(step, abstract_params))
+    if reason:
+      others = [s for s in self.all_steps() if s != step]
+      choice = (f"Other checkpoints here: steps {others}; use one with "
+                "--gin.CHECKPOINT_STEP=<step> (checkpoint_step=)." if others else
+                "It is the only checkpoint here: train again, or copy in an intact one.")
+      raise DamagedCheckpointError(f"checkpoint_{step} in {self.directory} is damaged "
+                                   f"({reason}); nothing was read from it and it is left as "
+                                   f"it is. {choice}")
+    return params
+
+  def _params(self, step: int, abstract_params: Any) -> Any:
     change = self.check_architecture(step, abstract_params, convert_layout=True)
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(fallback_sharding=_replicated())))["state"]["params"]
@@ -155,9 +179,81 @@ class Checkpointer:
     return jax.tree_util.tree_map(lambda x, a: jax.device_put(x, a.sharding),
                                   restored, abstract_params)
 
+  def restore_newest_intact(self, abstract_state: Any
+                            ) -> Optional[Tuple[int, Any, Dict[str, int]]]:
+    """(step, state, data position) of the newest checkpoint that reads back (None when
+    there is none). The damaged ones after it are set aside (`set_aside`), each named in
+    one line with its error; when none reads back, DamagedCheckpointError names them all
+    and nothing is renamed. Another architecture or optimizer state is raised as it is."""
+    damaged: Dict[int, str] = {}
+    for step in reversed(self.all_steps()):
+      restored, reason = self._read(step, lambda step=step: self.restore(step, abstract_state))
+      if not reason:
+        for bad, why in damaged.items():
+          aside = self.set_aside(bad)
+          partitioning.log(f"checkpoint_{bad} in {self.directory} is damaged ({why}): set "
+                           f"aside as {aside.name}, resuming from checkpoint_{step}.")
+        return (step, *restored)
+      damaged[step] = reason
+    if damaged:
+      raise DamagedCheckpointError(
+          f"Every checkpoint in {self.directory} is damaged: " +
+          "; ".join(f"checkpoint_{s} ({why})" for s, why in damaged.items()) +
+          ". Nothing was changed on disk. Move them out of MODEL_DIR (or use a new MODEL_DIR) "
+          "to start afresh.")
+    return None
+
+  def damage(self, step: int) -> str:
+    """'' when every saved item of checkpoint_<step> (state, data, architecture) reads back
+    as it was written, else the first error in one line."""
+    try:
+      self.manager.restore(step, args=ocp.args.Composite(
+          architecture=ocp.args.JsonRestore(), data=ocp.args.JsonRestore(),
+          state=ocp.args.StandardRestore(fallback_sharding=_replicated())))
+    except Exception as e:  # pylint: disable=broad-except  # whatever a broken file raises
+      return one_line(e)
+    return ""
+
+  def set_aside(self, step: int) -> pathlib.Path:
+    """Renames checkpoint_<step> to checkpoint_<step>.damaged (-2, -3, ... if taken), out
+    of Orbax's step listing, so it is neither restored, overwritten nor deleted."""
+    source = self.directory / f"checkpoint_{step}"
+    target, n = source.with_name(f"{source.name}.damaged"), 1
+    while target.exists():
+      n += 1
+      target = source.with_name(f"{source.name}.damaged-{n}")
+    if jax.process_index() == 0:
+      source.rename(target)
+    ocp.multihost.sync_global_processes(f"set_aside_checkpoint_{step}")
+    self.manager.reload()
+    return target
+
+  def _read(self, step: int, read: Callable[[], Any]) -> Tuple[Any, str]:
+    """(read(), '') or, when it fails because checkpoint_<step> is damaged, (None, why);
+    other failures (another architecture, another optimizer) are raised as they are."""
+    try:
+      return read(), ""
+    except ArchitectureMismatchError:
+      raise
+    except Exception:  # pylint: disable=broad-except  # told apart by `damage`
+      reason = self.damage(step)
+      if not reason:
+        raise
+      return None, reason
+
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+  """'Type: first line of the message' of the error's root cause (Orbax raises TensorStore's
+  errors from one whose message is pages of JSON spec), cut to `limit` characters."""
+  while error.__cause__ is not None:
+    error = error.__cause__
+  first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+  text = f"{type(error).__name__}: {first}" if first else type(error).__name__
+  return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _dataset_args(batches: Optional[batch_iterator.BatchIterator]) -> Dict[str, Any]:
@@ -200,12 +296,16 @@ def resolve_checkpoint(path: str) -> Tuple[str, int]:
   return str(p), step
 
 
-def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, Any]]:
+def restore_matching_params(path: str, params: Any, allow_partial: bool = False
+                            ) -> Tuple[Any, Dict[str, Any]]:
   """`params` with every parameter that the checkpoint at `path` holds under the same name
   and shape replaced by the saved value (placed with the current sharding); the others keep
   their fresh initialisation. A T5 checkpoint in another layout (scan_layers, fused_qkv) is
   converted to that of `params` first. Returns (params, {'restored', 'initialised',
-  'unused', 'converted'}), 'converted' naming the layout change ('' for none)."""
+  'unused', 'reshaped', 'converted'}): 'unused' names every saved tensor not restored,
+  'reshaped' those of them the model holds in another shape, 'converted' the layout change
+  ('' for none). Fewer than half of the model's parameters restored (a checkpoint of another
+  architecture) raises ArchitectureMismatchError unless `allow_partial`."""
   directory, step = resolve_checkpoint(path)
   ckpt = Checkpointer(directory)
   saved_shapes = ckpt.saved_architecture(step)
@@ -218,20 +318,24 @@ def restore_matching_params(path: str, params: Any) -> Tuple[Any, Dict[str, Any]
   if change:
     saved = param_layout.to_layout_of(saved, current)
     saved_shapes = architecture_of(saved)
-  report = {"restored": [], "initialised": [], "unused": sorted(set(saved) - set(current)),
-            "converted": change}
-  merged = {}
-  for name, value in current.items():
-    if name in saved and saved_shapes.get(name) == list(value.shape):
-      merged[name] = jax.device_put(saved[name].astype(value.dtype), value.sharding)
-      report["restored"].append(name)
-    else:
-      merged[name] = value
-      report["initialised"].append(name)
-  if not report["restored"]:
+  matches = {name for name, value in current.items()
+             if name in saved and saved_shapes.get(name) == list(value.shape)}
+  report = {"restored": sorted(matches), "initialised": sorted(set(current) - matches),
+            "unused": sorted(set(saved) - matches),
+            "reshaped": sorted((set(saved) & set(current)) - matches), "converted": change}
+  if not allow_partial and 2 * len(matches) < len(current):
+    raise ArchitectureMismatchError(
+        f"The checkpoint {directory} (step {step}) restores only {len(matches)} of this "
+        f"model's {len(current)} parameters (same name and shape); is it of another "
+        f"architecture?\n{describe_mismatch(saved_shapes, architecture_of(params))}\nPoint "
+        "INITIAL_CHECKPOINT_PATH at a checkpoint of this model, or set "
+        "ALLOW_PARTIAL_RESTORE=True to start from the few that match.")
+  if not matches:
     raise ArchitectureMismatchError(
         f"The checkpoint {directory} (step {step}) shares no parameter (same name and shape) "
         f"with this model:\n{describe_mismatch(saved_shapes, architecture_of(params))}")
+  merged = {name: jax.device_put(saved[name].astype(value.dtype), value.sharding)
+            if name in matches else value for name, value in current.items()}
   return flax.traverse_util.unflatten_dict(merged, sep="/"), report
 
 

@@ -97,16 +97,19 @@ def report(result: Mapping[str, float], example: Optional[Mapping[str, str]], st
 # ------------------------------------------------------------------------------ evaluate
 def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: str, partitioner=None,
              eval_batches: int = 50, max_predict_examples: Optional[int] = None,
-             num_decodes: int = 1) -> Dict[str, float]:
-  """Evaluates the latest checkpoint: teacher-forced loss / accuracy over `eval_batches`
-  batches and, for tasks with metrics (ROUGE, EM/F1), decodes the split (or its first
-  `max_predict_examples`) and writes predictions + metrics to MODEL_DIR/eval_results/.
+             num_decodes: int = 1, checkpoint_step: Optional[int] = None
+             ) -> Dict[str, float]:
+  """Evaluates the latest checkpoint (or checkpoint_<checkpoint_step>): teacher-forced loss /
+  accuracy over `eval_batches` batches and, for tasks with metrics (ROUGE, EM/F1), decodes
+  the split (or its first `max_predict_examples`) and writes predictions + metrics to
+  MODEL_DIR/eval_results/.
   TensorBoard gets everything under MODEL_DIR/eval."""
   train_state.check_model_dir(model_dir, "evaluation.evaluate.model_dir")
   pipeline.check_count("EVAL_BATCHES (evaluation.evaluate.eval_batches)", eval_batches)
   partitioner = partitioner or partitioning.Partitioner()
   pipeline.check_feature_lengths(eval_dataset_cfg, model)
-  params, step = train_state.restore_params(model, model_dir, eval_dataset_cfg, partitioner)
+  params, step = train_state.restore_params(model, model_dir, eval_dataset_cfg, partitioner,
+                                            checkpoint_step)
   result = evaluate_params(params, model, eval_dataset_cfg, partitioner, eval_batches)
   print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
   tasks = (tasks_with_metrics(eval_dataset_cfg.mixture_or_task_name)
@@ -151,8 +154,10 @@ def _predict_and_write(task: seqio.Task, predict_fn, model: BaseModel, cfg: Data
 def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Sequence[str] = (),
           input_file: Optional[str] = None, input_field: str = "inputs",
           input_kind: Optional[str] = None, output_file: Optional[str] = None,
-          partitioner=None, num_decodes: int = 1, batch_size: int = 32) -> Sequence[str]:
-  """Decodes input texts with the latest checkpoint; prints and returns the outputs.
+          partitioner=None, num_decodes: int = 1, batch_size: int = 32,
+          checkpoint_step: Optional[int] = None) -> Sequence[str]:
+  """Decodes input texts with the latest checkpoint (or checkpoint_<checkpoint_step>);
+  prints and returns the outputs.
 
   Inputs: `inputs` (texts), and/or `input_file` (JSONL: each line's `input_field`, or with
   `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
@@ -171,7 +176,7 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
                        "some text to encode.")
   partitioner = partitioner or partitioning.Partitioner()
   cfg = DatasetConfig("", task_feature_lengths)
-  params, _ = train_state.restore_params(model, model_dir, cfg, partitioner)
+  params, _ = train_state.restore_params(model, model_dir, cfg, partitioner, checkpoint_step)
   ids = _input_ids(model.input_vocabulary, texts, task_feature_lengths["inputs"])
   with partitioner.activate():
     predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))

@@ -6,7 +6,7 @@ Parameters are sharded by their logical axis names (`partitioner.params_sharding
 optimizer-state leaf that mirrors a parameter is sharded like it, the rest is replicated.
 """
 import pathlib
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -91,13 +91,14 @@ def _dict_keys(path) -> Tuple[str, ...]:
 
 def restore_latest(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig, seed: int
                    ) -> Tuple[Any, Dict[str, Any]]:
-  """(state, data position) from MODEL_DIR's latest checkpoint, or the fresh ones. The
-  position holds the batches consumed, the data seed and the dropout RNG key."""
+  """(state, data position) from MODEL_DIR's newest intact checkpoint (damaged ones after
+  it are set aside and named), or the fresh ones. The position holds the batches consumed,
+  the data seed and the dropout RNG key."""
   fresh_rng = np.asarray(jax.random.key_data(jax.random.PRNGKey(seed + 1))).tolist()
-  step = ckpt.latest_step()
-  if step is None:
+  found = ckpt.restore_newest_intact(checkpoints.abstract_like(state))
+  if found is None:
     return state, {"batches_consumed": 0, "seed": cfg.seed, "rng": fresh_rng}
-  restored, data = ckpt.restore(step, checkpoints.abstract_like(state))
+  step, restored, data = found
   seed_changed = data.get("seed", cfg.seed) != cfg.seed
   if seed_changed:
     partitioning.log(f"note: the checkpoint's data seed {data['seed']} differs from "
@@ -109,13 +110,15 @@ def restore_latest(ckpt: checkpoints.Checkpointer, state, cfg: DatasetConfig, se
                     "seed_changed": seed_changed}
 
 
-def start_from(path: str, params):
+def start_from(path: str, params, allow_partial: bool = False):
   """`params` with every parameter of the same name and shape restored from `path` (a
-  MODEL_DIR or one of its checkpoint_<step> folders); the others keep their values."""
-  params, report = checkpoints.restore_matching_params(path, params)
+  MODEL_DIR or one of its checkpoint_<step> folders); the others keep their values. Fewer
+  than half restored is refused unless `allow_partial`."""
+  params, report = checkpoints.restore_matching_params(path, params, allow_partial)
   partitioning.log(f"Starting from {path}: {len(report['restored'])} parameters restored, "
                    f"{len(report['initialised'])} newly initialised, {len(report['unused'])} "
-                   "in the checkpoint unused.")
+                   f"in the checkpoint unused ({len(report['reshaped'])} of them with another "
+                   "shape in this model).")
   if report["converted"]:
     partitioning.log(f"  converted the checkpoint's layout: {report['converted']}")
   for key in ("initialised", "unused"):
@@ -125,13 +128,19 @@ def start_from(path: str, params):
   return params
 
 
-def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partitioner):
-  """(params, step) of the latest checkpoint in `model_dir` (clear error if there is none)."""
+def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partitioner,
+                   step: Optional[int] = None):
+  """(params, step) of checkpoint_<step> in `model_dir`, by default the latest (clear error
+  if there is none, or it is damaged: `checkpoints.DamagedCheckpointError`)."""
   ckpt = checkpoints.Checkpointer(model_dir)
-  step = ckpt.latest_step()
-  if step is None:
+  steps = ckpt.all_steps()
+  if not steps:
     raise FileNotFoundError(f"No checkpoint in {model_dir}: train first with "
                             "`python -m decal_jax.train ... --gin.MODEL_DIR=...`.")
+  step = steps[-1] if step is None else step
+  if step not in steps:
+    raise FileNotFoundError(f"No checkpoint_{step} in {model_dir}; it holds steps {steps}: "
+                            "set CHECKPOINT_STEP (checkpoint_step=) to one of them.")
   params = ckpt.restore_params(step, abstract_params(model, cfg, partitioner)[0])
   ckpt.close()
   return params, step

@@ -78,7 +78,7 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
           eval_period: int = 200, eval_batches: int = 20, log_period: int = 10,
           checkpoint_period: int = 200, keep_checkpoints: int = 3,
           show_example: bool = True, gin_config_text: str = "",
-          initial_checkpoint_path: Optional[str] = None,
+          initial_checkpoint_path: Optional[str] = None, allow_partial_restore: bool = False,
           nonfinite_policy: str = "raise",
           checkpoint_input: bool = True) -> Dict[str, float]:
   """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics
@@ -93,6 +93,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   run whose MODEL_DIR is still empty from those weights: every parameter with the same
   name and shape is restored, the others (e.g. DeCAL's latent vector on top of an
   uncompressed model) keep their initialisation; optimizer state and step start fresh.
+  Fewer than half of the model's parameters restored (another architecture) is refused
+  unless `allow_partial_restore`.
 
   `nonfinite_policy`: a step with a NaN / Inf loss or gradient never changes the state;
   'raise' then stops with `resilience.NonFiniteError` naming the step (no checkpoint after
@@ -112,8 +114,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
   state, position = train_state.restore_latest(ckpt, state, train_dataset_cfg, seed)
   if initial_checkpoint_path and ckpt.latest_step() is None:
-    state = dict(state, params=train_state.start_from(initial_checkpoint_path,
-                                                      state["params"]))
+    state = dict(state, params=train_state.start_from(initial_checkpoint_path, state["params"],
+                                                      allow_partial_restore))
   if gin_config_text:
     checkpoints.write_config(model_dir, gin_config_text)
   writer = metrics.MetricsWriter(model_dir)

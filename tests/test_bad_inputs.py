@@ -7,17 +7,19 @@ import logging
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, evaluation, fileio, gin_utils, trainer
+from decal_jax import checkpoints, evaluation, fileio, gin_utils, partitioning, train_state, trainer
 from decal_jax.data import convert, hf_vocabularies, local_files, pipeline, vocabularies
 from decal_jax.retrieval import beir, index
 
@@ -477,3 +479,131 @@ def test_model_dir_under_a_file_is_refused(tmp_path):
   with pytest.raises(NotADirectoryError, match=re.escape(f"lies under the file {notes}")):
     _train(notes / "run")
   assert notes.read_text() == "my notes"
+
+
+# ---------------------------------------------------------------- checkpoints
+def _train_tiny(model_dir, steps, **kw):
+  """The tiny test_trainer model, a checkpoint after every step."""
+  return trainer.train(model=_model(), train_dataset_cfg=_cfg(), model_dir=str(model_dir),
+                       total_steps=steps, optimizer=_optimizer(), checkpoint_period=1,
+                       eval_period=1000, eval_batches=1, log_period=1, show_example=False,
+                       **kw)
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+  """MODEL_DIR with checkpoint_1 and checkpoint_2 of a 2-step run (each test copies it)."""
+  model_dir = tmp_path_factory.mktemp("two_checkpoints")
+  _train_tiny(model_dir, 2)
+  return model_dir
+
+
+def _copy(source, tmp_path):
+  return pathlib.Path(shutil.copytree(source, tmp_path / "run"))
+
+
+def _truncate_largest_array_file(step_dir):
+  """Truncates the biggest file of the saved state to 0 bytes, as a full disk would."""
+  biggest = max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+                key=lambda p: p.stat().st_size)
+  biggest.write_bytes(b"")
+  return biggest
+
+
+def _files(directory):
+  """{relative path: contents} of every file under `directory`."""
+  return {str(p.relative_to(directory)): p.read_bytes()
+          for p in sorted(pathlib.Path(directory).rglob("*")) if p.is_file()}
+
+
+def _params(model_dir, step):
+  return train_state.restore_params(_model(), str(model_dir), _cfg(),
+                                    partitioning.Partitioner(), step)[0]
+
+
+def test_a_truncated_latest_checkpoint_is_set_aside_and_training_resumes_before_it(
+    two_checkpoints, tmp_path, capsys):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  truncated = _truncate_largest_array_file(model_dir / "checkpoint_2")
+  first = _files(model_dir / "checkpoint_1")
+  _train_tiny(model_dir, 3)  # the same command again, with one more step
+  out = capsys.readouterr().out
+  lines = [line for line in out.splitlines() if "damaged" in line]
+  assert len(lines) == 1, out  # one line: the checkpoint, the error, what was done
+  assert f"checkpoint_2 in {model_dir} is damaged (" in lines[0]
+  assert "set aside as checkpoint_2.damaged, resuming from checkpoint_1." in lines[0]
+  assert "Resuming from step 1" in out
+  # Nothing lost: the damaged one kept as it was, out of Orbax's listing; the one before
+  # untouched; the run continued from step 1 and rewrote step 2 exactly as first written.
+  aside = model_dir / "checkpoint_2.damaged" / truncated.relative_to(model_dir / "checkpoint_2")
+  assert aside.exists() and aside.stat().st_size == 0
+  assert _files(model_dir / "checkpoint_1") == first
+  ckpt = checkpoints.Checkpointer(str(model_dir))
+  assert ckpt.all_steps() == [1, 2, 3]
+  ckpt.close()
+  jax.tree_util.tree_map(np.testing.assert_array_equal, _params(model_dir, 2),
+                         _params(two_checkpoints, 2))
+
+
+def test_every_checkpoint_damaged_stops_the_run_naming_them_and_renames_nothing(
+    two_checkpoints, tmp_path):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  _truncate_largest_array_file(model_dir / "checkpoint_2")
+  (model_dir / "checkpoint_1" / "state" / "_METADATA").unlink()  # partly deleted
+  before = _files(model_dir)
+  with pytest.raises(checkpoints.DamagedCheckpointError) as err:
+    _train_tiny(model_dir, 3)
+  message = str(err.value)
+  assert f"Every checkpoint in {model_dir} is damaged: checkpoint_2 (" in message
+  assert "; checkpoint_1 (FileNotFoundError: " in message
+  assert "Nothing was changed on disk" in message and "new MODEL_DIR" in message
+  assert _files(model_dir) == before
+
+
+def test_eval_and_infer_name_a_damaged_checkpoint_and_the_steps_to_use_instead(
+    two_checkpoints, tmp_path):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  _truncate_largest_array_file(model_dir / "checkpoint_2")
+  before = _files(model_dir)
+  with pytest.raises(checkpoints.DamagedCheckpointError) as err:
+    evaluation.infer(model=_model(), inputs=["some text"], model_dir=str(model_dir),
+                     task_feature_lengths=LENGTHS)
+  message = str(err.value)
+  assert f"checkpoint_2 in {model_dir} is damaged (" in message
+  assert "Other checkpoints here: steps [1]" in message and "CHECKPOINT_STEP" in message
+  with pytest.raises(FileNotFoundError, match=r"No checkpoint_7 .* holds steps \[1, 2\]: set "
+                     "CHECKPOINT_STEP"):
+    _params(model_dir, 7)
+  # The step asked for, never another one silently: step 1 is the saved step 1.
+  jax.tree_util.tree_map(np.testing.assert_array_equal, _params(model_dir, 1),
+                         _params(two_checkpoints, 1))
+  assert _files(model_dir) == before
+
+
+def test_an_initial_checkpoint_of_another_architecture_is_refused_with_the_counts(
+    two_checkpoints, tmp_path, capsys):
+  wider = _model(emb_dim=48)
+  fresh, _ = train_state.init_state(wider, _optimizer(), partitioning.Partitioner(), _cfg(),
+                                    seed=0)
+  with pytest.raises(checkpoints.ArchitectureMismatchError) as err:
+    trainer.train(model=wider, train_dataset_cfg=_cfg(), model_dir=str(tmp_path / "new"),
+                  total_steps=2, optimizer=_optimizer(),
+                  initial_checkpoint_path=str(two_checkpoints))
+  message = str(err.value)
+  assert f"The checkpoint {two_checkpoints} (step 2) restores only " in message
+  assert "shape differs:          decoder/decoder_norm/scale checkpoint [32] vs model [48]" \
+      in message
+  assert "INITIAL_CHECKPOINT_PATH" in message and "ALLOW_PARTIAL_RESTORE=True" in message
+  assert not list((tmp_path / "new").glob("checkpoint_*"))  # no run started
+  # Allowed on purpose: the report counts the shape mismatches as unused.
+  _, report = checkpoints.restore_matching_params(str(two_checkpoints), fresh["params"],
+                                                  allow_partial=True)
+  total = len(jax.tree_util.tree_leaves(fresh["params"]))
+  assert 0 < len(report["restored"]) < total / 2
+  assert len(report["restored"]) + len(report["initialised"]) == total
+  assert "decoder/decoder_norm/scale" in report["reshaped"]
+  assert set(report["reshaped"]) <= set(report["unused"])
+  assert len(report["unused"]) == total - len(report["restored"])  # same names, other shapes
+  train_state.start_from(str(two_checkpoints), fresh["params"], allow_partial=True)
+  assert (f"{len(report['unused'])} in the checkpoint unused ({len(report['reshaped'])} of "
+          "them with another shape in this model)") in capsys.readouterr().out
