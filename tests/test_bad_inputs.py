@@ -19,7 +19,8 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, evaluation, fileio, gin_utils, partitioning, train_state, trainer
+from decal_jax import (checkpoints, evaluation, fileio, gin_utils, partitioning, train_state,
+                       trainer)
 from decal_jax.data import convert, hf_vocabularies, local_files, pipeline, vocabularies
 from decal_jax.retrieval import beir, index
 
