@@ -1,9 +1,11 @@
-"""What keeps a long run alive: preemption (SIGTERM) and the non-finite loss guard.
+"""What keeps a long run alive: preemption (SIGTERM, Ctrl-C) and the non-finite loss guard.
 
 - `PreemptionWatcher`: SIGTERM (what a cluster scheduler, a TPU maintenance event or
-  `kill` sends before it takes the machine) only sets a flag; the trainer finishes the step
-  it is in, saves a checkpoint and returns. With several processes they agree on the step
-  to stop at, so every host saves the same checkpoint.
+  `kill` sends before it takes the machine) and a first Ctrl-C (SIGINT) only set a flag;
+  the trainer finishes the step it is in, saves a checkpoint and returns. A second Ctrl-C
+  aborts at once (KeyboardInterrupt), losing only the steps since the last checkpoint.
+  With several processes they agree on the step to stop at, so every host saves the same
+  checkpoint.
 - `NonFiniteGuard`: the jitted train step leaves params and optimizer state untouched when
   the loss or the gradient norm is NaN / Inf and reports it; the guard collects those
   reports without a device sync per step and, before anything is logged or saved, either
@@ -68,33 +70,43 @@ class NonFiniteGuard:
 
 
 class PreemptionWatcher:
-  """Turns SIGTERM into a request to save and stop after the current step.
+  """Turns SIGTERM and a first Ctrl-C into a request to save and stop after the current step.
 
-  Use as a context manager around the train loop; the previous handler comes back on exit.
+  Use as a context manager around the train loop; the previous handlers come back on exit.
   Installed only in the main thread (Python delivers signals there); elsewhere it watches
-  nothing and `requested` only reports other processes' requests.
+  nothing and `requested` only reports other processes' requests. `signal_name` says which
+  signal asked ('SIGTERM' or 'SIGINT'), for the message.
   """
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self._flag = False
-    self._previous = None
+    self.signal_name = "SIGTERM"
+    self._previous = {}
 
   def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    if signum == signal.SIGINT:
+      if self._flag:  # the second Ctrl-C: stop now
+        raise KeyboardInterrupt
+      print("\nCtrl-C: finishing this step, then saving a checkpoint and stopping "
+            "(Ctrl-C again to stop at once, losing the steps since the last checkpoint).",
+            flush=True)
     self._flag = True
+    self.signal_name = signal.Signals(signum).name
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     return self
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous = {}
     return False
 
   def requested(self) -> bool:
-    """True on every process once any process got SIGTERM (a collective when multi-host,
+    """True on every process once any process got SIGTERM / Ctrl-C (a collective when multi-host,
     so all processes must call it at the same step)."""
     if jax.process_count() == 1:
       return self._flag

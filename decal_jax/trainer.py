@@ -87,7 +87,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   Resuming is exact: a checkpoint holds params, optimizer state, step, the dropout RNG and
   the number of batches consumed, so a run killed at any point and started again with the
   same command ends with the same parameters as one that never stopped. SIGTERM makes the
-  run finish its step, save, and return {'preempted_at_step': step}.
+  run finish its step, save, and return {'preempted_at_step': step}; so does a first
+  Ctrl-C (a second aborts at once).
 
   `initial_checkpoint_path` (a MODEL_DIR or one of its checkpoint_<step> folders) starts a
   run whose MODEL_DIR is still empty from those weights: every parameter with the same
@@ -152,7 +153,7 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
         writer.write("train", done, summary)
       if done < total_steps and preemption.requested():
         save(done, force=True)
-        return _stop_preempted(done, bar, writer, ckpt)
+        return _stop_preempted(done, bar, writer, ckpt, preemption.signal_name)
       save(done)
       if done % eval_period == 0 and done != total_steps:
         writer.write("eval", done, evaluation.evaluate_params(state["params"], model, eval_cfg,
@@ -171,10 +172,10 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   return result
 
 
-def _stop_preempted(step: int, bar, writer, ckpt) -> Dict[str, float]:
+def _stop_preempted(step: int, bar, writer, ckpt, signal_name: str) -> Dict[str, float]:
   bar.close()
   writer.close()
   ckpt.close()
-  partitioning.log(f"\nPreempted (SIGTERM) after step {step}: saved checkpoint_{step} in "
+  partitioning.log(f"\nPreempted ({signal_name}) after step {step}: saved checkpoint_{step} in "
                    f"{ckpt.directory}. Run the same command again to continue from it.")
   return {"preempted_at_step": float(step)}

@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -19,8 +20,8 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import (checkpoints, evaluation, fileio, gin_utils, partitioning, train_state,
-                       trainer)
+from decal_jax import (checkpoints, evaluation, fileio, gin_utils, partitioning, resilience,
+                       train_state, trainer)
 from decal_jax.data import convert, hf_vocabularies, local_files, pipeline, vocabularies
 from decal_jax.retrieval import beir, index
 
@@ -608,3 +609,38 @@ def test_an_initial_checkpoint_of_another_architecture_is_refused_with_the_count
   train_state.start_from(str(two_checkpoints), fresh["params"], allow_partial=True)
   assert (f"{len(report['unused'])} in the checkpoint unused ({len(report['reshaped'])} of "
           "them with another shape in this model)") in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- interrupting a run
+def test_a_first_ctrl_c_asks_to_stop_and_a_second_aborts(capsys):
+  before = signal.getsignal(signal.SIGINT)
+  with resilience.PreemptionWatcher() as watcher:
+    os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: a request, no exception
+    assert watcher.requested() and watcher.signal_name == "SIGINT"
+    assert "Ctrl-C again to stop at once" in capsys.readouterr().out
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is before  # the previous handler is back
+
+
+def test_ctrl_c_during_training_saves_the_step_and_the_same_command_resumes(
+    tmp_path, capsys, monkeypatch):
+  """Ctrl-C in step 2 of 5: the step finishes, checkpoint_2 is written, the run says how
+  it stopped; the next run resumes from step 2 instead of losing it."""
+  to_global, calls = pipeline.to_global, []
+
+  def press_ctrl_c_in_step_two(batch, partitioner):
+    calls.append(1)
+    if len(calls) == 2:
+      os.kill(os.getpid(), signal.SIGINT)
+    return to_global(batch, partitioner)
+
+  monkeypatch.setattr(pipeline, "to_global", press_ctrl_c_in_step_two)
+  result = _train(tmp_path / "m", total_steps=5, checkpoint_period=5, eval_period=5,
+                  log_period=5)
+  assert result == {"preempted_at_step": 2.0}
+  assert "Preempted (SIGINT) after step 2: saved checkpoint_2" in capsys.readouterr().out
+  assert checkpoints.Checkpointer(str(tmp_path / "m")).latest_step() == 2
+  monkeypatch.setattr(pipeline, "to_global", to_global)
+  _train(tmp_path / "m", total_steps=5, checkpoint_period=5, eval_period=5, log_period=5)
+  assert "Resuming from step 2" in capsys.readouterr().out
