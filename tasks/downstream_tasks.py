@@ -22,6 +22,7 @@ Summarization: 'summarize: <document>' -> summary, ROUGE-1/2/L/Lsum. QA: 'questi
 context: <c>' -> first answer, exact match / F1 against every answer. Every task tokenizes
 with `vocabularies.task_vocabulary()` (the model's VOCABULARY under our gin files).
 """
+import abc
 import dataclasses
 import os
 import pathlib
@@ -80,16 +81,17 @@ class LocalFirstSource(local_files.DeferredSource):
     folder = pathlib.Path(directory).expanduser() / self.folder_name if directory else None
     return folder if folder is not None and folder.is_dir() else None
 
+  @abc.abstractmethod
   def _open_local(self, folder: pathlib.Path) -> seqio.DataSource:
-    raise NotImplementedError
+    """The source over the local folder (cached by the subclass)."""
 
+  @abc.abstractmethod
   def _no_data_message(self) -> str:
     """Why there is nothing to read: no local folder and no TFDS dataset."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def _local_files_hint(self, split: str) -> str:
     """Where local files would go, added to TFDS's own error."""
-    raise NotImplementedError
 
   def _from_tfds(self, ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds

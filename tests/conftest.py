@@ -2,6 +2,8 @@
 import os
 import sys
 
+import pytest
+
 # TensorFlow (which seqio imports) and Triton's compiler library crash the process when
 # Triton is loaded second; transformers' PyTorch models import it through torch._dynamo.
 # The tests run PyTorch on CPU only, which needs no Triton: hide it before torch looks.
@@ -46,3 +48,19 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
   rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable for the rest
+
+
+@pytest.fixture
+def builtin_vocabulary(monkeypatch):
+  """Tasks of 'the model's' vocabulary tokenize with the built-in one (as a tiny model's gin
+  binds it); no local data folder and the default bad-line mode unless a test sets them;
+  gin cleared afterwards."""
+  import gin  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS above)
+  from decal_jax.data import vocabularies  # pylint: disable=import-outside-toplevel
+  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
+  monkeypatch.delenv("DECAL_BAD_LINES", raising=False)
+  vocab = vocabularies.builtin_vocabulary()
+  with gin.unlock_config():
+    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", vocab)
+  yield vocab
+  gin.clear_config()

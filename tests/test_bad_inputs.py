@@ -49,15 +49,11 @@ GOOD_QA = (json.dumps({"question": "Who wrote it?", "context": "Ada wrote it.",
 
 
 @pytest.fixture
-def local_data(tmp_path, monkeypatch):
+def local_data(tmp_path, monkeypatch, builtin_vocabulary):
   """The tasks read <tmp_path>/<name>/<split> files with the built-in vocabulary."""
+  del builtin_vocabulary  # bound in gin by the fixture (tests/conftest.py)
   monkeypatch.setenv("DECAL_LOCAL_DATA_DIR", str(tmp_path))
-  monkeypatch.delenv("DECAL_BAD_LINES", raising=False)
-  with gin.unlock_config():
-    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary",
-                       vocabularies.builtin_vocabulary())
-  yield tmp_path
-  gin.clear_config()
+  return tmp_path
 
 
 def _write(path, data: bytes):

@@ -69,18 +69,6 @@ def test_autoencoding_with_short_targets_is_refused():
 
 
 # --------------------------------------------------------------------------- metrics, own text
-@pytest.fixture
-def model_vocabulary(monkeypatch):
-  """Tasks of 'the model's' vocabulary read the built-in one, as a tiny model's gin binds."""
-  import gin
-  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
-  vocab = vocabularies.builtin_vocabulary()
-  with gin.unlock_config():
-    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", vocab)
-  yield vocab
-  gin.clear_config()
-
-
 def test_autoencoding_tasks_report_bleu_and_carry_their_text():
   from decal_jax import text_metrics
   for name in ("decal_builtin_autoencode", "decal_c4_autoencode", "decal_text_autoencode"):
@@ -95,9 +83,9 @@ def test_autoencoding_tasks_report_bleu_and_carry_their_text():
     assert ex["inputs_pretokenized"] == ex["targets_pretokenized"]
 
 
-def test_c4_autoencoding_tokenizes_with_the_models_vocabulary(model_vocabulary):
+def test_c4_autoencoding_tokenizes_with_the_models_vocabulary(builtin_vocabulary):
   task = seqio.get_mixture_or_task("decal_c4_autoencode")
-  assert task.output_features["targets"].vocabulary == model_vocabulary
+  assert task.output_features["targets"].vocabulary == builtin_vocabulary
 
 
 TEXTS = ["The pass statement does nothing.", "A for loop repeats a block.",
@@ -120,7 +108,7 @@ def _stream_of(task_name, lengths):
   return examples, [t for ex in examples for t in ex["inputs"][:-1].tolist()]
 
 
-def test_register_text_autoencode_task_reads_your_file(tmp_path, model_vocabulary):
+def test_register_text_autoencode_task_reads_your_file(tmp_path, builtin_vocabulary):
   from decal_jax.tasks import autoencoding_tasks
   _write_jsonl(tmp_path / "mine.jsonl", TEXTS, field="body")
   autoencoding_tasks.register_text_autoencode_task(
@@ -129,21 +117,21 @@ def test_register_text_autoencode_task_reads_your_file(tmp_path, model_vocabular
     lengths = {"inputs": 8, "targets": 8}
     examples, stream = _stream_of("my_autoencode", lengths)
     # the texts back to back, tokenized in Python, cut into chunks of 7 tokens + EOS
-    want = [t for text in TEXTS for t in model_vocabulary.encode(text)]
+    want = [t for text in TEXTS for t in builtin_vocabulary.encode(text)]
     assert stream == want
     assert [len(ex["inputs"]) - 1 for ex in examples[:-1]] == [7] * (len(examples) - 1)
     wide = {"inputs": 64, "targets": 64}  # everything in one chunk: its text is all texts
     (only,), _ = _stream_of("my_autoencode", wide)
-    assert only["targets_pretokenized"].decode() == model_vocabulary.decode(want)
+    assert only["targets_pretokenized"].decode() == builtin_vocabulary.decode(want)
   finally:
     seqio.TaskRegistry.remove("my_autoencode")
 
 
-def test_text_autoencode_task_reads_the_local_folder(tmp_path, monkeypatch, model_vocabulary):
+def test_text_autoencode_task_reads_the_local_folder(tmp_path, monkeypatch, builtin_vocabulary):
   lengths = {"inputs": 64, "targets": 64}
   monkeypatch.setenv("DECAL_LOCAL_DATA_DIR", str(tmp_path))
   with pytest.raises(FileNotFoundError, match="text_autoencode.*DECAL_LOCAL_DATA_DIR"):
     _stream_of("decal_text_autoencode", lengths)
   _write_jsonl(tmp_path / "text_autoencode" / "train.jsonl", TEXTS)
   _, stream = _stream_of("decal_text_autoencode", lengths)
-  assert stream == [t for text in TEXTS for t in model_vocabulary.encode(text)]
+  assert stream == [t for text in TEXTS for t in builtin_vocabulary.encode(text)]

@@ -18,6 +18,8 @@ from decal_jax.tasks import downstream_tasks
 
 import paths
 
+pytestmark = pytest.mark.usefixtures("builtin_vocabulary")  # tests/conftest.py
+
 LENGTHS = {"inputs": 96, "targets": 24}
 DATA_DIR = pathlib.Path(os.environ.get(
     "DECAL_DATA_DIR", paths.REPO.parent / "shared" / "data"))
@@ -25,19 +27,6 @@ TASKS = {"decal_cnn_dailymail": "summarization", "decal_arxiv": "summarization",
          "decal_pubmed": "summarization", "decal_mediasum": "summarization",
          "decal_squad": "qa", "decal_triviaqa": "qa", "decal_hotpotqa": "qa",
          "decal_builtin_qa": "qa"}
-
-
-@pytest.fixture(autouse=True)
-def builtin_vocabulary(monkeypatch):
-  """The tasks tokenize with the model's vocabulary: bind the built-in one, as a tiny
-  model's gin does; no local data unless a test sets it."""
-  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
-  monkeypatch.delenv("DECAL_BAD_LINES", raising=False)
-  vocab = vocabularies.builtin_vocabulary()
-  with gin.unlock_config():
-    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", vocab)
-  yield vocab
-  gin.clear_config()
 
 
 def _examples(name, split="validation", lengths=LENGTHS, n=None):

@@ -16,15 +16,9 @@ from decal_jax.tasks import sentence_lm_tasks
 
 
 @pytest.fixture(autouse=True)
-def vocab(monkeypatch):
-  """The built-in vocabulary as the model's (DeferredVocabulary tasks read it); no local
-  data folder unless a test sets one; gin cleared afterwards."""
-  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
-  vocabulary = vocabularies.builtin_vocabulary()
-  with gin.unlock_config():
-    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", vocabulary)
-  yield vocabulary
-  gin.clear_config()
+def vocab(builtin_vocabulary):
+  """Every test here reads the built-in vocabulary (tests/conftest.py)."""
+  return builtin_vocabulary
 
 
 def _stream(vocab, texts, end_id, max_sentence_length):

@@ -43,17 +43,6 @@ def _is_window(sequence, stream):
   return bool((windows == np.asarray(sequence)).all(axis=1).any())
 
 
-@pytest.fixture
-def model_vocabulary(monkeypatch):
-  """Tasks of 'the model's' vocabulary read the built-in one, as a tiny model's gin binds."""
-  import gin
-  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
-  with gin.unlock_config():
-    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", _vocab())
-  yield _vocab()
-  gin.clear_config()
-
-
 # ------------------------------------------------------------------------------ registration
 STAGE_OF = {"decal_builtin_squid_restore": "restore", "decal_c4_squid_restore": "restore",
             "decal_text_squid_restore": "restore", "decal_builtin_squid_continue": "continue",
@@ -175,13 +164,13 @@ def test_register_squid_qa_jsonl_task_reads_string_and_list_answers(tmp_path):
 
 @pytest.mark.parametrize("name,folder", [("decal_squid_qa_jsonl", "squid_qa"),
                                          ("decal_squad_squid", "squad")])
-def test_local_folder_qa_tasks(name, folder, tmp_path, monkeypatch, model_vocabulary):
+def test_local_folder_qa_tasks(name, folder, tmp_path, monkeypatch, builtin_vocabulary):
   monkeypatch.setenv("DECAL_LOCAL_DATA_DIR", str(tmp_path))
   if name == "decal_squid_qa_jsonl":  # local files only: a missing folder names the task
     with pytest.raises(FileNotFoundError, match="decal_squid_qa_jsonl.*squid_qa"):
       seqio.get_mixture_or_task(name).get_dataset(LENGTHS, split="validation")
   _write_jsonl(tmp_path / folder / "validation.jsonl", QA_RECORDS)
-  _check_qa_examples(name, QA_RECORDS, model_vocabulary)
+  _check_qa_examples(name, QA_RECORDS, builtin_vocabulary)
 
 
 def test_contexts_without_tokens_are_dropped():
@@ -210,13 +199,13 @@ TEXTS = ["The pass statement does nothing.", "A for loop repeats a block.",
          "Names are bound by assignment."]
 
 
-def test_text_tasks_read_the_text_autoencode_folder(tmp_path, monkeypatch, model_vocabulary):
+def test_text_tasks_read_the_text_autoencode_folder(tmp_path, monkeypatch, builtin_vocabulary):
   monkeypatch.setenv("DECAL_LOCAL_DATA_DIR", str(tmp_path))
   lengths = {"inputs": 8, "query": 16, "targets": 9}
   with pytest.raises(FileNotFoundError, match="decal_text_squid_restore.*text_autoencode"):
     _converted("decal_text_squid_restore", 1, lengths)
   _write_jsonl(tmp_path / "text_autoencode" / "validation.jsonl", [{"text": t} for t in TEXTS])
-  stream = [t for text in TEXTS for t in model_vocabulary.encode(text)]
+  stream = [t for text in TEXTS for t in builtin_vocabulary.encode(text)]
   restored = _converted("decal_text_squid_restore", 100, lengths)
   full = len(stream) // 8 * 8  # whole 8-token chunks; the shorter tail is dropped
   assert [t for ex in restored for t in _real(ex["encoder_input_tokens"])] == stream[:full]

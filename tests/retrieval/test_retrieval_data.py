@@ -20,11 +20,12 @@ import tensorflow_datasets as tfds
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import gin_utils
 from decal_jax.data import corpus as builtin_corpus
-from decal_jax.data import vocabularies
 from decal_jax.retrieval import beir, msmarco
 from decal_jax.tasks import retrieval_tasks
 
 import paths
+
+pytestmark = pytest.mark.usefixtures("builtin_vocabulary")  # tests/conftest.py
 
 DATA_DIR = pathlib.Path(os.environ.get(
     "DECAL_DATA_DIR", paths.REPO.parent / "shared" / "data"))
@@ -44,18 +45,6 @@ QUERIES = "\n".join([
 ]) + "\n"
 TEST_QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td3\t0\nq2\td2\t2\n"
 TRAIN_QRELS = "query-id\tcorpus-id\tscore\nq3\td3\t1\n"
-
-
-@pytest.fixture(autouse=True)
-def builtin_vocabulary(monkeypatch):
-  """Tasks tokenize with the built-in vocabulary (as a tiny model's gin binds it); no local
-  data directory unless a test sets one."""
-  monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
-  vocab = vocabularies.builtin_vocabulary()
-  with gin.unlock_config():
-    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary", vocab)
-  yield vocab
-  gin.clear_config()
 
 
 def _write(folder: pathlib.Path, files: dict) -> pathlib.Path:
