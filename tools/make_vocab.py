@@ -8,7 +8,10 @@ Without --input it builds (or finds) the cached vocabulary of the built-in corpu
 `decal_builtin_span_corruption` task uses, under $DECAL_CACHE_DIR (default
 ~/.cache/decal_jax). With --input it trains on a text file or a JSONL file (the --field of
 each record) and writes --output. Training sentences are the non-empty lines of the text.
---vocab_size is an upper bound: a small corpus may support fewer pieces.
+--vocab_size is an upper bound: a small corpus may support fewer pieces. Every vocabulary
+falls back to UTF-8 byte pieces (256 of its pieces), so no input byte is ever unknown;
+DECAL_BUILTIN_VOCAB=chars builds the built-in one without them (the recipe before byte
+fallback, for checkpoints trained with it).
 """
 import argparse
 import json

@@ -2,10 +2,19 @@
 
 The built-in vocabulary is trained on first use (under a second) and cached under
 `$DECAL_CACHE_DIR` (default `~/.cache/decal_jax`) as
-`builtin_spm_<vocab_size>_<corpus fingerprint>.model`, so a Python version whose docs
-differ gets its own file. Training holds a file lock (one process trains, the others wait
-and reuse) and writes atomically (`fileio.write_bytes_atomic`), so readers never see a
-partial model. `python tools/make_vocab.py` builds it ahead of time.
+`builtin_spm_<vocab_size>_<recipe>_<corpus fingerprint>.model`, so a Python version whose
+docs differ, or a changed training recipe, gets its own file. Training holds a file lock
+(one process trains, the others wait and reuse) and writes atomically
+(`fileio.write_bytes_atomic`), so readers never see a partial model.
+`python tools/make_vocab.py` builds it ahead of time.
+
+Recipes (`BUILTIN_RECIPES`): 'bytes' (the default) falls back to UTF-8 byte pieces, so no
+input byte is ever unknown ('$', '£', 'é', 'ж', '中', emoji all round-trip); 'chars' is the
+first recipe (characters of the corpus only, the rest unknown; its files keep their old
+name `builtin_spm_<vocab_size>_<corpus fingerprint>.model`). A checkpoint trained with the
+'chars' vocabulary (before byte fallback) is evaluated with it by setting
+`DECAL_BUILTIN_VOCAB=chars` (read when a vocabulary is created, i.e. also by the built-in
+tasks registered at import).
 
 All vocabularies follow T5: pad 0, eos 1, unk 2, no bos, and `extra_ids` sentinels at the
 top of the id range (`vocab_size - 1` is the first sentinel).
@@ -26,8 +35,11 @@ from decal_jax import fileio
 from decal_jax.data import corpus
 
 T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
-BUILTIN_VOCAB_SIZE = 4000  # an upper bound: Python 3.11's docs support 3756 pieces
+BUILTIN_VOCAB_SIZE = 4000  # an upper bound: 256 byte pieces + Python 3.11 docs' pieces
 EXTRA_IDS = 100
+# SentencePiece trainer options that differ between the recipes of the built-in vocabulary.
+BUILTIN_RECIPES = {"bytes": {"byte_fallback": True}, "chars": {"byte_fallback": False}}
+DEFAULT_RECIPE = "bytes"
 
 try:
   import fcntl  # POSIX
@@ -40,15 +52,21 @@ def cache_dir() -> pathlib.Path:
   return pathlib.Path(os.environ.get("DECAL_CACHE_DIR", "~/.cache/decal_jax")).expanduser()
 
 
-def train_sentencepiece(texts: Iterable[str], path: pathlib.Path, vocab_size: int) -> pathlib.Path:
+def train_sentencepiece(texts: Iterable[str], path: pathlib.Path, vocab_size: int,
+                        byte_fallback: bool = True) -> pathlib.Path:
   """Trains a unigram model (pad 0, eos 1, unk 2, no bos) and writes it to `path`
-  atomically. `vocab_size` is an upper bound: a small corpus may support fewer pieces."""
+  atomically. `vocab_size` is an upper bound: a small corpus may support fewer pieces.
+  With `byte_fallback`, 256 of the pieces are UTF-8 bytes that spell any character the
+  others do not cover, so nothing encodes to unk."""
   model = io.BytesIO()
+  # Left unset when off, so a 'chars' model is byte for byte the one trained before the option.
+  fallback = {"byte_fallback": True} if byte_fallback else {}
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(list(texts)), model_writer=model, vocab_size=vocab_size,
       model_type="unigram", character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
       input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
-      max_sentence_length=100_000, hard_vocab_limit=False, num_threads=16)  # fixed: the model depends on it
+      max_sentence_length=100_000, hard_vocab_limit=False,
+      num_threads=16, **fallback)  # num_threads fixed: the model depends on it
   fileio.write_bytes_atomic(path, model.getvalue())
   return pathlib.Path(path)
 
@@ -89,16 +107,30 @@ def _exclusive_lock(path: pathlib.Path) -> Iterator[None]:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = True) -> str:
-  """Path of the cached built-in vocabulary, training it first if missing (and `build`)."""
-  path = cache_dir() / f"builtin_spm_{vocab_size}_{corpus.corpus_fingerprint()}.model"
+def builtin_recipe(recipe: Optional[str] = None) -> str:
+  """The recipe given, else `$DECAL_BUILTIN_VOCAB`, else DEFAULT_RECIPE (checked)."""
+  recipe = recipe or os.environ.get("DECAL_BUILTIN_VOCAB") or DEFAULT_RECIPE
+  if recipe not in BUILTIN_RECIPES:
+    raise ValueError(f"Unknown built-in vocabulary recipe {recipe!r} (DECAL_BUILTIN_VOCAB); "
+                     f"choose one of {sorted(BUILTIN_RECIPES)}.")
+  return recipe
+
+
+def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = True,
+                            recipe: Optional[str] = None) -> str:
+  """Path of the cached built-in vocabulary of `recipe` (default: `builtin_recipe()`),
+  training it first if missing (and `build`)."""
+  recipe = builtin_recipe(recipe)
+  tag = "" if recipe == "chars" else f"{recipe}_"  # 'chars' files predate the recipe tag
+  path = cache_dir() / f"builtin_spm_{vocab_size}_{tag}{corpus.corpus_fingerprint()}.model"
   if build and not path.exists():
     try:
       path.parent.mkdir(parents=True, exist_ok=True)
       with _exclusive_lock(path):
         if not path.exists():  # another process may have built it while we waited
           logging.info("Training the built-in SentencePiece vocabulary -> %s", path)
-          train_sentencepiece(corpus.documents()["train"], path, vocab_size)
+          train_sentencepiece(corpus.documents()["train"], path, vocab_size,
+                              **BUILTIN_RECIPES[recipe])
     except OSError as e:
       raise OSError(f"Cannot write the built-in vocabulary to {path} ({e}). Point "
                     "DECAL_CACHE_DIR at a writable directory.") from e
@@ -108,21 +140,24 @@ def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = 
 class BuiltinVocabulary(NamedSentencePieceVocabulary):
   """The built-in-corpus SentencePiece vocabulary; trained on first use, not at creation."""
 
-  def __init__(self, vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS):
-    self._builtin_size = vocab_size
-    super().__init__(builtin_vocabulary_path(vocab_size, build=False), extra_ids=extra_ids)
+  def __init__(self, vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS,
+               recipe: Optional[str] = None):
+    self._builtin_size, self.recipe = vocab_size, builtin_recipe(recipe)
+    super().__init__(builtin_vocabulary_path(vocab_size, build=False, recipe=self.recipe),
+                     extra_ids=extra_ids)
 
   def _model_context(self):
     if not self._model and not os.path.exists(self._sentencepiece_model_file):
-      builtin_vocabulary_path(self._builtin_size, build=True)
+      builtin_vocabulary_path(self._builtin_size, build=True, recipe=self.recipe)
     return super()._model_context()
 
 
-def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE,
-                       extra_ids: int = EXTRA_IDS) -> seqio.SentencePieceVocabulary:
+def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS,
+                       recipe: Optional[str] = None) -> seqio.SentencePieceVocabulary:
   """SentencePiece vocabulary of the built-in corpus (at most `vocab_size` pieces) plus
-  `extra_ids` sentinels. Creating it is cheap; the model is built on first use."""
-  return BuiltinVocabulary(vocab_size, extra_ids)
+  `extra_ids` sentinels, trained with `recipe` (default `$DECAL_BUILTIN_VOCAB` or 'bytes').
+  Creating it is cheap; the model is built on first use."""
+  return BuiltinVocabulary(vocab_size, extra_ids, recipe)
 
 
 def _t5_vocab_path(path: Optional[str]) -> str:

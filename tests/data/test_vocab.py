@@ -39,7 +39,7 @@ def test_trains_once_into_the_cache_dir_keyed_by_size_and_corpus(cache):
   path, vocab = cache
   files = list(path.glob("*.model"))
   train_text = "\n".join(corpus.documents()["train"]).encode("utf-8")
-  expected = f"builtin_spm_{SMALL}_{hashlib.sha256(train_text).hexdigest()[:12]}.model"
+  expected = f"builtin_spm_{SMALL}_bytes_{hashlib.sha256(train_text).hexdigest()[:12]}.model"
   assert [f.name for f in files] == [expected]
   assert vocab.sentencepiece_model_file == str(files[0])
   assert not list(path.glob("*.tmp*"))  # the atomic write left no temp file
@@ -81,12 +81,39 @@ def test_second_use_reuses_the_cached_file(cache, monkeypatch):
   assert model.stat().st_mtime_ns == mtime
 
 
+def test_each_recipe_has_its_own_file_and_chars_keeps_the_name_before_byte_fallback(
+    tmp_path, monkeypatch):
+  """A changed recipe is a new file; the first recipe ('chars', no byte fallback) keeps the
+  name its files had, so a cache built before byte fallback still serves old checkpoints."""
+  monkeypatch.setenv("DECAL_CACHE_DIR", str(tmp_path))
+  _tiny_corpus(monkeypatch, "marker document for the recipe test")
+  train_text = "\n".join(corpus.documents()["train"]).encode("utf-8")
+  fingerprint = hashlib.sha256(train_text).hexdigest()[:12]
+  chars = pathlib.Path(vocabularies.builtin_vocabulary_path(600, recipe="chars"))
+  assert chars.name == f"builtin_spm_600_{fingerprint}.model"
+  monkeypatch.setenv("DECAL_BUILTIN_VOCAB", "chars")
+  assert vocabularies.builtin_vocabulary(600).sentencepiece_model_file == str(chars)
+  monkeypatch.delenv("DECAL_BUILTIN_VOCAB")
+  default = pathlib.Path(vocabularies.builtin_vocabulary_path(600))
+  assert default.name == f"builtin_spm_600_bytes_{fingerprint}.model" != chars.name
+  pieces = {name: sentencepiece.SentencePieceProcessor(model_file=str(path))
+            for name, path in (("chars", chars), ("bytes", default))}
+  assert pieces["bytes"].piece_to_id("<0xC2>") != 2 and pieces["chars"].piece_to_id("<0xC2>") == 2
+  assert "byte_fallback" not in chars.read_bytes().decode("latin1")  # as trained before it
+
+
+def test_an_unknown_recipe_names_the_choices(monkeypatch):
+  monkeypatch.setenv("DECAL_BUILTIN_VOCAB", "bites")
+  with pytest.raises(ValueError, match=r"'bites' \(DECAL_BUILTIN_VOCAB\).*\['bytes', 'chars'\]"):
+    vocabularies.builtin_vocabulary()
+
+
 def test_a_different_corpus_builds_a_different_file(tmp_path, monkeypatch):
   monkeypatch.setenv("DECAL_CACHE_DIR", str(tmp_path))
   _tiny_corpus(monkeypatch, "first marker document for the cache key test")
-  first = vocabularies.builtin_vocabulary_path(300)
+  first = vocabularies.builtin_vocabulary_path(600)
   _tiny_corpus(monkeypatch, "second marker document for the cache key test")
-  second = vocabularies.builtin_vocabulary_path(300)
+  second = vocabularies.builtin_vocabulary_path(600)
   assert first != second
   assert {p.name for p in tmp_path.glob("*.model")} == {pathlib.Path(first).name,
                                                         pathlib.Path(second).name}
@@ -105,7 +132,7 @@ def test_concurrent_first_uses_train_once(tmp_path, monkeypatch):
 
   monkeypatch.setattr(vocabularies, "train_sentencepiece", slow_train)
   paths = []
-  workers = [threading.Thread(target=lambda: paths.append(vocabularies.builtin_vocabulary_path(300)))
+  workers = [threading.Thread(target=lambda: paths.append(vocabularies.builtin_vocabulary_path(600)))
              for _ in range(2)]
   for w in workers:
     w.start()
@@ -120,7 +147,7 @@ def test_unwritable_cache_dir_names_the_fix(tmp_path, monkeypatch):
   monkeypatch.setenv("DECAL_CACHE_DIR", str(blocker / "cache"))
   _tiny_corpus(monkeypatch, "marker document for the error test")
   with pytest.raises(OSError, match="DECAL_CACHE_DIR"):
-    vocabularies.builtin_vocabulary_path(300)
+    vocabularies.builtin_vocabulary_path(600)
 
 
 def _load_make_vocab():
@@ -137,7 +164,7 @@ def test_make_vocab_trains_from_a_jsonl_file(tmp_path, capsys):
   source = tmp_path / "docs.jsonl"
   source.write_text("\n".join(json.dumps({"body": d}) for d in docs))
   out = tmp_path / "v.model"
-  _load_make_vocab().main(["--input", str(source), "--field", "body", "--vocab_size", "300",
+  _load_make_vocab().main(["--input", str(source), "--field", "body", "--vocab_size", "600",
                            "--output", str(out)])
   printed = capsys.readouterr().out
   assert "Training on 200 lines" in printed and str(out) in printed and "example" in printed
