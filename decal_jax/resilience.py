@@ -10,10 +10,13 @@
   the loss or the gradient norm is NaN / Inf and reports it; the guard collects those
   reports without a device sync per step and, before anything is logged or saved, either
   raises (naming the step) or notes the skipped steps.
+- `explain_out_of_memory`: XLA's RESOURCE_EXHAUSTED in a train step becomes an
+  `OutOfMemoryError` naming the batch's shapes and the bindings that set them.
 """
+import contextlib
 import signal
 import threading
-from typing import List, Optional, Tuple
+from typing import Any, Iterator, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
@@ -113,3 +116,27 @@ class PreemptionWatcher:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     flags = multihost_utils.process_allgather(np.asarray(int(self._flag), np.int32))
     return bool(np.any(flags))
+
+
+class OutOfMemoryError(MemoryError):
+  """A train step ran out of accelerator memory (the message names the batch's shapes)."""
+
+
+@contextlib.contextmanager
+def explain_out_of_memory(batch: Mapping[str, Any]) -> Iterator[None]:
+  """Re-raises XLA's RESOURCE_EXHAUSTED (at compile or run time) inside the block as an
+  OutOfMemoryError naming the batch's shapes `[BATCH_SIZE, feature length]` and the gin
+  bindings that set them; other errors pass unchanged."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in sorted(batch.items()))
+    raise OutOfMemoryError(
+        f"The train step ran out of accelerator memory on a global batch of {shapes} "
+        "([BATCH_SIZE, feature length]). Lower BATCH_SIZE (pipeline.DatasetConfig.batch_size) "
+        "or TASK_FEATURE_LENGTHS (pipeline.DatasetConfig.task_feature_lengths), or (T5 "
+        "models) trade time for memory with --gin.REMAT_POLICY=\"'full'\" or "
+        "--gin.ACTIVATION_DTYPE=\"'bfloat16'\". XLA said: "
+        f"{str(e).strip().splitlines()[0][:300]}") from e

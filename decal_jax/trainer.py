@@ -51,7 +51,7 @@ def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
                    donate_argnums=(0,))
 
   def run(state, batch, rng):
-    with partitioner.activate():
+    with partitioner.activate(), resilience.explain_out_of_memory(batch):
       return jitted(state, batch, rng)
   run.jitted = jitted  # for ahead-of-time lowering (tools/bench_train.py)
   return run

@@ -640,3 +640,118 @@ def test_ctrl_c_during_training_saves_the_step_and_the_same_command_resumes(
   monkeypatch.setattr(pipeline, "to_global", to_global)
   _train(tmp_path / "m", total_steps=5, checkpoint_period=5, eval_period=5, log_period=5)
   assert "Resuming from step 2" in capsys.readouterr().out
+
+
+# ================================================================ issue 21: inputs past
+# the lengths, a JSONL file given to a plain-text task, characters the vocabulary lacked
+def test_a_jsonl_file_given_to_the_plain_text_lm_task_warns_naming_it_and_the_fix(
+    local_data, caplog):
+  records = [{"text": "A first document."}, {"text": "A second one.", "id": 2}]
+  data = "".join(json.dumps(r) + "\n" for r in records).encode()
+  path = _write(local_data / "text_lm" / "validation.txt", data)
+  with caplog.at_level(logging.WARNING):
+    tokens = [t for e in _examples("decal_text_lm", {"targets": 64}) for t in e["targets"]]
+  warnings = [r for r in caplog.records if "looks like JSON Lines" in r.getMessage()]
+  assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+  message = warnings[0].getMessage()
+  assert message.startswith(f"{path} looks like JSON Lines")
+  assert "jq -r .text" in message and "register_text_autoencode_task" in message
+  # Read as text all the same (a warning, not a refusal): braces and keys included.
+  vocab = vocabularies.builtin_vocabulary()
+  assert tokens == [t for line in data.decode().splitlines() for t in vocab.encode(line)]
+  assert path.read_bytes() == data
+  # Plain text whose lines merely start with a brace, or one JSON line among text: no warning.
+  caplog.clear()
+  for text in ("{braces} open this line.\nA second line.\n", 'Text first.\n{"a": 1}\n'):
+    assert not local_files.looks_like_jsonl(str(_write(local_data / "plain.txt",
+                                                       text.encode())))
+
+
+def test_an_infer_input_past_the_inputs_length_is_cut_with_a_warning_naming_the_lengths(
+    two_checkpoints, tmp_path, caplog):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  before = _files(model_dir)
+  long_text = " ".join(["The with statement wraps the execution of a block."] * 400)
+  vocab = vocabularies.builtin_vocabulary()
+  length = len(vocab.encode(long_text)) + 1  # with EOS
+  with caplog.at_level(logging.WARNING):
+    outputs = evaluation.infer(model=_model(), inputs=["short text", long_text],
+                               model_dir=str(model_dir), task_feature_lengths=LENGTHS)
+  assert len(outputs) == 2  # decoded, from the first LENGTHS['inputs'] tokens
+  warning = next(r for r in caplog.records if "were cut" in r.getMessage())
+  assert warning.levelno == logging.WARNING
+  assert (f"1 of 2 inputs are longer than TASK_FEATURE_LENGTHS['inputs'] = "
+          f"{LENGTHS['inputs']} tokens") in warning.getMessage()
+  assert f"input 2 (from 1" in warning.getMessage() and f"has {length}." in warning.getMessage()
+  assert length > 1000 and _files(model_dir) == before
+
+
+def test_a_squid_question_past_the_large_decoder_is_refused_naming_it_and_the_limit(tmp_path):
+  squid_answer = _load_tool("squid_answer")
+  model = gin_utils.load_model(["runs/squid_instruct_builtin.gin"],
+                               bindings=[f"MODEL_DIR = '{tmp_path}'"]).model
+  gin.clear_config()
+  large = model.module.config.large  # max_length 512
+  long_question = "Which statement wraps a block? " * 300
+  tokens = len(model.input_vocabulary.encode(long_question))
+  with pytest.raises(ValueError) as err:
+    squid_answer.query_tokens(model, ["What?", long_question], memory_count=8,
+                              max_answer_length=32)
+  message = str(err.value)
+  room = large.max_length - 8 - 32
+  assert f"--question number 2 ('Which statement" in message
+  assert f"has {tokens} tokens; the large decoder reads {room} beside the 8 memory" in message
+  assert "Shorten the question, or lower --max_answer_length" in message
+  assert squid_answer.query_tokens(model, ["What?"], 8, 32).shape[0] == 1
+  # The network refuses it too, before the large decoder runs (no out-of-memory).
+  from decal_jax.networks.squid import Compressed
+  shapes = {"encoder_input_tokens": (1, 16), "decoder_input_tokens": (1, 4),
+            "query_tokens": (1, 4)}
+  params = jax.eval_shape(lambda r: model.get_initial_variables(r, shapes),
+                          jax.random.PRNGKey(0))["params"]
+  compressed = Compressed(jnp.zeros((1, 8, large.emb_dim)), jnp.ones((1, 8), bool))
+  with pytest.raises(ValueError, match=f"memory \\+ query tokens needs {8 + tokens} positions "
+                     f"but the model accepts {large.max_length}"):
+    jax.eval_shape(lambda p: model.module.apply(
+        {"params": p}, compressed, jnp.ones((1, tokens), jnp.int32), method=model.module.read),
+        params)
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_of_memory_train_step_names_the_batch_shapes_and_the_bindings(tmp_path):
+  """XLA's RESOURCE_EXHAUSTED raised inside the jitted step (here by the loss, as a too
+  large batch would on an accelerator) comes out naming the batch and what to lower."""
+  model = _model()
+
+  def out_of_memory(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 81.00GiB.")
+
+  model.loss_fn = out_of_memory
+  with pytest.raises(resilience.OutOfMemoryError) as err:
+    trainer.train(model=model, train_dataset_cfg=_cfg(), model_dir=str(tmp_path / "m"),
+                  total_steps=2, optimizer=_optimizer(), show_example=False)
+  message = str(err.value)
+  assert (f"ran out of accelerator memory on a global batch of decoder_input_tokens "
+          f"[8, {LENGTHS['targets']}]") in message
+  assert f"encoder_input_tokens [8, {LENGTHS['inputs']}]" in message
+  assert "Lower BATCH_SIZE (pipeline.DatasetConfig.batch_size) or TASK_FEATURE_LENGTHS" in message
+  assert "XLA said: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 81.00GiB." \
+      in message
+  assert not list((tmp_path / "m").glob("checkpoint_*"))
+  with pytest.raises(ValueError, match="not memory"):  # other errors pass unchanged
+    with resilience.explain_out_of_memory({}):
+      raise ValueError("not memory")
+
+
+def test_dollar_pound_accents_cyrillic_cjk_and_emoji_round_trip_through_the_builtin_vocabulary():
+  """Byte fallback: every byte of the text is spelled by some piece, none is unknown."""
+  vocab = vocabularies.builtin_vocabulary()
+  text = "Price: $5 or £3, café crème, жук, 中文, 🙂 — naïve Ørsted"
+  ids = list(vocab.encode(text))
+  assert vocab.unk_id not in ids
+  assert vocab.decode(ids) == text
+  pieces = [vocab.tokenizer.id_to_piece(i) for i in ids]
+  assert "<0xD0>" in pieces and "<0xF0>" in pieces  # ж and 🙂 spelled in UTF-8 bytes
+  assert pathlib.Path(vocab.sentencepiece_model_file).name.startswith(
+      f"builtin_spm_{vocabularies.BUILTIN_VOCAB_SIZE}_bytes_")

@@ -77,9 +77,20 @@ def context_tokens(model, text: str) -> np.ndarray:
   return np.asarray([ids], np.int32)
 
 
-def query_tokens(model, questions: Sequence[str]) -> np.ndarray:
-  """Right-padded question ids `[q, longest]`."""
+def query_tokens(model, questions: Sequence[str], memory_count: int,
+                 max_answer_length: int) -> np.ndarray:
+  """Right-padded question ids `[q, longest]`; a question that does not fit the large
+  decoder beside the `memory_count` memories and the answer is refused, naming it."""
   encoded = [list(model.input_vocabulary.encode(q)) for q in questions]
+  room = model.module.config.large.max_length - memory_count - max_answer_length
+  for number, ids in enumerate(encoded, 1):
+    if len(ids) > room:
+      raise ValueError(
+          f"--question number {number} ({questions[number - 1][:40]!r}...) has {len(ids)} "
+          f"tokens; the large decoder reads {room} beside the {memory_count} memory vectors "
+          f"and --max_answer_length {max_answer_length} (large DecoderConfig.max_length "
+          f"{model.module.config.large.max_length}). Shorten the question, or lower "
+          "--max_answer_length.")
   width = max(1, max(len(e) for e in encoded))
   return np.asarray([e + [0] * (width - len(e)) for e in encoded], np.int32)
 
@@ -123,8 +134,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, str]]:
   results = []
   if args.question:
     answer = jax.jit(model.answer, static_argnums=3, static_argnames="num_decodes")
-    tokens, _ = answer(params, compressed, query_tokens(model, args.question),
-                       args.max_answer_length, num_decodes=args.num_decodes)
+    queries = query_tokens(model, args.question, compressed.embeddings.shape[1],
+                           args.max_answer_length)
+    tokens, _ = answer(params, compressed, queries, args.max_answer_length,
+                       num_decodes=args.num_decodes)
     vocab = model.output_vocabulary
     for question, row in zip(args.question, np.asarray(tokens)):
       ids = [int(t) for t in row if t > 0]

@@ -213,12 +213,49 @@ class JsonlSource(CheckedLineSource):
     return self.schema.signature()
 
 
+JSON_PROBE_LINES = 5  # a text file whose first non-blank lines are all JSON objects is JSONL
+
+
+def looks_like_jsonl(path: str, probe: int = JSON_PROBE_LINES) -> bool:
+  """Whether the first `probe` non-blank lines of `path` (at least one) are JSON objects."""
+  seen = 0
+  with open(path, "rb") as f:
+    for line in f:
+      if not line.strip():
+        continue
+      try:
+        if not line.lstrip().startswith(b"{") or not isinstance(json.loads(line), dict):
+          return False
+      except ValueError:  # not JSON, or not UTF-8
+        return False
+      seen += 1
+      if seen == probe:
+        break
+  return seen > 0
+
+
 class TextLineSource(CheckedLineSource):
   """{split: path-or-glob} UTF-8 text files as a seqio source of their non-blank lines
-  (scalar strings without the line break, as `seqio.TextLineDataSource` gives them)."""
+  (scalar strings without the line break, as `seqio.TextLineDataSource` gives them).
+  A file whose first lines are JSON objects is read as text all the same, with a WARNING
+  (a JSONL file given to a plain-text task trains on its braces and keys)."""
 
   def parse(self, line: bytes) -> str:
     return decode(line).rstrip("\r\n")
+
+  def checked(self, split: str) -> List[Tuple[str, List[int]]]:
+    first_read = split not in self._checked
+    files = super().checked(split)
+    for path, _ in files if first_read else ():
+      if looks_like_jsonl(path):
+        logging.warning(
+            "%s looks like JSON Lines (its first lines are JSON objects), but this task reads "
+            "plain text: every line, braces and keys included, is trained on as text. Give "
+            "the text itself, one document per line (e.g. `jq -r .text %s > %s.txt`), or "
+            "for JSONL with a text field use a JSONL task (autoencoding_tasks."
+            "register_text_autoencode_task(name, files, field=...), downstream_tasks."
+            "register_jsonl_task).", path, path, os.path.splitext(path)[0])
+    return files
 
   def signature(self) -> tf.TensorSpec:
     return tf.TensorSpec([], tf.string)

@@ -167,6 +167,8 @@ class Squid(nn.Module):
     if query_tokens is None:
       query_tokens = jnp.zeros((batch, 0), jnp.int32)
     query_tokens = check_tokens(query_tokens, "query_tokens")
+    check_positions(self.config.large, compressed.valid.shape[1] + query_tokens.shape[1],
+                    "memory + query tokens")  # before the large decoder runs over them
     x = jnp.concatenate([compressed.embeddings.astype(self.config.large.dtype),
                          self.large_decoder.embed(query_tokens)], axis=1)  # [b, P, emb]
     valid = jnp.concatenate([compressed.valid, query_tokens > 0], axis=1)  # [b, P]
