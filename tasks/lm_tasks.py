@@ -11,7 +11,8 @@ Evaluation reports perplexity per subword (teacher-forced; `metrics.summarize`).
 `register_text_lm_task(name, {split: path or glob})` makes a task of any plain-text files
 (one line per record, e.g. WikiText's raw files; blank lines are skipped). A line that is
 not UTF-8 stops the run with its file and line, or is left out with bad_lines='skip'
-($DECAL_BAD_LINES=skip for decal_text_lm).
+($DECAL_BAD_LINES=skip for decal_text_lm). A file whose first lines are JSON objects is
+read as text all the same, with a WARNING naming it (`local_files.TextLineSource`).
 """
 import functools
 from typing import Dict, Mapping, Optional, Tuple

@@ -61,7 +61,7 @@ def test_round_trips_held_out_text(cache):
   held_out = corpus.documents()["validation"]
   for text in held_out:
     ids = vocab.encode(text)
-    assert 2 not in ids, "no unknown pieces (character_coverage=1.0)"
+    assert 2 not in ids, "no unknown pieces (byte fallback)"
     assert vocab.decode(ids) == unicodedata.normalize("NFKC", text)
   # Real subword pieces: fewer pieces than characters.
   assert sum(len(vocab.encode(t)) for t in held_out) < 0.4 * sum(map(len, held_out))
@@ -132,8 +132,8 @@ def test_concurrent_first_uses_train_once(tmp_path, monkeypatch):
 
   monkeypatch.setattr(vocabularies, "train_sentencepiece", slow_train)
   paths = []
-  workers = [threading.Thread(target=lambda: paths.append(vocabularies.builtin_vocabulary_path(600)))
-             for _ in range(2)]
+  workers = [threading.Thread(
+      target=lambda: paths.append(vocabularies.builtin_vocabulary_path(600))) for _ in range(2)]
   for w in workers:
     w.start()
   for w in workers:
