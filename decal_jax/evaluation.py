@@ -163,7 +163,8 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
   Inputs: `inputs` (texts), and/or `input_file` (JSONL: each line's `input_field`, or with
   `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
   as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
-  WARNING naming the longest. `output_file` gets one JSON line per input: {"inputs", "prediction"}."""
+  WARNING naming the longest. `output_file` gets one JSON line per input: {"inputs",
+  "prediction"}."""
   train_state.check_model_dir(model_dir, "evaluation.infer.model_dir")
   texts = list(inputs)
   if input_file:
