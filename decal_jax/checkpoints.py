@@ -12,7 +12,7 @@ error: a resume sets it aside as `checkpoint_<step>.damaged` (kept, never listed
 by Orbax) and continues from the newest intact one; eval / infer name the other steps to
 pick instead. Params saved in another layout of the T5 network (`T5Config.scan_layers`,
 `fused_qkv`) are converted when loaded for eval / infer (`restore_params`) or to start a
-run (`restore_matching_params`).
+run (`restore_matching_params`), which also reads T5X checkpoints (`t5x_checkpoints`).
 """
 import dataclasses
 import pathlib
