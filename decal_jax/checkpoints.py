@@ -310,8 +310,7 @@ def read_saved_params(path: str) -> Tuple[str, int, Dict[str, Any]]:
   t5x_dir = t5x_checkpoints.find_t5x_checkpoint(path)
   if t5x_dir is not None:
     flat = t5x_checkpoints.from_t5x_names(t5x_checkpoints.read_t5x_params(t5x_dir))
-    step = int(t5x_checkpoints.STEP_DIR.fullmatch(t5x_dir.name).group(1))
-    return f"The T5X checkpoint {t5x_dir}", step, flat
+    return f"The T5X checkpoint {t5x_dir}", t5x_checkpoints.step_of(t5x_dir), flat
   directory, step = resolve_checkpoint(path)
   ckpt = Checkpointer(directory)
   saved = ckpt.manager.restore(step, args=ocp.args.Composite(

@@ -73,11 +73,11 @@ T5X_RELPOS_BUCKETS = 32  # fixed in T5X's network
 # ------------------------------------------------------------------------------ finding
 def find_t5x_checkpoint(path: str) -> Optional[pathlib.Path]:
   """The T5X step folder `path` names (a MODEL_DIR: its latest `checkpoint_<step>`; a step
-  folder; its `checkpoint` file), or None when it is no T5X checkpoint."""
+  folder, whatever its name; its `checkpoint` file), or None when it is no T5X checkpoint."""
   p = pathlib.Path(path).expanduser().absolute()
   if p.is_file() and p.name == CHECKPOINT_FILE:
     p = p.parent
-  if p.is_dir() and not STEP_DIR.fullmatch(p.name):
+  if p.is_dir() and not STEP_DIR.fullmatch(p.name) and not t5x_format(p):
     steps = [d for d in p.iterdir() if STEP_DIR.fullmatch(d.name) and d.is_dir()]
     if not steps:
       return None
@@ -104,6 +104,12 @@ def _orbax_tree(state_dir: pathlib.Path) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ reading
+def step_of(step_dir: pathlib.Path) -> int:
+  """The step in a `checkpoint_<step>` folder's name (0 for a renamed folder)."""
+  match = STEP_DIR.fullmatch(step_dir.name)
+  return int(match.group(1)) if match else 0
+
+
 def read_t5x_params(step_dir: pathlib.Path) -> Flat:
   """The params (`target`) of a T5X step folder as numpy arrays, names as saved."""
   if t5x_format(step_dir) == "orbax":

@@ -73,6 +73,7 @@ def test_both_t5x_layouts_are_found_and_hold_the_same_t5x_params():
   legacy = t5x_checkpoints.find_t5x_checkpoint(str(LAYOUTS["msgpack"]))  # a MODEL_DIR
   assert legacy == LAYOUTS["msgpack"] / "checkpoint_100"
   assert t5x_checkpoints.find_t5x_checkpoint(str(legacy / "checkpoint")) == legacy
+  assert t5x_checkpoints.find_t5x_checkpoint(str(FIXTURE)) is None  # holds no step folder
   orbax = t5x_checkpoints.find_t5x_checkpoint(str(LAYOUTS["orbax"] / "checkpoint_100"))
   assert [t5x_checkpoints.t5x_format(d) for d in (legacy, orbax)] == ["msgpack", "orbax"]
   a, b = t5x_checkpoints.read_t5x_params(legacy), t5x_checkpoints.read_t5x_params(orbax)
