@@ -112,6 +112,7 @@ def step_of(step_dir: pathlib.Path) -> int:
 
 def read_t5x_params(step_dir: pathlib.Path) -> Flat:
   """The params (`target`) of a T5X step folder as numpy arrays, names as saved."""
+  step_dir = pathlib.Path(step_dir).absolute()
   if t5x_format(step_dir) == "orbax":
     return _read_orbax_target(step_dir / "state")
   contents = serialization.msgpack_restore((step_dir / CHECKPOINT_FILE).read_bytes())
@@ -178,14 +179,14 @@ def from_t5x_names(flat: Flat) -> Flat:
       ours = f"{stack}/{layer}/{attention}/{'' if projection == 'out' else 'qkv/'}" \
              f"{projection}/kernel"
     rows, cols = value.shape
-    out[ours] = (value.reshape(heads, rows // heads, cols) if projection == "out" else
-                 value.reshape(rows, heads, cols // heads))  # [heads, kv, embed] / [embed, heads, kv]
+    out[ours] = (value.reshape(heads, rows // heads, cols) if projection == "out"  # [h, kv, e]
+                 else value.reshape(rows, heads, cols // heads))  # [embed, heads, kv]
   return out
 
 
 def _heads(flat: Flat) -> int:
   tables = [v for k, v in flat.items() if k.endswith("relpos_bias/rel_embedding")]
-  if not tables and any(_T5X_ATTENTION.fullmatch(k) for k in flat):
+  if not tables and any(_T5X_ATTENTION.fullmatch(k) and v.ndim == 2 for k, v in flat.items()):
     raise ValueError("A T5X checkpoint with T5X network attention kernels but no "
                      "relpos_bias/rel_embedding table: its number of heads is unknown.")
   return tables[0].shape[0] if tables else 1  # rel_embedding [heads, buckets]
