@@ -7,6 +7,7 @@ CI, where tests/test_t5x_checkpoints.py holds the reader to bytes T5X wrote earl
   and the Orbax manager `t5x.eval` / `t5x.infer` use) to exactly the exported values; with
   T5X names T5X's own network then gives our logits, with decal_jax names a T5X model
   running our DeCAL network holds our params.
+  An export also starts a T5X fine-tuning run (Adafactor, its state started afresh).
 - T5X -> decal_jax: a checkpoint T5X writes now (both layouts) starts our network, whose
   logits then equal T5X's forward on the same batch.
 """
@@ -23,7 +24,7 @@ pytest.importorskip("t5x.checkpoints", reason="the real T5X is not importable: p
                     "install on PYTHONPATH (docs/t5x.md) to run tests/t5x/")
 import seqio  # noqa: E402
 from t5x import checkpoints as t5x_checkpointing  # noqa: E402
-from t5x import models, partitioning  # noqa: E402
+from t5x import adafactor, models, partitioning, utils  # noqa: E402
 from t5x import train_state as t5x_train_state  # noqa: E402
 from t5x.examples.t5 import network  # noqa: E402
 
@@ -120,6 +121,30 @@ def test_an_export_with_t5x_names_restores_in_t5x_and_gives_our_logits(tmp_path)
                                                   enable_dropout=False))
   np.testing.assert_allclose(_real(our_logits), _real(t5x_logits), rtol=0,
                              atol=_atol(t5x_logits))
+
+
+def test_an_export_starts_t5x_fine_tuning_with_a_fresh_adafactor_state(tmp_path):
+  """What `t5x.train` does with INITIAL_CHECKPOINT_PATH and the two bindings of
+  docs/t5x_checkpoints.md: params from the export, Adafactor's state from scratch."""
+  ours = Transformer(OURS).init(jax.random.PRNGKey(6), **_batch(),
+                                enable_dropout=False)["params"]
+  model_dir, exported = _export(ours, tmp_path, t5x_names=True)
+  optimizer = adafactor.Adafactor(decay_rate=0.8, step_offset=0, logical_factor_rules=
+                                  adafactor.standard_logical_factor_rules())
+  model = _t5x_model(network.Transformer(network.T5Config(**SIZES)))
+  initializer = utils.TrainStateInitializer(
+      optimizer_def=optimizer, init_fn=model.get_initial_variables,
+      input_shapes={k: v.shape for k, v in _batch().items()},
+      partitioner=partitioning.PjitPartitioner(num_partitions=1))
+  restore = utils.RestoreCheckpointConfig(
+      path=f"{model_dir}/checkpoint_9", mode="specific", fallback_to_scratch=True,
+      assignment_map=((r"state/param_states.*", None),))
+  state = initializer.from_checkpoint([restore], init_rng=jax.random.PRNGKey(0))
+  assert int(state.step) == 9
+  restored = _flat(state.params)
+  assert sorted(restored) == sorted(exported)
+  for name, value in exported.items():
+    np.testing.assert_array_equal(restored[name], value, err_msg=name)
 
 
 def test_decal_exported_with_its_names_restores_into_t5x_running_our_network(tmp_path):
