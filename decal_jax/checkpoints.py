@@ -12,7 +12,7 @@ error: a resume sets it aside as `checkpoint_<step>.damaged` (kept, never listed
 by Orbax) and continues from the newest intact one; eval / infer name the other steps to
 pick instead. Params saved in another layout of the T5 network (`T5Config.scan_layers`,
 `fused_qkv`) are converted when loaded for eval / infer (`restore_params`) or to start a
-run (`restore_matching_params`).
+run (`restore_matching_params`), which also reads T5X checkpoints (`t5x_checkpoints`).
 """
 import dataclasses
 import pathlib
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from decal_jax import fileio, partitioning
+from decal_jax import fileio, partitioning, t5x_checkpoints
 from decal_jax.data import batch_iterator
 from decal_jax.networks import param_layout
 
@@ -286,14 +286,38 @@ def resolve_checkpoint(path: str) -> Tuple[str, int]:
   p = pathlib.Path(path).expanduser().absolute()
   match = re.fullmatch(r"checkpoint_(\d+)", p.name)
   if match and p.is_dir():
-    return str(p.parent), int(match.group(1))
-  if not p.is_dir():
+    directory, step = str(p.parent), int(match.group(1))
+  elif not p.is_dir():
     raise FileNotFoundError(f"No checkpoint directory at {p}: give a MODEL_DIR of a finished "
                             "run or one of its checkpoint_<step> folders.")
-  step = Checkpointer(str(p)).latest_step()
+  else:
+    directory, step = str(p), Checkpointer(str(p)).latest_step()
   if step is None:
     raise FileNotFoundError(f"{p} holds no checkpoint_<step> folder to start from.")
-  return str(p), step
+  if not (pathlib.Path(directory) / f"checkpoint_{step}" / "architecture").is_dir():
+    raise FileNotFoundError(
+        f"{pathlib.Path(directory) / f'checkpoint_{step}'} is neither a decal_jax checkpoint "
+        "(items state/ and architecture/) nor a T5X one (a `checkpoint` msgpack file, or an "
+        "Orbax state/ item holding `target`): give a MODEL_DIR or checkpoint_<step> folder "
+        "of either.")
+  return directory, step
+
+
+def read_saved_params(path: str) -> Tuple[str, int, Dict[str, Any]]:
+  """(what it is, step, flat '/'-joined params) of the checkpoint at `path`: a decal_jax
+  MODEL_DIR or checkpoint_<step> folder, or a T5X one (`t5x_checkpoints`: msgpack +
+  TensorStore or Orbax; T5X network names mapped to the T5 network's)."""
+  t5x_dir = t5x_checkpoints.find_t5x_checkpoint(path)
+  if t5x_dir is not None:
+    flat = t5x_checkpoints.from_t5x_names(t5x_checkpoints.read_t5x_params(t5x_dir))
+    return f"The T5X checkpoint {t5x_dir}", t5x_checkpoints.step_of(t5x_dir), flat
+  directory, step = resolve_checkpoint(path)
+  ckpt = Checkpointer(directory)
+  saved = ckpt.manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(fallback_sharding=_replicated())))["state"]["params"]
+  ckpt.close()
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(saved), sep="/")
+  return f"The checkpoint {directory} (step {step})", step, flat
 
 
 def restore_matching_params(path: str, params: Any, allow_partial: bool = False
@@ -305,19 +329,14 @@ def restore_matching_params(path: str, params: Any, allow_partial: bool = False
   'unused', 'reshaped', 'converted'}): 'unused' names every saved tensor not restored,
   'reshaped' those of them the model holds in another shape, 'converted' the layout change
   ('' for none). Fewer than half of the model's parameters restored (a checkpoint of another
-  architecture) raises ArchitectureMismatchError unless `allow_partial`."""
-  directory, step = resolve_checkpoint(path)
-  ckpt = Checkpointer(directory)
-  saved_shapes = ckpt.saved_architecture(step)
-  saved = ckpt.manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(fallback_sharding=_replicated())))["state"]["params"]
-  ckpt.close()
-  saved = flax.traverse_util.flatten_dict(flax.core.unfreeze(saved), sep="/")
+  architecture) raises ArchitectureMismatchError unless `allow_partial`. `path` may also
+  be a T5X checkpoint (`read_saved_params`)."""
+  source, _, saved = read_saved_params(path)
   current = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   change = param_layout.layout_change(saved, current)
   if change:
     saved = param_layout.to_layout_of(saved, current)
-    saved_shapes = architecture_of(saved)
+  saved_shapes = architecture_of(saved)
   matches = {name for name, value in current.items()
              if name in saved and saved_shapes.get(name) == list(value.shape)}
   report = {"restored": sorted(matches), "initialised": sorted(set(current) - matches),
@@ -325,14 +344,14 @@ def restore_matching_params(path: str, params: Any, allow_partial: bool = False
             "reshaped": sorted((set(saved) & set(current)) - matches), "converted": change}
   if not allow_partial and 2 * len(matches) < len(current):
     raise ArchitectureMismatchError(
-        f"The checkpoint {directory} (step {step}) restores only {len(matches)} of this "
+        f"{source} restores only {len(matches)} of this "
         f"model's {len(current)} parameters (same name and shape); is it of another "
         f"architecture?\n{describe_mismatch(saved_shapes, architecture_of(params))}\nPoint "
         "INITIAL_CHECKPOINT_PATH at a checkpoint of this model, or set "
         "ALLOW_PARTIAL_RESTORE=True to start from the few that match.")
   if not matches:
     raise ArchitectureMismatchError(
-        f"The checkpoint {directory} (step {step}) shares no parameter (same name and shape) "
+        f"{source} shares no parameter (same name and shape) "
         f"with this model:\n{describe_mismatch(saved_shapes, architecture_of(params))}")
   merged = {name: jax.device_put(saved[name].astype(value.dtype), value.sharding)
             if name in matches else value for name, value in current.items()}
