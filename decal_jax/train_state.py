@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import checkpoints, partitioning
+from decal_jax import checkpoints, partitioning, vocabulary_record
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
 
@@ -131,7 +131,8 @@ def start_from(path: str, params, allow_partial: bool = False):
 def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partitioner,
                    step: Optional[int] = None):
   """(params, step) of checkpoint_<step> in `model_dir`, by default the latest (clear error
-  if there is none, or it is damaged: `checkpoints.DamagedCheckpointError`)."""
+  if there is none, if it is damaged: `checkpoints.DamagedCheckpointError`, or if the run
+  was trained with another vocabulary: `vocabulary_record.VocabularyMismatchError`)."""
   ckpt = checkpoints.Checkpointer(model_dir)
   steps = ckpt.all_steps()
   if not steps:
@@ -141,6 +142,7 @@ def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partiti
   if step not in steps:
     raise FileNotFoundError(f"No checkpoint_{step} in {model_dir}; it holds steps {steps}: "
                             "set CHECKPOINT_STEP (checkpoint_step=) to one of them.")
+  vocabulary_record.check(model_dir, model)  # another vocabulary than the run's: refused
   params = ckpt.restore_params(step, abstract_params(model, cfg, partitioner)[0])
   ckpt.close()
   return params, step

@@ -17,7 +17,7 @@ import optax
 import tqdm
 
 from decal_jax import (checkpoints, evaluation, metrics, optimizers, partitioning, resilience,
-                       train_state)
+                       train_state, vocabulary_record)
 from decal_jax.data import pipeline
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
@@ -86,9 +86,11 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
 
   Resuming is exact: a checkpoint holds params, optimizer state, step, the dropout RNG and
   the number of batches consumed, so a run killed at any point and started again with the
-  same command ends with the same parameters as one that never stopped. SIGTERM makes the
-  run finish its step, save, and return {'preempted_at_step': step}; so does a first
-  Ctrl-C (a second aborts at once).
+  same command ends with the same parameters as one that never stopped; a resume with
+  another vocabulary than MODEL_DIR/vocabulary.json records (written before the first
+  checkpoint) is refused (`vocabulary_record`). SIGTERM makes the run finish its step,
+  save, and return {'preempted_at_step': step}; so does a first Ctrl-C (a second aborts
+  at once).
 
   `initial_checkpoint_path` (a MODEL_DIR or one of its checkpoint_<step> folders) starts a
   run whose MODEL_DIR is still empty from those weights: every parameter with the same
@@ -107,6 +109,7 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   check_run_settings(model_dir, total_steps=total_steps, eval_period=eval_period,
                      eval_batches=eval_batches, log_period=log_period,
                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
+  new_record = vocabulary_record.check(model_dir, model)  # resuming with another: refused
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
   guard = resilience.NonFiniteGuard(nonfinite_policy)
@@ -119,6 +122,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
                                                       allow_partial_restore))
   if gin_config_text:
     checkpoints.write_config(model_dir, gin_config_text)
+  if new_record:
+    vocabulary_record.write(model_dir, new_record)
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
   start = int(jax.device_get(state["step"]))

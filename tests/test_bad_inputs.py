@@ -1,6 +1,7 @@
 """The catalogue of bad inputs (issue 21): each test feeds one mistake a user can make and
 checks the message names the culprit and the fix, and that nothing on disk was changed or
 lost."""
+import hashlib
 import importlib.util
 import json
 import logging
@@ -20,8 +21,8 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import (checkpoints, evaluation, fileio, gin_utils, partitioning, resilience,
-                       train_state, trainer)
+from decal_jax import (checkpoints, evaluation, fileio, gin_utils, models, partitioning,
+                       resilience, train_state, trainer, vocabulary_record)
 from decal_jax.data import convert, hf_vocabularies, local_files, pipeline, vocabularies
 from decal_jax.retrieval import beir, index
 
@@ -755,3 +756,130 @@ def test_dollar_pound_accents_cyrillic_cjk_and_emoji_round_trip_through_the_buil
   assert "<0xD0>" in pieces and "<0xF0>" in pieces  # ж and 🙂 spelled in UTF-8 bytes
   assert pathlib.Path(vocab.sentencepiece_model_file).name.startswith(
       f"builtin_spm_{vocabularies.BUILTIN_VOCAB_SIZE}_bytes_")
+
+
+# ================================================================ issue 21: a run read with
+# another vocabulary than it was trained with (MODEL_DIR/vocabulary.json)
+def _model_of(vocabulary):
+  """The tiny model (4224 embedding rows) reading `vocabulary`."""
+  return models.EncoderDecoderModel(_model().module, vocabulary, vocabulary)
+
+
+def _chars_vocabulary():
+  return vocabularies.builtin_vocabulary(recipe="chars")  # the recipe before byte fallback
+
+
+def _tiny_vocabulary(path, words):
+  """A SentencePiece model trained on a few sentences of `words` (read as T5's would be)."""
+  texts = [" ".join(words[i:] + words[:i]) for i in range(len(words))] * 20
+  vocabularies.train_sentencepiece(texts, path, vocab_size=300)
+  return vocabularies.t5_vocabulary(str(path))
+
+
+def test_resuming_with_another_vocabulary_is_refused_naming_both_and_the_fix(
+    two_checkpoints, tmp_path):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  before = _files(model_dir)
+  with pytest.raises(vocabulary_record.VocabularyMismatchError) as err:
+    trainer.train(model=_model_of(_chars_vocabulary()), train_dataset_cfg=_cfg(),
+                  model_dir=str(model_dir), total_steps=3, optimizer=_optimizer(),
+                  show_example=False)
+  message = str(err.value)
+  assert message.startswith(f"{model_dir} was trained with another inputs vocabulary")
+  assert ("vocabulary.json records the built-in vocabulary, recipe 'bytes' "
+          "(builtin_spm_4000_bytes_") in message
+  assert "this run has the built-in vocabulary, recipe 'chars' (builtin_spm_4000_" in message
+  assert ("Fix: read it with the built-in vocabulary of recipe 'bytes': set "
+          "DECAL_BUILTIN_VOCAB=bytes") in message
+  assert "give another MODEL_DIR" in message
+  assert _files(model_dir) == before
+
+
+@pytest.mark.parametrize("entry", ["evaluate", "infer", "restore_params"])
+def test_eval_and_infer_of_a_run_trained_with_another_vocabulary_are_refused(
+    two_checkpoints, tmp_path, entry):
+  """A run trained with the 'chars' built-in vocabulary, read with today's 'bytes' one."""
+  model_dir = _copy(two_checkpoints, tmp_path)
+  vocabulary_record.write(str(model_dir),
+                          vocabulary_record.model_record(_model_of(_chars_vocabulary())))
+  before = _files(model_dir)
+  with pytest.raises(vocabulary_record.VocabularyMismatchError) as err:
+    if entry == "evaluate":
+      evaluation.evaluate(model=_model(), eval_dataset_cfg=_cfg(split="validation"),
+                          model_dir=str(model_dir), eval_batches=1)
+    elif entry == "infer":
+      evaluation.infer(model=_model(), inputs=["some text"], model_dir=str(model_dir),
+                       task_feature_lengths=LENGTHS)
+    else:
+      _params(model_dir, None)  # what gin_utils.load_model and retrieval restore with
+  message = str(err.value)
+  assert message.startswith(f"{model_dir} was trained with another inputs vocabulary")
+  assert "records the built-in vocabulary, recipe 'chars' (builtin_spm_4000_" in message
+  assert "this run has the built-in vocabulary, recipe 'bytes'" in message
+  assert ("Fix: read it with the built-in vocabulary of recipe 'chars': set "
+          "DECAL_BUILTIN_VOCAB=chars") in message
+  assert _files(model_dir) == before
+
+
+def test_infer_with_another_sentencepiece_file_is_refused_naming_the_file_to_point_back_at(
+    two_checkpoints, tmp_path):
+  trained = _tiny_vocabulary(tmp_path / "trained.model", ["alpha", "beta", "gamma", "delta"])
+  other = _tiny_vocabulary(tmp_path / "other.model", ["red", "green", "blue", "yellow"])
+  model_dir = _copy(two_checkpoints, tmp_path)
+  vocabulary_record.write(str(model_dir), vocabulary_record.model_record(_model_of(trained)))
+  before = _files(model_dir)
+  with pytest.raises(vocabulary_record.VocabularyMismatchError) as err:
+    evaluation.infer(model=_model_of(other), inputs=["red"], model_dir=str(model_dir),
+                     task_feature_lengths=LENGTHS)
+  message = str(err.value)
+  digest = hashlib.sha256((tmp_path / "trained.model").read_bytes()).hexdigest()
+  assert f"records T5Vocabulary (trained.model, sha256 {digest[:12]}, " in message
+  assert "this run has T5Vocabulary (other.model, sha256 " in message
+  assert (f"Fix: point the vocabulary's path back at the file it was trained with, "
+          f"trained.model (sha256 {digest[:12]}): DECAL_T5_VOCAB") in message
+  assert _files(model_dir) == before
+  # The same model under another name and folder is the same vocabulary: accepted.
+  copy = tmp_path / "elsewhere" / "renamed.model"
+  copy.parent.mkdir()
+  shutil.copy(tmp_path / "trained.model", copy)
+  assert vocabulary_record.check(str(model_dir),
+                                 _model_of(vocabularies.t5_vocabulary(str(copy)))) is None
+
+
+def test_a_run_without_a_vocabulary_record_warns_naming_it_and_gets_none_written(
+    two_checkpoints, tmp_path, caplog):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  (model_dir / vocabulary_record.FILENAME).unlink()  # a run from before the record
+  before = _files(model_dir)
+  with caplog.at_level(logging.WARNING):
+    evaluation.infer(model=_model(), inputs=["some text"], model_dir=str(model_dir),
+                     task_feature_lengths=LENGTHS)
+  warnings = [r for r in caplog.records if "does not record the vocabulary" in r.getMessage()]
+  assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+  message = warnings[0].getMessage()
+  assert message.startswith(f"{model_dir} does not record the vocabulary")
+  assert "DECAL_BUILTIN_VOCAB=chars" in message
+  assert _files(model_dir) == before
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    _train_tiny(model_dir, 3)  # resumed: warned again, and still no record written
+  assert any(f"{model_dir} does not record the vocabulary" in r.getMessage()
+             for r in caplog.records)
+  assert not (model_dir / vocabulary_record.FILENAME).exists()
+
+
+def test_resuming_with_the_vocabulary_it_was_trained_with_goes_on(two_checkpoints, tmp_path,
+                                                                   capsys):
+  model_dir = _copy(two_checkpoints, tmp_path)
+  record = (model_dir / vocabulary_record.FILENAME).read_bytes()
+  # What the new run recorded: the file it read, its sha256, its recipe, for both features.
+  vocab_file = pathlib.Path(vocabularies.builtin_vocabulary().sentencepiece_model_file)
+  inputs = json.loads(record)["features"]["inputs"]
+  assert json.loads(record)["features"]["targets"] == inputs
+  assert inputs == {"class": "BuiltinVocabulary", "file": vocab_file.name, "recipe": "bytes",
+                    "sha256": hashlib.sha256(vocab_file.read_bytes()).hexdigest(),
+                    "vocab_size": vocabularies.builtin_vocabulary().vocab_size}
+  _train_tiny(model_dir, 3)
+  assert "Resuming from step 2" in capsys.readouterr().out
+  assert (model_dir / "checkpoint_3").is_dir()
+  assert (model_dir / vocabulary_record.FILENAME).read_bytes() == record

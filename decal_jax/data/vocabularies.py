@@ -20,15 +20,17 @@ All vocabularies follow T5: pad 0, eos 1, unk 2, no bos, and `extra_ids` sentine
 top of the id range (`vocab_size - 1` is the first sentinel).
 """
 import contextlib
+import hashlib
 import io
 import logging
 import os
 import pathlib
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 import gin
 import seqio
 import sentencepiece as spm
+import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 from decal_jax import fileio
@@ -158,6 +160,31 @@ def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EX
   `extra_ids` sentinels, trained with `recipe` (default `$DECAL_BUILTIN_VOCAB` or 'bytes').
   Creating it is cheap; the model is built on first use."""
   return BuiltinVocabulary(vocab_size, extra_ids, recipe)
+
+
+def vocabulary_identity(vocabulary: seqio.Vocabulary) -> Dict[str, Any]:
+  """What fixes the text each id stands for: {'class', 'vocab_size'} and, for a SentencePiece
+  vocabulary, its model file's basename and sha256 (of the serialized model proto, as
+  `sha256sum` gives it); for the built-in one, its recipe too. Two vocabularies with the same sha256 and size (or, for
+  others, class and size) map ids to the same text, wherever their files lie."""
+  if isinstance(vocabulary, DeferredVocabulary):
+    vocabulary = vocabulary.target
+  identity = {"class": type(vocabulary).__name__, "vocab_size": int(vocabulary.vocab_size)}
+  if isinstance(vocabulary, seqio.SentencePieceVocabulary):
+    identity["file"] = os.path.basename(vocabulary.sentencepiece_model_file)
+    identity["sha256"] = _model_file_sha256(vocabulary)
+  if isinstance(vocabulary, BuiltinVocabulary):
+    identity["recipe"] = vocabulary.recipe
+  return identity
+
+
+def _model_file_sha256(vocabulary: seqio.SentencePieceVocabulary) -> str:
+  """sha256 of the model file, read after the vocabulary has loaded it (so the built-in one
+  is built, and a missing or bad file named by the vocabulary's own error, first)."""
+  if not vocabulary.sp_model:
+    raise ValueError(f"{vocabulary.sentencepiece_model_file} holds an empty SentencePiece model.")
+  with tf.io.gfile.GFile(vocabulary.sentencepiece_model_file, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def _t5_vocab_path(path: Optional[str]) -> str:
