@@ -15,7 +15,7 @@ who holds it, and kept under `fcntl.flock` by the running trainer:
   are sure that run is over (the documented override).
 - A normal end, an exception or a preemption (SIGTERM, Ctrl-C) deletes the file.
 
-Only process 0 of a multi-process run takes it (the others write no run-level files).
+Only process 0 of a multi-process run takes it; when it is refused, every process stops.
 Remote paths (`gs://...`) are not locked: object stores have no flock or atomic create
 that this could use; one trainer per bucket folder is then the user's to ensure. On a
 mounted file system without flock (some FUSE mounts of buckets) the JSON checks alone
@@ -31,6 +31,7 @@ import sys
 from typing import Dict, Iterator, List, Optional
 
 import jax
+import numpy as np
 
 LOCK_NAME = ".lock"
 
@@ -139,26 +140,43 @@ def _acquire(path: str, command: Optional[str]) -> int:
 @contextlib.contextmanager
 def hold(model_dir: str, command: Optional[str] = None) -> Iterator[None]:
   """Holds MODEL_DIR's lock (creating the folder) while the block runs; raises
-  `ModelDirLockedError` naming the holder when another trainer has it. `command` goes into
-  the lock for the message another run will print (default: this process's argv)."""
-  if "://" in model_dir or jax.process_index() != 0:
-    yield  # remote folders: no lock (see the module docstring); other processes: process 0's
+  `ModelDirLockedError` naming the holder when another trainer has it (on every process of
+  a multi-process run). `command` goes into the lock for the message another run will
+  print (default: this process's argv)."""
+  if "://" in model_dir:
+    yield  # remote folders: no lock (see the module docstring)
     return
-  created = _missing_folders(model_dir)
-  os.makedirs(model_dir, exist_ok=True)
-  path = os.path.join(model_dir, LOCK_NAME)
-  try:
-    fd = _acquire(path, command)
-  except BaseException:
-    _remove_if_empty(created)
-    raise
+  path, fd, refusal, created = os.path.join(model_dir, LOCK_NAME), None, None, []
+  if jax.process_index() == 0:  # the others write no run-level files
+    created = _missing_folders(model_dir)
+    os.makedirs(model_dir, exist_ok=True)
+    try:
+      fd = _acquire(path, command)
+    except ModelDirLockedError as e:
+      refusal = e
+      _remove_if_empty(created)
+  _stop_all_if_refused(refusal, model_dir)
   try:
     yield
   finally:
-    if _is_file_at(fd, path):  # not if someone deleted it (and another run made its own)
-      os.unlink(path)  # before the flock goes, so a waiting run never sees our JSON as stale
-    os.close(fd)
-    _remove_if_empty(created)  # a run refused before writing anything leaves no folder
+    if fd is not None:
+      if _is_file_at(fd, path):  # not if someone deleted it (and another run made its own)
+        os.unlink(path)  # before the flock goes: a waiting run never sees our JSON as stale
+      os.close(fd)
+    _remove_if_empty(created)  # a run that stopped before writing anything leaves no folder
+
+
+def _stop_all_if_refused(refusal: Optional[ModelDirLockedError], model_dir: str) -> None:
+  """Raises process 0's refusal there, and a pointer to it on the other processes (which
+  would otherwise wait for process 0 in the first collective)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    refused = multihost_utils.process_allgather(np.asarray(int(refusal is not None), np.int32))
+    if refusal is None and np.any(refused):
+      raise ModelDirLockedError(f"Process 0 could not lock MODEL_DIR {model_dir} (its message "
+                                "names the trainer holding it); this process stops too.")
+  if refusal is not None:
+    raise refusal
 
 
 def _missing_folders(path: str) -> List[str]:

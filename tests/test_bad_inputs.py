@@ -819,3 +819,49 @@ def test_eval_output_dir_gets_the_results_of_a_read_only_model_dir(
   assert len(rows.splitlines()) == 3
   assert list((out / "eval").glob("events.out.tfevents.*"))  # TensorBoard went there too
   assert _files(model_dir) == before
+
+
+TWO_PROCESS_HOLD = """
+import sys
+import jax
+from decal_jax import run_lock
+jax.distributed.initialize(f"localhost:{sys.argv[1]}", num_processes=2,
+                           process_id=int(sys.argv[2]))
+try:
+  with run_lock.hold(sys.argv[3]):
+    print("RESULT ran", flush=True)
+except run_lock.ModelDirLockedError as e:
+  print("RESULT refused:", e, flush=True)
+"""
+
+
+@pytest.mark.parametrize("locked", [False, True])
+def test_a_refused_multi_process_run_stops_every_process(tmp_path, locked):
+  """Process 0 alone takes the lock; refused, it tells the others, which would otherwise
+  wait for it in their first collective."""
+  from test_partitioning import _env, _free_port
+  model_dir = tmp_path / "m"
+  model_dir.mkdir()
+  if locked:
+    _write_lock(model_dir, 4242, host="another-host.example")
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESS_HOLD, str(port), str(i),
+                             str(model_dir)], env=dict(_env(), PYTHONPATH=str(REPO)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  try:
+    outs = [proc.communicate(timeout=300) for proc in procs]
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
+  out0, out1 = ([line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
+                for out, _ in outs)  # (the rest: Gloo's notes)
+  if not locked:
+    assert out0 == out1 == ["ran"] and list(model_dir.iterdir()) == []  # released
+    return
+  assert len(out0) == len(out1) == 1  # refused, and neither ran the locked block
+  assert out0[0].startswith("refused: MODEL_DIR ") and "another-host.example" in out0[0]
+  assert out1[0].startswith(f"refused: Process 0 could not lock MODEL_DIR {model_dir}")
+  assert json.loads((model_dir / run_lock.LOCK_NAME).read_text())["pid"] == 4242
