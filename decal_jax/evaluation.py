@@ -2,16 +2,17 @@
 
 `evaluate(...)` restores MODEL_DIR's latest checkpoint, measures the teacher-forced loss /
 accuracy over the validation split and, for tasks with `predict_metric_fns` (ROUGE, EM /
-F1), decodes the split and writes MODEL_DIR/eval_results/
-`<task>.<split>.<step>.predictions.jsonl` (one line per example: inputs, target,
-prediction) and `.metrics.json`. `infer(...)` decodes input texts. The trainer uses
-`evaluate_params`, `decode_example` and `report` for its periodic and final evaluation.
+F1), decodes the split and writes MODEL_DIR/eval_results/ (or EVAL_OUTPUT_DIR's, for a
+read-only MODEL_DIR) `<task>.<split>.<step>.predictions.jsonl` (one line per example:
+inputs, target, prediction) and `.metrics.json`. `infer(...)` decodes input texts. The
+trainer uses `evaluate_params`, `decode_example` and `report` for its periodic and final evaluation.
 """
 import dataclasses
 import functools
 import json
 import logging
 import os
+import pathlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -98,14 +99,17 @@ def report(result: Mapping[str, float], example: Optional[Mapping[str, str]], st
 # ------------------------------------------------------------------------------ evaluate
 def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: str, partitioner=None,
              eval_batches: int = 50, max_predict_examples: Optional[int] = None,
-             num_decodes: int = 1, checkpoint_step: Optional[int] = None
-             ) -> Dict[str, float]:
+             num_decodes: int = 1, checkpoint_step: Optional[int] = None,
+             output_dir: Optional[str] = None) -> Dict[str, float]:
   """Evaluates the latest checkpoint (or checkpoint_<checkpoint_step>): teacher-forced loss /
   accuracy over `eval_batches` batches and, for tasks with metrics (ROUGE, EM/F1), decodes
   the split (or its first `max_predict_examples`) and writes predictions + metrics to
-  MODEL_DIR/eval_results/.
-  TensorBoard gets everything under MODEL_DIR/eval."""
+  <output_dir>/eval_results/.
+  TensorBoard gets everything under <output_dir>/eval. `output_dir` (EVAL_OUTPUT_DIR)
+  defaults to MODEL_DIR; one that cannot be written is refused before any work."""
   train_state.check_model_dir(model_dir, "evaluation.evaluate.model_dir")
+  output_dir = output_dir or model_dir
+  check_writable(output_dir, model_dir)
   pipeline.check_count("EVAL_BATCHES (evaluation.evaluate.eval_batches)", eval_batches)
   partitioner = partitioner or partitioning.Partitioner()
   pipeline.check_feature_lengths(eval_dataset_cfg, model)
@@ -123,17 +127,37 @@ def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: st
       with partitioner.activate():
         return jax.device_get(predict(params, pipeline.to_global(batch, partitioner)))
     for task in tasks:
-      result.update(_predict_and_write(task, predict_fn, model, eval_dataset_cfg, model_dir,
+      result.update(_predict_and_write(task, predict_fn, model, eval_dataset_cfg, output_dir,
                                        step, max_predict_examples))
   pipeline.print_data_notes()
-  writer = metrics.MetricsWriter(model_dir)
+  writer = metrics.MetricsWriter(output_dir)
   writer.write("eval", step, result)
   writer.close()
   return result
 
 
+def check_writable(output_dir: str, model_dir: str) -> None:
+  """Refuses an eval output folder (or, when it does not exist yet, the folder it would be
+  made in) that this process cannot write, before any model work: otherwise the metrics
+  would be computed and then lost to a write error. Remote folders (gs://) are not checked."""
+  if "://" in output_dir:
+    return
+  existing = next((p for p in (output_dir, *pathlib.Path(output_dir).parents)
+                   if os.path.exists(p)), None)
+  if existing is None or os.access(existing, os.W_OK | os.X_OK):
+    return
+  where = "" if str(existing) == output_dir else f" (its folder {existing} is not writable)"
+  what = ("MODEL_DIR (evaluation.evaluate.model_dir)" if output_dir == model_dir else
+          "EVAL_OUTPUT_DIR (evaluation.evaluate.output_dir)")
+  raise PermissionError(
+      f"{what} = {output_dir!r} is not writable{where}: eval writes eval_results/ and "
+      f"TensorBoard's eval/ there. Give it a folder it can write, e.g. "
+      f"--gin.EVAL_OUTPUT_DIR=\"'/tmp/my_eval'\" (the checkpoints are still read from "
+      f"MODEL_DIR {model_dir}).")
+
+
 def _predict_and_write(task: seqio.Task, predict_fn, model: BaseModel, cfg: DatasetConfig,
-                       model_dir: str, step: int, max_examples: Optional[int]
+                       output_dir: str, step: int, max_examples: Optional[int]
                        ) -> Dict[str, float]:
   """Decodes a task's split, writes its predictions and metrics (process 0), and returns
   the metrics as `<task>/<name>` values."""
@@ -143,7 +167,7 @@ def _predict_and_write(task: seqio.Task, predict_fn, model: BaseModel, cfg: Data
   scores = dict(scores, num_examples=len(rows), step=step,
                 compression_ratio=model.compression_ratio(cfg.task_feature_lengths))
   if jax.process_index() == 0:
-    paths = write_results(model_dir, task.name, cfg.split, step, scores, rows)
+    paths = write_results(output_dir, task.name, cfg.split, step, scores, rows)
     print(f"{task.name} ({len(rows)} examples): " + ", ".join(
         f"{k} {v:.2f}" for k, v in sorted(scores.items())
         if k not in ("step", "num_examples", "compression_ratio")) +

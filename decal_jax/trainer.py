@@ -17,7 +17,7 @@ import optax
 import tqdm
 
 from decal_jax import (checkpoints, evaluation, metrics, optimizers, partitioning, resilience,
-                       train_state, vocabulary_record)
+                       run_lock, train_state, vocabulary_record)
 from decal_jax.data import pipeline
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
@@ -105,10 +105,33 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
 
   `checkpoint_input`: each checkpoint also holds every process's input-pipeline position
   (`data.batch_iterator`), so a resume reads nothing twice; False leaves it out (smaller
-  checkpoints when shuffle buffers are large; a resume then re-reads the consumed batches)."""
+  checkpoints when shuffle buffers are large; a resume then re-reads the consumed batches).
+
+  The run holds MODEL_DIR's lock (`run_lock`) from the checks to the end: a second trainer
+  on the same folder is refused, naming this one."""
   check_run_settings(model_dir, total_steps=total_steps, eval_period=eval_period,
                      eval_batches=eval_batches, log_period=log_period,
                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
+  with run_lock.hold(model_dir):
+    return _train_locked(
+        model=model, train_dataset_cfg=train_dataset_cfg, eval_dataset_cfg=eval_dataset_cfg,
+        model_dir=model_dir, total_steps=total_steps, optimizer=optimizer,
+        partitioner=partitioner, seed=seed, eval_period=eval_period, eval_batches=eval_batches,
+        log_period=log_period, checkpoint_period=checkpoint_period,
+        keep_checkpoints=keep_checkpoints, show_example=show_example,
+        gin_config_text=gin_config_text, initial_checkpoint_path=initial_checkpoint_path,
+        allow_partial_restore=allow_partial_restore, nonfinite_policy=nonfinite_policy,
+        checkpoint_input=checkpoint_input)
+
+
+def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
+                  eval_dataset_cfg: Optional[DatasetConfig], model_dir: str, total_steps: int,
+                  optimizer, partitioner, seed: int, eval_period: int, eval_batches: int,
+                  log_period: int, checkpoint_period: int, keep_checkpoints: int,
+                  show_example: bool, gin_config_text: str,
+                  initial_checkpoint_path: Optional[str], allow_partial_restore: bool,
+                  nonfinite_policy: str, checkpoint_input: bool) -> Dict[str, float]:
+  """`train` once its settings are checked and MODEL_DIR is locked."""
   new_record = vocabulary_record.check(model_dir, model)  # resuming with another: refused
   optimizer = optimizer or optimizers.adafactor()
   partitioner = partitioner or partitioning.Partitioner()
