@@ -1,5 +1,4 @@
 """Optimizers and learning-rate schedules (T5 defaults), built on optax."""
-import math
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -23,7 +22,8 @@ def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000,
 
 def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
                     decay_steps: int = 150_000, final_fraction: float = 0.0) -> Callable:
-  """Linear warm-up, then one half-cosine (Loshchilov & Hutter's annealing, no restarts).
+  """Linear warm-up, then one half-cosine (Loshchilov & Hutter's annealing, no restarts):
+  `optax.warmup_cosine_decay_schedule`, with `decay_steps` counted after the warm-up.
 
   lr(step) = base * step / warmup for step < warmup; then, with t = min(step - warmup,
   decay_steps) / decay_steps, base * (f + (1 - f) * (1 + cos(pi * t)) / 2), f =
@@ -35,15 +35,10 @@ def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
                      f"{warmup_steps} and {decay_steps}.")
   if not 0.0 <= final_fraction <= 1.0:
     raise ValueError(f"final_fraction must lie in [0, 1], got {final_fraction}.")
-
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    warm = base_learning_rate * step / max(warmup_steps, 1)
-    t = jnp.clip((step - warmup_steps) / decay_steps, 0.0, 1.0)
-    cosine = 0.5 * (1.0 + jnp.cos(math.pi * t))
-    decayed = base_learning_rate * (final_fraction + (1.0 - final_fraction) * cosine)
-    return jnp.where(step < warmup_steps, warm, decayed)
-  return schedule
+  # optax counts its decay_steps from step 0, warm-up included.
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=base_learning_rate, warmup_steps=warmup_steps,
+      decay_steps=warmup_steps + decay_steps, end_value=final_fraction * base_learning_rate)
 
 
 def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
