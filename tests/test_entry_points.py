@@ -36,6 +36,15 @@ def test_train_writes_checkpoint_metrics_config_and_prints_an_example(trained):
   assert "prediction:" in proc.stdout and "<extra_id_0>" in proc.stdout
 
 
+def test_a_run_prints_no_tensorflow_or_seqio_start_up_noise(trained):
+  """TF's C++ start-up lines (oneDNN, the CUDA-driver probe, the `cuInit` failure of a
+  machine without a GPU) and seqio's advice to cache a task whose position the checkpoint
+  keeps anyway stay off the console."""
+  _, proc = trained
+  for noise in ("cuInit", "oneDNN", "cudart", "absl::InitializeLog", "FunctionDataset"):
+    assert noise not in proc.stderr, proc.stderr
+
+
 def test_rerunning_the_same_command_continues(trained):
   model_dir, _ = trained
   proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
