@@ -4,9 +4,9 @@
 (`train_state`), restores the latest checkpoint in MODEL_DIR if there is one (params,
 optimizer state, step, the dropout RNG and the input pipeline's position, so the data
 stream continues where it stopped without re-reading it), runs jitted train steps with a
-progress bar, writes TensorBoard metrics to MODEL_DIR/train and MODEL_DIR/eval, saves Orbax
-checkpoints, evaluates on the validation split and prints a decoded example
-(`evaluation`).
+progress bar, writes TensorBoard metrics to MODEL_DIR/train and
+MODEL_DIR/training_eval/<task> (T5X's folders), saves Orbax checkpoints, evaluates on the
+validation split and prints a decoded example (`evaluation`).
 """
 import dataclasses
 from typing import Dict, Optional
@@ -156,13 +156,13 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
         return _stop_preempted(done, bar, writer, ckpt, preemption.signal_name)
       save(done)
       if done % eval_period == 0 and done != total_steps:
-        writer.write("eval", done, evaluation.evaluate_params(state["params"], model, eval_cfg,
-                                                              partitioner, eval_batches))
+        writer.write(evaluation.training_eval_dir(eval_cfg), done, evaluation.evaluate_params(
+            state["params"], model, eval_cfg, partitioner, eval_batches))
   if start < total_steps or ckpt.latest_step() != total_steps:
     save(total_steps, force=True)
   result = evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
                                       eval_batches)
-  writer.write("eval", total_steps, result)
+  writer.write(evaluation.training_eval_dir(eval_cfg), total_steps, result)
   writer.close()
   ckpt.close()
   example = (evaluation.decode_example(state["params"], model, eval_cfg, partitioner)

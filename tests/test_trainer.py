@@ -135,8 +135,8 @@ def test_tensorboard_metrics_and_config_are_written(tmp_path):
   _train(tmp_path, 3, gin_config_text="# operative config\n", checkpoint_input=False)
   assert not (tmp_path / "checkpoint_3" / "dataset").exists()  # switched off
   assert (tmp_path / "config.gin").read_text() == "# operative config\n"
-  for split in ("train", "eval"):
-    assert list((tmp_path / split).glob("events.out.tfevents.*")), split
+  for folder in ("train", f"training_eval/{_cfg().mixture_or_task_name}"):  # T5X's layout
+    assert list((tmp_path / folder).glob("events.out.tfevents.*")), folder
 
 
 def test_a_half_written_checkpoint_is_never_taken_as_the_latest(tmp_path):
