@@ -1,5 +1,8 @@
-"""Optimizers and learning-rate schedules (T5 defaults), built on optax."""
-from typing import Callable, Optional, Sequence
+"""Optimizers and learning-rate schedules (T5 defaults), built on optax.
+
+Each optimizer built here carries its schedule (`schedule_of`), which the trainer logs to
+TensorBoard as `learning_rate`."""
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +44,26 @@ def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
       decay_steps=warmup_steps + decay_steps, end_value=final_fraction * base_learning_rate)
 
 
+class Scheduled(optax.GradientTransformation):
+  """An optax transformation that also carries its learning-rate schedule (step -> rate)."""
+
+
+def with_schedule(optimizer: optax.GradientTransformation,
+                  learning_rate: Union[float, Callable, None]) -> Scheduled:
+  """`optimizer` with `learning_rate` (a schedule or a constant) attached for logging."""
+  scheduled = Scheduled(optimizer.init, optimizer.update)
+  if learning_rate is not None and not callable(learning_rate):
+    scheduled.learning_rate = lambda step, rate=float(learning_rate): rate
+  else:
+    scheduled.learning_rate = learning_rate
+  return scheduled
+
+
+def schedule_of(optimizer) -> Optional[Callable]:
+  """The learning-rate schedule of an optimizer built here; None for any other optax one."""
+  return getattr(optimizer, "learning_rate", None)
+
+
 def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
               clipping_threshold: float = 1.0, multiply_by_parameter_scale: bool = True,
               min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
@@ -48,10 +71,11 @@ def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
 
   Parameters stacked by `nn.scan` (T5Config.scan_layers) are updated one layer at a time
   (`per_layer`), so a scanned run takes the same steps as the unrolled one."""
-  return per_layer(optax.adafactor(learning_rate=learning_rate or rsqrt_schedule(),
-                                   decay_rate=decay_rate, clipping_threshold=clipping_threshold,
-                                   multiply_by_parameter_scale=multiply_by_parameter_scale,
-                                   min_dim_size_to_factor=min_dim_size_to_factor, momentum=None))
+  learning_rate = learning_rate or rsqrt_schedule()
+  return with_schedule(per_layer(optax.adafactor(
+      learning_rate=learning_rate, decay_rate=decay_rate, clipping_threshold=clipping_threshold,
+      multiply_by_parameter_scale=multiply_by_parameter_scale,
+      min_dim_size_to_factor=min_dim_size_to_factor, momentum=None)), learning_rate)
 
 
 def per_layer(inner: optax.GradientTransformation,
@@ -96,7 +120,7 @@ def adamw(learning_rate: Optional[Callable] = None, b1: float = 0.9, b2: float =
   lr = learning_rate or rsqrt_schedule(base_learning_rate=0.01, warmup_steps=1000)
   chain = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm else []
   chain.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  return optax.chain(*chain)
+  return with_schedule(optax.chain(*chain), lr)
 
 
 def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
@@ -123,8 +147,9 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
                        f"{sorted(params) if isinstance(params, dict) else type(params)}.")
     return tree
 
-  return optax.multi_transform({"train": optimizer or adamw(), "freeze": optax.set_to_zero()},
-                               labels)
+  optimizer = optimizer or adamw()
+  return with_schedule(optax.multi_transform(
+      {"train": optimizer, "freeze": optax.set_to_zero()}, labels), schedule_of(optimizer))
 
 
 def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
@@ -148,4 +173,4 @@ def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
   transforms = {fragment: optax.chain(optimizer, optax.scale(factor))
                 for fragment, factor in scales.items()}
   transforms["__rest__"] = optimizer
-  return optax.multi_transform(transforms, labels)
+  return with_schedule(optax.multi_transform(transforms, labels), schedule_of(optimizer))

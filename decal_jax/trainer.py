@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import optax
 import tqdm
 
-from decal_jax import (checkpoints, evaluation, metrics, optimizers, partitioning, resilience,
-                       train_state)
+from decal_jax import (checkpoints, evaluation, metrics, model_info, optimizers, partitioning,
+                       resilience, train_state)
 from decal_jax.data import pipeline
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
@@ -122,6 +122,10 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
   start = int(jax.device_get(state["step"]))
+  writer.write_config(start, gin_config_text,
+                      metrics.run_hparams(model, train_dataset_cfg, total_steps, seed))
+  model_info.write(model_dir, model, train_dataset_cfg, partitioner)  # T5X's model-info.txt
+  schedule = optimizers.schedule_of(optimizer)
   batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
   position.pop("seed_changed", None)  # not part of what a checkpoint stores
   rng = jnp.asarray(position["rng"], jnp.uint32)
@@ -148,6 +152,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
       if done % log_period == 0 or done == total_steps:
         guard.check(ckpt.latest_step(), model_dir)
         summary = window.flush()
+        if schedule is not None:  # the rate of the step just taken (optax counts from 0)
+          summary["learning_rate"] = float(schedule(done - 1))
         bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
                         tok_s=f"{summary['tokens_per_second']:.0f}")
         writer.write("train", done, summary)

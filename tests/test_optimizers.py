@@ -91,3 +91,21 @@ def test_scaled_updates_multiply_only_the_named_part():
   np.testing.assert_allclose(scaled["stack"]["w"], plain["stack"]["w"], rtol=1e-6)
   with pytest.raises(ValueError, match="positive"):
     optimizers.scaled_updates(base, {"scorer": 0.0})
+
+
+def test_each_optimizer_carries_its_schedule_for_the_trainer_to_log():
+  cosine = optimizers.cosine_schedule(1e-3, warmup_steps=10, decay_steps=100)
+  adamw = optimizers.adamw(cosine)
+  assert optimizers.schedule_of(adamw) is cosine
+  assert optimizers.schedule_of(optimizers.adafactor(cosine)) is cosine
+  assert optimizers.schedule_of(optimizers.partially_frozen(adamw, ("w",))) is cosine
+  assert optimizers.schedule_of(optimizers.scaled_updates(adamw, {"w": 0.5})) is cosine
+  assert float(optimizers.schedule_of(optimizers.adamw(0.25))(1000)) == 0.25  # a constant
+  default = optimizers.schedule_of(optimizers.adafactor())  # T5's rsqrt, 10k warm-up steps
+  assert float(default(40_000)) == pytest.approx(1 / math.sqrt(40_000), rel=1e-6)
+  assert optimizers.schedule_of(optax.sgd(0.1)) is None  # not built here: nothing to log
+  # The attached schedule changes nothing about the updates.
+  params, grads = {"w": jnp.ones(3)}, {"w": jnp.array([0.5, -1.0, 2.0])}
+  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(cosine, weight_decay=0.01))
+  np.testing.assert_array_equal(adamw.update(grads, adamw.init(params), params)[0]["w"],
+                                plain.update(grads, plain.init(params), params)[0]["w"])
