@@ -9,7 +9,7 @@ them: model size, steps, batch, lengths, learning rates, seed, the downstream ta
 
 Per variant, under WORK/<variant>/: `pretrain/` (runs/pretrain.gin), `finetune/`
 (runs/finetune.gin, from a pretrained checkpoint), an evaluation of the fine-tuned model
-(runs/eval.gin; predictions and metrics in finetune/eval_results/), and `result.json`.
+(runs/eval.gin; predictions and metrics in finetune/inference_eval/), and `result.json`.
 Every stage is the same gin configuration the command-line entry points build, run in this
 process. A variant with a `result.json` is done; an interrupted one resumes its stages from
 their checkpoints.

@@ -1,8 +1,8 @@
 # python -m decal_jax.eval --gin_file=runs/eval_builtin.gin --gin.MODEL_DIR="'runs/decal_tiny'"
 """Entry point: `evaluation.evaluate` configured by gin (see decal_jax/gin_utils.py for flags)."""
-import os
+from decal_jax import console
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only our input pipeline: quiet it
+console.setup()  # TF (only the input pipeline) imported quietly, off the accelerators
 
 from decal_jax import evaluation, gin_utils  # noqa: E402
 

@@ -1,26 +1,27 @@
 """Evaluation and inference loops (T5X's `eval.py` / `infer.py`) and the files they write.
 
 `evaluate(...)` restores MODEL_DIR's latest checkpoint, measures the teacher-forced loss /
-accuracy over the validation split and, for tasks with `predict_metric_fns` (ROUGE, EM /
-F1), decodes the split and writes MODEL_DIR/eval_results/ (or EVAL_OUTPUT_DIR's, for a
-read-only MODEL_DIR) `<task>.<split>.<step>.predictions.jsonl` (one line per example:
-inputs, target, prediction) and `.metrics.json`. `infer(...)` decodes input texts. The
-trainer uses `evaluate_params`, `decode_example` and `report` for its periodic and final evaluation.
+accuracy over the validation split (TensorBoard: MODEL_DIR/training_eval/<task>/, as T5X)
+and, for tasks with metrics (ROUGE, EM / F1, BLEU; seqio's predict, predict-with-aux and
+score metric kinds), decodes / scores the split through `seqio.Evaluator`, whose loggers
+write MODEL_DIR/inference_eval/<task>-<step:06>.jsonl (one line per example) and
+<task>-metrics.jsonl (`inference_eval`); EVAL_OUTPUT_DIR moves both for a read-only
+MODEL_DIR. `infer(...)` decodes input texts. The trainer uses
+`evaluate_params`, `decode_example` and `report` for its periodic and final evaluation.
 """
 import dataclasses
 import functools
 import json
-import logging
 import os
 import pathlib
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
 import seqio
 import tqdm
 
-from decal_jax import fileio, metrics, partitioning, train_state
+from decal_jax import fileio, inference_eval, metrics, partitioning, train_state
 from decal_jax.data import local_files, pipeline, text_to_text
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
@@ -102,11 +103,13 @@ def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: st
              num_decodes: int = 1, checkpoint_step: Optional[int] = None,
              output_dir: Optional[str] = None) -> Dict[str, float]:
   """Evaluates the latest checkpoint (or checkpoint_<checkpoint_step>): teacher-forced loss /
-  accuracy over `eval_batches` batches and, for tasks with metrics (ROUGE, EM/F1), decodes
-  the split (or its first `max_predict_examples`) and writes predictions + metrics to
-  <output_dir>/eval_results/.
-  TensorBoard gets everything under <output_dir>/eval. `output_dir` (EVAL_OUTPUT_DIR)
-  defaults to MODEL_DIR; one that cannot be written is refused before any work."""
+  accuracy over `eval_batches` batches (TensorBoard: MODEL_DIR/training_eval/<task>) and,
+  for tasks with metrics (ROUGE, EM/F1), decodes the split (or the first
+  `max_predict_examples` of each task) and logs predictions + metrics to
+  MODEL_DIR/inference_eval/ (`inference_eval`). Returns the loss values and each task's
+  metrics as `<task>/<name>` (with `num_examples` and `compression_ratio`).
+  `output_dir` (EVAL_OUTPUT_DIR) takes training_eval/ and inference_eval/ instead of MODEL_DIR,
+  which is then only read; one that cannot be written is refused before any work."""
   train_state.check_model_dir(model_dir, "evaluation.evaluate.model_dir")
   output_dir = output_dir or model_dir
   check_writable(output_dir, model_dir)
@@ -117,22 +120,17 @@ def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: st
                                             checkpoint_step)
   result = evaluate_params(params, model, eval_dataset_cfg, partitioner, eval_batches)
   print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
-  tasks = (tasks_with_metrics(eval_dataset_cfg.mixture_or_task_name)
-           if model.PREDICTS_TEXT else [])  # the dual encoder: decal_jax.retrieve
-  if tasks:
-    with partitioner.activate():
-      predict = jax.jit(functools.partial(model.predict_batch, num_decodes=num_decodes))
-
-    def predict_fn(batch):
-      with partitioner.activate():
-        return jax.device_get(predict(params, pipeline.to_global(batch, partitioner)))
-    for task in tasks:
-      result.update(_predict_and_write(task, predict_fn, model, eval_dataset_cfg, output_dir,
-                                       step, max_predict_examples))
-  pipeline.print_data_notes()
   writer = metrics.MetricsWriter(output_dir)
-  writer.write("eval", step, result)
+  writer.write(training_eval_dir(eval_dataset_cfg), step, result)
   writer.close()
+  if model.PREDICTS_TEXT and inference_eval.has_metrics(eval_dataset_cfg.mixture_or_task_name):
+    scores = inference_eval.evaluate(model, params, eval_dataset_cfg, partitioner, output_dir,
+                                     step, max_predict_examples, num_decodes)
+    inference_eval.report(output_dir, step, scores)
+    ratio = float(model.compression_ratio(eval_dataset_cfg.task_feature_lengths))
+    for task, values in scores.items():
+      result.update({f"{task}/{k}": v for k, v in dict(values, compression_ratio=ratio).items()})
+  pipeline.print_data_notes()
   return result
 
 
@@ -150,29 +148,15 @@ def check_writable(output_dir: str, model_dir: str) -> None:
   what = ("MODEL_DIR (evaluation.evaluate.model_dir)" if output_dir == model_dir else
           "EVAL_OUTPUT_DIR (evaluation.evaluate.output_dir)")
   raise PermissionError(
-      f"{what} = {output_dir!r} is not writable{where}: eval writes eval_results/ and "
-      f"TensorBoard's eval/ there. Give it a folder it can write, e.g. "
+      f"{what} = {output_dir!r} is not writable{where}: eval writes inference_eval/ and "
+      f"training_eval/ there. Give it a folder it can write, e.g. "
       f"--gin.EVAL_OUTPUT_DIR=\"'/tmp/my_eval'\" (the checkpoints are still read from "
       f"MODEL_DIR {model_dir}).")
 
 
-def _predict_and_write(task: seqio.Task, predict_fn, model: BaseModel, cfg: DatasetConfig,
-                       output_dir: str, step: int, max_examples: Optional[int]
-                       ) -> Dict[str, float]:
-  """Decodes a task's split, writes its predictions and metrics (process 0), and returns
-  the metrics as `<task>/<name>` values."""
-  scores, rows = predict_task(
-      task, predict_fn, model.FEATURE_CONVERTER_CLS(pack=False), cfg.task_feature_lengths,
-      cfg.split, cfg.batch_size // jax.process_count(), max_examples)
-  scores = dict(scores, num_examples=len(rows), step=step,
-                compression_ratio=model.compression_ratio(cfg.task_feature_lengths))
-  if jax.process_index() == 0:
-    paths = write_results(output_dir, task.name, cfg.split, step, scores, rows)
-    print(f"{task.name} ({len(rows)} examples): " + ", ".join(
-        f"{k} {v:.2f}" for k, v in sorted(scores.items())
-        if k not in ("step", "num_examples", "compression_ratio")) +
-          f"\n  predictions: {paths['predictions']}\n  metrics:     {paths['metrics']}")
-  return {f"{task.name}/{k}": float(v) for k, v in scores.items() if k != "step"}
+def training_eval_dir(cfg: DatasetConfig) -> str:
+  """The TensorBoard folder of the teacher-forced evaluation (T5X's training_eval/<task>)."""
+  return f"training_eval/{cfg.mixture_or_task_name}"
 
 
 # ------------------------------------------------------------------------------ infer
@@ -187,8 +171,7 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
   Inputs: `inputs` (texts), and/or `input_file` (JSONL: each line's `input_field`, or with
   `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
   as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
-  WARNING naming the longest. `output_file` gets one JSON line per input: {"inputs",
-  "prediction"}."""
+  note. `output_file` gets one JSON line per input: {"inputs", "prediction"}."""
   train_state.check_model_dir(model_dir, "evaluation.infer.model_dir")
   texts = list(inputs)
   if input_file:
@@ -228,90 +211,22 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
 
 
 def _input_ids(vocab: seqio.Vocabulary, texts: Sequence[str], max_len: int) -> List[List[int]]:
-  """Each text's ids cut to `max_len - 1`, then EOS (a WARNING says how many were cut)."""
+  """Each text's ids cut to `max_len - 1`, then EOS (a note says how many were cut)."""
   encoded = [list(vocab.encode(t)) for t in texts]
-  cut = [i for i, x in enumerate(encoded) if len(x) > max_len - 1]
+  cut = sum(len(x) > max_len - 1 for x in encoded)
   if cut:
-    longest = max(cut, key=lambda i: len(encoded[i]))
-    logging.warning(
-        "%d of %d inputs are longer than TASK_FEATURE_LENGTHS['inputs'] = %d tokens (EOS "
-        "included) and were cut to it; the longest, input %d (from 1: INFER_INPUTS, then "
-        "the file's lines), has %d. Raise TASK_FEATURE_LENGTHS['inputs'] to keep more.",
-        len(cut), len(texts), max_len, longest + 1, len(encoded[longest]) + 1)
+    print(f"note: {cut} of {len(texts)} inputs were longer than {max_len - 1} tokens and were "
+          "cut; raise TASK_FEATURE_LENGTHS['inputs'] to keep more.")
   return [x[:max_len - 1] + [vocab.eos_id] for x in encoded]
 
 
-# ------------------------------------------------------------------------------ task splits
-def tasks_with_metrics(name: str) -> List[seqio.Task]:
-  """The task itself, or a mixture's sub-tasks, that have prediction metrics."""
-  task = pipeline.get_task(name)
-  tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
-  return [t for t in tasks if t.predict_metric_fns]
-
-
+# ------------------------------------------------------------------------------ texts
 def token_text(vocabulary: seqio.Vocabulary, ids: Iterable[int]) -> str:
   """Text of decoded ids, up to the first EOS (padding dropped)."""
   ids = [int(i) for i in ids]
   if vocabulary.eos_id in ids:
     ids = ids[:ids.index(vocabulary.eos_id)]
   return vocabulary.decode([i for i in ids if i > 0])
-
-
-def _plain(value: Any) -> Any:
-  if isinstance(value, bytes):
-    return value.decode("utf-8")
-  if isinstance(value, np.ndarray):
-    return [_plain(v) for v in value.tolist()]
-  if isinstance(value, (list, tuple)):
-    return [_plain(v) for v in value]
-  return value
-
-
-def predict_task(task: seqio.Task, predict_fn, feature_converter, lengths: Mapping[str, int],
-                 split: str, batch_size: int, max_examples: Optional[int] = None
-                 ) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
-  """(metrics, [{'inputs', 'target', 'prediction'}]) over a task split.
-
-  `predict_fn(batch) -> [batch, length]` token ids (a padded final batch is cut back)."""
-  ds = task.get_dataset(lengths, split=split, shuffle=False, num_epochs=1)
-  if max_examples:
-    ds = ds.take(max_examples)
-  ds = ds.cache()  # read (and truncation-counted) once, then replayed for the model features
-  examples = list(ds.as_numpy_iterator())
-  if not examples:
-    raise ValueError(f"Split {split!r} of {task.name!r} gave no examples.")
-  model_ds = feature_converter(ds, lengths).batch(batch_size)
-  vocab = task.output_features["targets"].vocabulary
-  predictions: List[str] = []
-  bar = tqdm.tqdm(total=len(examples), desc=f"decode {task.name}", dynamic_ncols=True,
-                  disable=jax.process_index() != 0)
-  for batch in model_ds.as_numpy_iterator():
-    n = len(batch["encoder_input_tokens"])
-    tokens = np.asarray(predict_fn(pipeline.pad_batch(batch, batch_size)))[:n]
-    predictions += [token_text(vocab, row) for row in tokens]
-    bar.update(n)
-  bar.close()
-  targets = [task.postprocess_fn(_plain(ex["targets_pretokenized"]), example=ex, is_target=True)
-             for ex in examples]
-  outputs = [task.postprocess_fn(p, example=ex, is_target=False)
-             for p, ex in zip(predictions, examples)]
-  scores: Dict[str, float] = {}
-  for fn in task.predict_metric_fns:
-    scores.update(fn(targets, outputs))
-  rows = [{"inputs": _plain(ex["inputs_pretokenized"]), "target": _plain(t), "prediction": p}
-          for ex, t, p in zip(examples, targets, outputs)]
-  return scores, rows
-
-
-def write_results(model_dir: str, task: str, split: str, step: int,
-                  scores: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
-  """Writes the predictions JSONL and the metrics JSON; returns their paths."""
-  base = os.path.join(model_dir, "eval_results", f"{task}.{split}.{step}")
-  paths = {"predictions": base + ".predictions.jsonl", "metrics": base + ".metrics.json"}
-  fileio.write_text_atomic(paths["predictions"],
-                           "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-  fileio.write_text_atomic(paths["metrics"], json.dumps(dict(scores), indent=2) + "\n")
-  return paths
 
 
 def write_predictions(path: str, inputs: Sequence[str], predictions: Sequence[str]) -> None:

@@ -1,11 +1,13 @@
-"""Training metrics: averaging the model's summable aux values, and TensorBoard output."""
+"""Training metrics: averaging the model's summable aux values, and TensorBoard output
+(through `clu.metric_writers`, as T5X)."""
 import math
 import os
 import time
-from typing import Callable, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping
 
+from clu import metric_writers
+import gin
 import jax
-import tensorflow as tf
 
 
 def summarize(sums: Mapping[str, float]) -> Dict[str, float]:
@@ -57,22 +59,44 @@ class Window:
 
 
 class MetricsWriter:
-  """TensorBoard scalars under MODEL_DIR/<split> (train, eval), from process 0 only."""
+  """TensorBoard summaries under MODEL_DIR/<folder> (T5X's `train`, `training_eval/<task>`),
+  written by `clu.metric_writers.SummaryWriter` from process 0 only."""
 
   def __init__(self, model_dir: str):
     self.model_dir = model_dir
-    self._writers = {}
+    self._writers: Dict[str, metric_writers.MetricWriter] = {}
 
-  def write(self, split: str, step: int, values: Mapping[str, float]) -> None:
+  def _writer(self, folder: str) -> metric_writers.MetricWriter:
+    if folder not in self._writers:
+      self._writers[folder] = metric_writers.SummaryWriter(os.path.join(self.model_dir, folder))
+    return self._writers[folder]
+
+  def write(self, folder: str, step: int, values: Mapping[str, float]) -> None:
     if jax.process_index() != 0:
       return
-    if split not in self._writers:
-      self._writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
-    with self._writers[split].as_default():
-      for name, value in values.items():
-        tf.summary.scalar(name, float(value), step=step)
-    self._writers[split].flush()
+    writer = self._writer(folder)
+    writer.write_scalars(step, {name: float(value) for name, value in values.items()})
+    writer.flush()
+
+  def write_config(self, step: int, gin_config_text: str, hparams: Mapping[str, Any]) -> None:
+    """The run's gin config as a text summary (T5X's `summarize_gin_config`) and its
+    hyperparameters (TensorBoard's HPARAMS tab), under MODEL_DIR/train."""
+    if jax.process_index() != 0:
+      return
+    writer = self._writer("train")
+    if gin_config_text:
+      writer.write_texts(step, {"config": gin.markdown(gin_config_text)})
+    writer.write_hparams(dict(hparams))
+    writer.flush()
 
   def close(self) -> None:
     for writer in self._writers.values():
       writer.close()
+
+
+def run_hparams(model, cfg, total_steps: int, seed: int) -> Dict[str, Any]:
+  """What a run is, for TensorBoard's HPARAMS tab: task, batch, lengths, steps, seed, model."""
+  lengths = {f"{name}_length": int(n) for name, n in cfg.task_feature_lengths.items()}
+  return dict(lengths, task=cfg.mixture_or_task_name, batch_size=cfg.batch_size,
+              total_steps=total_steps, seed=seed, model=type(model).__name__,
+              compression_ratio=float(model.compression_ratio(cfg.task_feature_lengths)))

@@ -1,6 +1,8 @@
-"""Optimizers and learning-rate schedules (T5 defaults), built on optax."""
-import math
-from typing import Callable, Optional, Sequence
+"""Optimizers and learning-rate schedules (T5 defaults), built on optax.
+
+Each optimizer built here carries its schedule (`schedule_of`), which the trainer logs to
+TensorBoard as `learning_rate`."""
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,8 @@ def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000,
 
 def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
                     decay_steps: int = 150_000, final_fraction: float = 0.0) -> Callable:
-  """Linear warm-up, then one half-cosine (Loshchilov & Hutter's annealing, no restarts).
+  """Linear warm-up, then one half-cosine (Loshchilov & Hutter's annealing, no restarts):
+  `optax.warmup_cosine_decay_schedule`, with `decay_steps` counted after the warm-up.
 
   lr(step) = base * step / warmup for step < warmup; then, with t = min(step - warmup,
   decay_steps) / decay_steps, base * (f + (1 - f) * (1 + cos(pi * t)) / 2), f =
@@ -35,15 +38,30 @@ def cosine_schedule(base_learning_rate: float = 1e-4, warmup_steps: int = 2000,
                      f"{warmup_steps} and {decay_steps}.")
   if not 0.0 <= final_fraction <= 1.0:
     raise ValueError(f"final_fraction must lie in [0, 1], got {final_fraction}.")
+  # optax counts its decay_steps from step 0, warm-up included.
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=base_learning_rate, warmup_steps=warmup_steps,
+      decay_steps=warmup_steps + decay_steps, end_value=final_fraction * base_learning_rate)
 
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    warm = base_learning_rate * step / max(warmup_steps, 1)
-    t = jnp.clip((step - warmup_steps) / decay_steps, 0.0, 1.0)
-    cosine = 0.5 * (1.0 + jnp.cos(math.pi * t))
-    decayed = base_learning_rate * (final_fraction + (1.0 - final_fraction) * cosine)
-    return jnp.where(step < warmup_steps, warm, decayed)
-  return schedule
+
+class Scheduled(optax.GradientTransformation):
+  """An optax transformation that also carries its learning-rate schedule (step -> rate)."""
+
+
+def with_schedule(optimizer: optax.GradientTransformation,
+                  learning_rate: Union[float, Callable, None]) -> Scheduled:
+  """`optimizer` with `learning_rate` (a schedule or a constant) attached for logging."""
+  scheduled = Scheduled(optimizer.init, optimizer.update)
+  if learning_rate is not None and not callable(learning_rate):
+    scheduled.learning_rate = lambda step, rate=float(learning_rate): rate
+  else:
+    scheduled.learning_rate = learning_rate
+  return scheduled
+
+
+def schedule_of(optimizer) -> Optional[Callable]:
+  """The learning-rate schedule of an optimizer built here; None for any other optax one."""
+  return getattr(optimizer, "learning_rate", None)
 
 
 def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
@@ -53,10 +71,11 @@ def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
 
   Parameters stacked by `nn.scan` (T5Config.scan_layers) are updated one layer at a time
   (`per_layer`), so a scanned run takes the same steps as the unrolled one."""
-  return per_layer(optax.adafactor(learning_rate=learning_rate or rsqrt_schedule(),
-                                   decay_rate=decay_rate, clipping_threshold=clipping_threshold,
-                                   multiply_by_parameter_scale=multiply_by_parameter_scale,
-                                   min_dim_size_to_factor=min_dim_size_to_factor, momentum=None))
+  learning_rate = learning_rate or rsqrt_schedule()
+  return with_schedule(per_layer(optax.adafactor(
+      learning_rate=learning_rate, decay_rate=decay_rate, clipping_threshold=clipping_threshold,
+      multiply_by_parameter_scale=multiply_by_parameter_scale,
+      min_dim_size_to_factor=min_dim_size_to_factor, momentum=None)), learning_rate)
 
 
 def per_layer(inner: optax.GradientTransformation,
@@ -101,7 +120,7 @@ def adamw(learning_rate: Optional[Callable] = None, b1: float = 0.9, b2: float =
   lr = learning_rate or rsqrt_schedule(base_learning_rate=0.01, warmup_steps=1000)
   chain = [optax.clip_by_global_norm(grad_clip_norm)] if grad_clip_norm else []
   chain.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  return optax.chain(*chain)
+  return with_schedule(optax.chain(*chain), lr)
 
 
 def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
@@ -128,8 +147,9 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
                        f"{sorted(params) if isinstance(params, dict) else type(params)}.")
     return tree
 
-  return optax.multi_transform({"train": optimizer or adamw(), "freeze": optax.set_to_zero()},
-                               labels)
+  optimizer = optimizer or adamw()
+  return with_schedule(optax.multi_transform(
+      {"train": optimizer, "freeze": optax.set_to_zero()}, labels), schedule_of(optimizer))
 
 
 def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
@@ -153,4 +173,4 @@ def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
   transforms = {fragment: optax.chain(optimizer, optax.scale(factor))
                 for fragment, factor in scales.items()}
   transforms["__rest__"] = optimizer
-  return optax.multi_transform(transforms, labels)
+  return with_schedule(optax.multi_transform(transforms, labels), schedule_of(optimizer))

@@ -1,9 +1,9 @@
 # python -m decal_jax.retrieve --gin_file=runs/retrieve_builtin.gin --gin.MODEL_DIR="'runs/decal_tiny_retrieval'"
 """Entry point: index a BEIR corpus with a trained dual encoder, search, and score
 (`retrieval.pipeline.evaluate_retrieval` configured by gin; see decal_jax/gin_utils.py)."""
-import os
+from decal_jax import console
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only our input pipeline: quiet it
+console.setup()  # TF (only the input pipeline) imported quietly, off the accelerators
 
 from decal_jax import gin_utils  # noqa: E402
 from decal_jax.retrieval import pipeline  # noqa: E402

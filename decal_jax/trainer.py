@@ -4,9 +4,9 @@
 (`train_state`), restores the latest checkpoint in MODEL_DIR if there is one (params,
 optimizer state, step, the dropout RNG and the input pipeline's position, so the data
 stream continues where it stopped without re-reading it), runs jitted train steps with a
-progress bar, writes TensorBoard metrics to MODEL_DIR/train and MODEL_DIR/eval, saves Orbax
-checkpoints, evaluates on the validation split and prints a decoded example
-(`evaluation`).
+progress bar, writes TensorBoard metrics to MODEL_DIR/train and
+MODEL_DIR/training_eval/<task> (T5X's folders), saves Orbax checkpoints, evaluates on the
+validation split and prints a decoded example (`evaluation`).
 """
 import dataclasses
 from typing import Dict, Optional
@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import optax
 import tqdm
 
-from decal_jax import (checkpoints, evaluation, metrics, optimizers, partitioning, resilience,
-                       run_lock, train_state, vocabulary_record)
+from decal_jax import (checkpoints, evaluation, metrics, model_info, optimizers, partitioning,
+                       resilience, run_lock, train_state, vocabulary_record)
 from decal_jax.data import pipeline
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
@@ -150,6 +150,10 @@ def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
   start = int(jax.device_get(state["step"]))
+  writer.write_config(start, gin_config_text,
+                      metrics.run_hparams(model, train_dataset_cfg, total_steps, seed))
+  model_info.write(model_dir, model, train_dataset_cfg, partitioner)  # T5X's model-info.txt
+  schedule = optimizers.schedule_of(optimizer)
   batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
   position.pop("seed_changed", None)  # not part of what a checkpoint stores
   rng = jnp.asarray(position["rng"], jnp.uint32)
@@ -176,6 +180,8 @@ def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
       if done % log_period == 0 or done == total_steps:
         guard.check(ckpt.latest_step(), model_dir)
         summary = window.flush()
+        if schedule is not None:  # the rate of the step just taken (optax counts from 0)
+          summary["learning_rate"] = float(schedule(done - 1))
         bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
                         tok_s=f"{summary['tokens_per_second']:.0f}")
         writer.write("train", done, summary)
@@ -184,13 +190,13 @@ def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
         return _stop_preempted(done, bar, writer, ckpt, preemption.signal_name)
       save(done)
       if done % eval_period == 0 and done != total_steps:
-        writer.write("eval", done, evaluation.evaluate_params(state["params"], model, eval_cfg,
-                                                              partitioner, eval_batches))
+        writer.write(evaluation.training_eval_dir(eval_cfg), done, evaluation.evaluate_params(
+            state["params"], model, eval_cfg, partitioner, eval_batches))
   if start < total_steps or ckpt.latest_step() != total_steps:
     save(total_steps, force=True)
   result = evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
                                       eval_batches)
-  writer.write("eval", total_steps, result)
+  writer.write(evaluation.training_eval_dir(eval_cfg), total_steps, result)
   writer.close()
   ckpt.close()
   example = (evaluation.decode_example(state["params"], model, eval_cfg, partitioner)

@@ -76,7 +76,7 @@ def test_a_tiny_ablation_runs_resumes_and_reports(tmp_path, capsys):
   assert "pretrain" not in by_name["decal_2x_finetune_only"]["seconds"]
   for r in results:
     assert 0 <= r["metrics"]["em"] <= r["metrics"]["f1"] <= 100
-    assert (work / r["name"] / "finetune" / "eval_results").is_dir()
+    assert (work / r["name"] / "finetune" / "inference_eval").is_dir()
   # FLOPs against the baseline: the 2x variants read half as many keys in cross-attention.
   text = ablation.table(budget, results)
   rows = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}

@@ -22,12 +22,9 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import (checkpoints, evaluation, fileio, gin_utils, models, partitioning,
-                       resilience, train_state, trainer, vocabulary_record)
-
-
-from decal_jax import (checkpoints, evaluation, fileio, gin_utils, partitioning, resilience,
-                       run_lock, train_state, trainer)
+from decal_jax import (checkpoints, evaluation, fileio, gin_utils, inference_eval, models,
+                       partitioning, resilience, run_lock, train_state, trainer,
+                       vocabulary_record)
 from decal_jax.data import convert, hf_vocabularies, local_files, pipeline, vocabularies
 from decal_jax.retrieval import beir, index
 
@@ -1059,12 +1056,10 @@ def test_eval_output_dir_gets_the_results_of_a_read_only_model_dir(
   cfg = pipeline.DatasetConfig("decal_builtin_qa", LENGTHS, batch_size=8, split="validation")
   result = evaluation.evaluate(model=_model(), eval_dataset_cfg=cfg, model_dir=str(model_dir),
                                eval_batches=1, max_predict_examples=3, output_dir=str(out))
-  scores = json.loads((out / "eval_results" / "decal_builtin_qa.validation.2.metrics.json")
-                      .read_text())
-  assert scores["num_examples"] == 3 and scores["em"] == result["decal_builtin_qa/em"]
-  rows = (out / "eval_results" / "decal_builtin_qa.validation.2.predictions.jsonl").read_text()
-  assert len(rows.splitlines()) == 3
-  assert list((out / "eval").glob("events.out.tfevents.*"))  # TensorBoard went there too
+  scores = inference_eval.read_metrics(str(out), "decal_builtin_qa", 2)
+  assert scores["em"] == result["decal_builtin_qa/em"]
+  assert len(inference_eval.read_inferences(str(out), "decal_builtin_qa", 2)) == 3
+  assert list((out / "training_eval" / "decal_builtin_qa").glob("events.out.tfevents.*"))
   assert _files(model_dir) == before
 
 

@@ -1,15 +1,14 @@
 """Dodo autoencoding end to end at tiny sizes: the trainer lowers the loss, writes a
 checkpoint, and evaluation reports BLEU of the reconstructions it decoded (the cosine
 schedule of its run files: tests/test_optimizers.py)."""
-import json
-
 import jax
 import numpy as np
 import pytest
 import sacrebleu
 
 import decal_jax.tasks  # noqa: F401  (registers decal_builtin_autoencode)
-from decal_jax import evaluation, models, optimizers, partitioning, train_state, trainer
+from decal_jax import (evaluation, inference_eval, models, optimizers, partitioning,
+                       train_state, trainer)
 from decal_jax.data import pipeline
 from decal_jax.data import vocabularies
 from decal_jax.networks.decoder import DecoderConfig
@@ -70,8 +69,7 @@ def test_evaluation_reports_bleu_of_the_decoded_reconstructions(trained):
   model, n = _model(), 6
   result = evaluation.evaluate(model=model, eval_dataset_cfg=_cfg("validation"),
                                model_dir=str(model_dir), eval_batches=1, max_predict_examples=n)
-  rows = [json.loads(line) for line in
-          (model_dir / "eval_results" / f"{TASK}.validation.4.predictions.jsonl").open()]
+  rows = inference_eval.read_inferences(str(model_dir), TASK, 4)  # seqio.JSONLogger's lines
   assert len(rows) == n and result[f"{TASK}/num_examples"] == n
   # The predictions are the greedy decodes of the checkpoint: rerun the uncached reference
   # decoder on the same validation inputs and compare the texts.
@@ -90,9 +88,8 @@ def test_evaluation_reports_bleu_of_the_decoded_reconstructions(trained):
       break
   assert [r["prediction"] for r in rows] == decoded[:n]
   assert [r["target"] for r in rows] == targets[:n]  # the target text is the input chunk
-  assert all(r["inputs"] == r["target"] for r in rows)
+  assert all(r["input"]["inputs_pretokenized"] == r["target"] for r in rows)
   want = sacrebleu.corpus_bleu(decoded[:n], [targets[:n]]).score
   assert result[f"{TASK}/bleu"] == pytest.approx(want)
-  scores = json.loads((model_dir / "eval_results" / f"{TASK}.validation.4.metrics.json")
-                      .read_text())
-  assert scores["bleu"] == pytest.approx(want) and scores["compression_ratio"] == 4
+  scores = inference_eval.read_metrics(str(model_dir), TASK, 4)
+  assert scores["bleu"] == pytest.approx(want) and result[f"{TASK}/compression_ratio"] == 4

@@ -36,6 +36,15 @@ def test_train_writes_checkpoint_metrics_config_and_prints_an_example(trained):
   assert "prediction:" in proc.stdout and "<extra_id_0>" in proc.stdout
 
 
+def test_a_run_prints_no_tensorflow_or_seqio_start_up_noise(trained):
+  """TF's C++ start-up lines (oneDNN, the CUDA-driver probe, the `cuInit` failure of a
+  machine without a GPU) and seqio's advice to cache a task whose position the checkpoint
+  keeps anyway stay off the console."""
+  _, proc = trained
+  for noise in ("cuInit", "oneDNN", "cudart", "absl::InitializeLog", "FunctionDataset"):
+    assert noise not in proc.stderr, proc.stderr
+
+
 def test_rerunning_the_same_command_continues(trained):
   model_dir, _ = trained
   proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
@@ -110,22 +119,31 @@ def test_finetune_starts_from_the_pretrained_checkpoint(finetuned):
   assert (model_dir / "checkpoint_2").is_dir()
 
 
-def test_eval_decodes_the_task_and_writes_predictions_and_metrics(finetuned):
+def test_eval_writes_seqio_json_logger_files_whose_metrics_match_the_predictions(finetuned):
+  """MODEL_DIR/inference_eval/ in T5X / seqio's layout, read back as seqio.JSONLogger wrote
+  it: <task>-<step:06>.jsonl ({"input": task features, "target", "prediction", "output"} per
+  example) and <task>-metrics.jsonl ({"step", metrics...} per evaluation); EM recomputed from
+  the logged predictions."""
   import json
   from decal_jax import text_metrics
   model_dir, _ = finetuned
   proc = _run("eval", "--gin_file=models/decal_tiny.gin", "--gin_file=runs/eval.gin",
               f"--gin.MODEL_DIR='{model_dir}'", "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_qa'",
               "--gin.EVAL_BATCHES=1", "--gin.MAX_PREDICT_EXAMPLES=6", *QA_SMALL)
-  results = model_dir / "eval_results"
+  logged = model_dir / "inference_eval"
   rows = [json.loads(line) for line in
-          (results / "decal_builtin_qa.validation.2.predictions.jsonl").read_text().splitlines()]
-  scores = json.loads((results / "decal_builtin_qa.validation.2.metrics.json").read_text())
-  assert len(rows) == 6 and scores["num_examples"] == 6 and scores["compression_ratio"] == 4
-  assert all(r["inputs"].startswith("question: ") and len(r["target"]) == 2 for r in rows)
+          (logged / "decal_builtin_qa-000002.jsonl").read_text().splitlines()]
+  lines = [json.loads(line) for line in
+           (logged / "decal_builtin_qa-metrics.jsonl").read_text().splitlines()]
+  assert len(rows) == 6 and [line["step"] for line in lines] == [2]
+  assert all(set(r) == {"input", "target", "prediction", "output"} for r in rows)
+  assert all(r["input"]["inputs_pretokenized"].startswith("question: ") and
+             r["target"] == r["input"]["answers"] and len(r["target"]) == 2 for r in rows)
   em = 100 * sum(any(text_metrics.normalize_answer(r["prediction"]) ==
                      text_metrics.normalize_answer(t) for t in r["target"]) for r in rows) / 6
-  assert scores["em"] == pytest.approx(em) and 0 <= scores["f1"] <= 100
+  assert lines[0]["em"] == pytest.approx(em) and 0 <= lines[0]["f1"] <= 100
+  assert list((logged / "decal_builtin_qa").glob("events.out.tfevents.*"))  # TensorBoardLogger
+  assert list((model_dir / "training_eval" / "decal_builtin_qa").glob("events.out.tfevents.*"))
   assert "decal_builtin_qa (6 examples)" in proc.stdout
 
 

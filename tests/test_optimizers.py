@@ -46,6 +46,31 @@ def test_cosine_schedule_hand_worked():
     assert float(floor(step)) == pytest.approx(want, rel=1e-6), step
 
 
+def numpy_warmup_cosine(step, base, warmup, decay, final_fraction):
+  """The schedule re-derived in numpy: a linear ramp over `warmup` steps, then a half-cosine
+  from base to final_fraction * base over the next `decay` steps, flat after."""
+  step = np.asarray(step, np.float64)
+  ramp = base * step / max(warmup, 1)
+  t = np.clip((step - warmup) / decay, 0.0, 1.0)
+  cosine = base * (final_fraction + (1 - final_fraction) * 0.5 * (1 + np.cos(np.pi * t)))
+  return np.where(step < warmup, ramp, cosine)
+
+
+@pytest.mark.parametrize("base, warmup, decay, final_fraction",
+                         [(3e-3, 2, 50, 0.0), (1e-4, 2000, 150_000, 0.0), (1.0, 0, 10, 0.1),
+                          (0.5, 7, 13, 0.25)])
+def test_cosine_schedule_matches_numpy(base, warmup, decay, final_fraction):
+  lr = optimizers.cosine_schedule(base, warmup_steps=warmup, decay_steps=decay,
+                                  final_fraction=final_fraction)
+  steps = sorted({0, 1, warmup // 2, max(warmup - 1, 0), warmup, warmup + 1,
+                  warmup + decay // 3, warmup + decay // 2, warmup + decay - 1, warmup + decay,
+                  2 * (warmup + decay)})
+  got = np.array([float(lr(s)) for s in steps])
+  want = numpy_warmup_cosine(steps, base, warmup, decay, final_fraction)
+  # float32 schedule against float64: cos near pi / 2 is the worst case, a few ulps of base.
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * base)
+
+
 def test_cosine_schedule_refuses_bad_settings():
   with pytest.raises(ValueError, match="decay_steps >= 1"):
     optimizers.cosine_schedule(warmup_steps=10, decay_steps=0)
@@ -66,3 +91,21 @@ def test_scaled_updates_multiply_only_the_named_part():
   np.testing.assert_allclose(scaled["stack"]["w"], plain["stack"]["w"], rtol=1e-6)
   with pytest.raises(ValueError, match="positive"):
     optimizers.scaled_updates(base, {"scorer": 0.0})
+
+
+def test_each_optimizer_carries_its_schedule_for_the_trainer_to_log():
+  cosine = optimizers.cosine_schedule(1e-3, warmup_steps=10, decay_steps=100)
+  adamw = optimizers.adamw(cosine)
+  assert optimizers.schedule_of(adamw) is cosine
+  assert optimizers.schedule_of(optimizers.adafactor(cosine)) is cosine
+  assert optimizers.schedule_of(optimizers.partially_frozen(adamw, ("w",))) is cosine
+  assert optimizers.schedule_of(optimizers.scaled_updates(adamw, {"w": 0.5})) is cosine
+  assert float(optimizers.schedule_of(optimizers.adamw(0.25))(1000)) == 0.25  # a constant
+  default = optimizers.schedule_of(optimizers.adafactor())  # T5's rsqrt, 10k warm-up steps
+  assert float(default(40_000)) == pytest.approx(1 / math.sqrt(40_000), rel=1e-6)
+  assert optimizers.schedule_of(optax.sgd(0.1)) is None  # not built here: nothing to log
+  # The attached schedule changes nothing about the updates.
+  params, grads = {"w": jnp.ones(3)}, {"w": jnp.array([0.5, -1.0, 2.0])}
+  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(cosine, weight_decay=0.01))
+  np.testing.assert_array_equal(adamw.update(grads, adamw.init(params), params)[0]["w"],
+                                plain.update(grads, plain.init(params), params)[0]["w"])

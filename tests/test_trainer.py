@@ -1,5 +1,6 @@
 """Trainer: the loss falls, a resumed run equals an uninterrupted one, bad input is refused."""
 import pathlib
+import re
 import shutil
 
 import jax
@@ -131,12 +132,62 @@ def test_infer_refuses_empty_input(tmp_path):
                      task_feature_lengths=LENGTHS)
 
 
-def test_tensorboard_metrics_and_config_are_written(tmp_path):
-  _train(tmp_path, 3, gin_config_text="# operative config\n", checkpoint_input=False)
-  assert not (tmp_path / "checkpoint_3" / "dataset").exists()  # switched off
-  assert (tmp_path / "config.gin").read_text() == "# operative config\n"
-  for split in ("train", "eval"):
-    assert list((tmp_path / split).glob("events.out.tfevents.*")), split
+def _summaries(folder: pathlib.Path):
+  """{tag: [(step, summary value)]} from a TensorBoard folder's event files."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  out = {}
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        out.setdefault(value.tag, []).append((event.step, value))
+  return out
+
+
+def test_tensorboard_metrics_learning_rate_config_and_hparams_are_written(tmp_path):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  _train(tmp_path, 6, gin_config_text="# operative config\nMODEL_DIR = 'x'\n",
+         checkpoint_input=False)
+  assert not (tmp_path / "checkpoint_6" / "dataset").exists()  # switched off
+  assert (tmp_path / "config.gin").read_text() == "# operative config\nMODEL_DIR = 'x'\n"
+  assert list((tmp_path / "training_eval" / _cfg().mixture_or_task_name)  # T5X's layout
+              .glob("events.out.tfevents.*"))
+  train = _summaries(tmp_path / "train")
+  # rsqrt_schedule(0.5, warmup_steps=5) at the step taken last (optax counts from 0):
+  # 0.5 * min(s / 5, 1) / sqrt(max(s, 5)) for s = 2 (logged at step 3) and s = 5 (step 6).
+  logged = {step: float(tf.make_ndarray(v.tensor)) for step, v in train["learning_rate"]}
+  want = {3: 0.5 * (2 / 5) / np.sqrt(5), 6: 0.5 / np.sqrt(5)}
+  assert logged == pytest.approx(want, rel=1e-6)
+  assert {step for step, _ in train["loss"]} == {3, 6}
+  (step, text), = train["config"]  # a text summary (plugin "text")
+  assert text.metadata.plugin_data.plugin_name == "text"
+  assert step == 0 and "MODEL_DIR = 'x'" in tf.make_ndarray(text.tensor).item().decode()
+  hparams = [v for values in train.values() for _, v in values
+             if v.metadata.plugin_data.plugin_name == "hparams"]
+  assert hparams and b"decal_builtin_span_corruption" in b"".join(
+      v.metadata.plugin_data.content for v in hparams)
+
+
+def test_model_info_lists_every_parameter_with_its_shape_and_partitioning(tmp_path):
+  """MODEL_DIR/model-info.txt (T5X's lines) against the model's own parameter tree."""
+  import flax  # pylint: disable=import-outside-toplevel
+  _train(tmp_path, 1)
+  model, part = _model(), partitioning.Partitioner()
+  variables = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), model.input_shapes(LENGTHS)))
+  params = flax.traverse_util.flatten_dict(variables["params"], sep="/")
+  specs = flax.traverse_util.flatten_dict(
+      part.params_shardings(variables["params_axes"], variables["params"]), sep="/")
+  lines = (tmp_path / "model-info.txt").read_text().splitlines()
+  listed = {}
+  for line in lines[:-1]:
+    name, size, shape, spec = re.fullmatch(
+        r"Variable (\S+) +size (\d+) +shape (\(.*?\)) +partition spec (.*)", line).groups()
+    dims = tuple(int(d.split("=")[-1]) for d in shape.strip("()").split(", ") if d)
+    listed[name] = (int(size), dims, spec)
+  assert listed == {name: (int(np.prod(v.shape)), tuple(v.shape), str(tuple(specs[name].spec)))
+                    for name, v in params.items()}
+  assert "shape (embed=32, mlp=64)" in (tmp_path / "model-info.txt").read_text()  # logical names
+  assert lines[-1] == f"Total number of parameters: {sum(s for s, _, _ in listed.values())}"
 
 
 def test_a_half_written_checkpoint_is_never_taken_as_the_latest(tmp_path):

@@ -1,7 +1,7 @@
 """Task x compression-ratio results table: for each ratio C, pretrain a tiny model on the
 built-in corpus (span corruption), fine-tune it on the task, and evaluate it with
-`python -m decal_jax.eval` (which writes MODEL_DIR/eval_results/*.metrics.json); the table is
-built from those metrics files. Every run uses the same budget, seed and data.
+`python -m decal_jax.eval` (which writes seqio's MODEL_DIR/inference_eval/<task>-metrics.jsonl
+and <task>-<step:06>.jsonl); the table is built from those files. Every run uses the same budget, seed and data.
 
   python tools/downstream_table.py --ratios 1 2 4 --pretrain-steps 400 --finetune-steps 200 \
       --out docs/results/downstream_builtin_qa.md
@@ -11,10 +11,9 @@ unfinished runs and re-evaluates finished ones, so the table can always be regen
 Other tasks: --task decal_squad etc. with their data available (DECAL_LOCAL_DATA_DIR).
 """
 import argparse
-import json
 import pathlib
 
-from decal_jax import benchmarking
+from decal_jax import benchmarking, inference_eval
 from decal_jax.benchmarking import run_entry_point as run  # python -m decal_jax.<module>
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -36,9 +35,9 @@ def one_ratio(ratio: int, a, work: pathlib.Path) -> dict:
   t_eval = run("eval", ["--gin_file=models/decal_tiny.gin", "--gin_file=runs/eval.gin",
                         f"--gin.MODEL_DIR='{ft}'", f"--gin.MIXTURE_OR_TASK_NAME='{a.task}'",
                         f"--gin.EVAL_SPLIT='{a.split}'", lengths, *common], log)
-  metrics_file = ft / "eval_results" / f"{a.task}.{a.split}.{a.finetune_steps}.metrics.json"
-  metrics = json.loads(metrics_file.read_text())
-  return dict(metrics, ratio=ratio, minutes=(t_pre + t_ft + t_eval) / 60)
+  metrics = inference_eval.read_metrics(str(ft), a.task, a.finetune_steps)
+  examples = len(inference_eval.read_inferences(str(ft), a.task, a.finetune_steps))
+  return dict(metrics, num_examples=examples, ratio=ratio, minutes=(t_pre + t_ft + t_eval) / 60)
 
 
 def table(rows, task: str) -> str:

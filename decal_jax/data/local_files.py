@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import seqio
 import tensorflow as tf
 
+log = logging.getLogger(__name__)  # decal_jax.* warnings: console.py routes them in the CLI
+
 BAD_LINE_POLICIES = ("fail", "skip")
 
 
@@ -126,7 +128,7 @@ def check_file(path: str, parse: Callable[[bytes], Any],
         continue
       good.append(number)
   if skipped:
-    logging.warning("%s: skipped %d bad line(s) of %d.", path, skipped, skipped + len(good))
+    log.warning("%s: skipped %d bad line(s) of %d.", path, skipped, skipped + len(good))
   if not good:
     raise BadRecordError(f"{path}: no usable line (of {skipped} non-blank ones).")
   return good, skipped

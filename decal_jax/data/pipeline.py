@@ -6,8 +6,10 @@ and assembling the global batch from the processes' rows.
 before anything is read; `resume_batches` puts a training stream back where the latest
 checkpoint left it.
 """
+import contextlib
 import dataclasses
 import difflib
+import logging
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 import jax
@@ -124,13 +126,37 @@ def train_batches(cfg: DatasetConfig, model, skip: int = 0,
   return batches
 
 
+class _NoUncachedDatasetAdvice(logging.Filter):
+  """Drops seqio's advice to cache a task before training on it ("Using an uncached
+  FunctionDataset for training ... resulting in overfitting"): it is about restarts that
+  shuffle afresh, and `resume_batches` continues the same stream at the saved position."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Using an uncached FunctionDataset for training")
+
+
+@contextlib.contextmanager
+def _without_uncached_dataset_advice():
+  quiet = _NoUncachedDatasetAdvice()
+  seqio_logger = logging.getLogger("absl")  # seqio logs through absl.logging
+  seqio_logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    seqio_logger.removeFilter(quiet)
+
+
 def resume_batches(cfg: DatasetConfig, model, partitioner: partitioning.Partitioner,
                    ckpt: checkpoints.Checkpointer, position: Dict[str, Any]
                    ) -> batch_iterator.BatchIterator:
   """The training batches from where the latest checkpoint left them: its saved iterator
   state when it has one for this process, else by reading the consumed batches again.
   After a change of data seed the stream starts over in the new order."""
-  batches = train_batches(cfg, model, 0, partitioner)
+  def from_the_start():
+    with _without_uncached_dataset_advice():
+      return train_batches(cfg, model, 0, partitioner)
+
+  batches = from_the_start()
   step = ckpt.latest_step()
   if step is None or position.get("seed_changed"):
     return batches
@@ -143,7 +169,7 @@ def resume_batches(cfg: DatasetConfig, model, partitioner: partitioning.Partitio
   except tf.errors.OpError as e:  # a pipeline of another shape than the one saved
     why = (f"holds an input position this input pipeline cannot take "
            f"({batch_iterator.tf_reason(e)[:160]}...: was the task or its preprocessing changed?)")
-    batches = train_batches(cfg, model, 0, partitioner)  # nothing half-restored
+    batches = from_the_start()  # nothing half-restored
   partitioning.log(f"note: checkpoint_{step} {why}; reading the "
                    f"{position['batches_consumed']} consumed batches again to resume exactly.")
   batches.advance(position["batches_consumed"], show_progress=jax.process_index() == 0)

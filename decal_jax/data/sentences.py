@@ -38,6 +38,8 @@ import tensorflow as tf
 
 from decal_jax.data import vocabularies
 
+log = logging.getLogger(__name__)  # decal_jax.* warnings: console.py routes them in the CLI
+
 DEFAULT_MAX_SENTENCE_LENGTH = 64  # tokens per sentence, its end token included
 # Words ending in a period that do not end a sentence (compared lower-cased).
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "mr.", "mrs.", "ms.", "dr.", "prof.",
@@ -167,10 +169,10 @@ class _SplitCounter:
       self.counts[task] += 1
       n = self.counts[task]
     if n == 1 or np.log10(n).is_integer():
-      logging.warning("%s: %d sentence(s) so far had more than %d tokens and were cut into "
-                      "pieces, each ended by the end-of-sentence token; raise "
-                      "max_sentence_length (data and GpthfConfig alike) to keep more whole.",
-                      task or "sentences_lm", n, max_sentence_length - 1)
+      log.warning("%s: %d sentence(s) so far had more than %d tokens and were cut into "
+                  "pieces, each ended by the end-of-sentence token; raise "
+                  "max_sentence_length (data and GpthfConfig alike) to keep more whole.",
+                  task or "sentences_lm", n, max_sentence_length - 1)
 
 
 SPLITS = _SplitCounter()

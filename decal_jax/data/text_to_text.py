@@ -21,6 +21,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+log = logging.getLogger(__name__)  # decal_jax.* warnings: console.py routes them in the CLI
+
 SUMMARIZATION = {"document": "text", "summary": "text"}
 QA = {"question": "text", "context": "text", "answers": "texts"}
 KINDS = {"summarization": SUMMARIZATION, "qa": QA}
@@ -71,9 +73,9 @@ class _TruncationCounter:
       self.counts[(task, feature)] += 1
       n = self.counts[(task, feature)]
     if n == 1 or np.log10(n).is_integer():
-      logging.warning("%s: %d '%s' sequence(s) so far were longer than %d tokens and were "
-                      "truncated; raise TASK_FEATURE_LENGTHS['%s'] to keep more.",
-                      task, n, feature, length, feature)
+      log.warning("%s: %d '%s' sequence(s) so far were longer than %d tokens and were "
+                  "truncated; raise TASK_FEATURE_LENGTHS['%s'] to keep more.",
+                  task, n, feature, length, feature)
 
 
 TRUNCATIONS = _TruncationCounter()

@@ -1,0 +1,54 @@
+"""MODEL_DIR/model-info.txt: every parameter's name, size, shape (with its logical axis names)
+and mesh partition spec, then the total count, in the lines T5X's `utils.log_model_info`
+writes:
+
+  Variable decoder/logits_dense/kernel   size 135168   shape (embed=32, vocab=4224)   partition spec (None, 'model')
+  Total number of parameters: 1234567
+"""
+import os
+from typing import Any, List
+
+import flax
+import jax
+import numpy as np
+
+from decal_jax import fileio
+from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.models import BaseModel
+
+FILE_NAME = "model-info.txt"
+
+
+def describe(params: Any, params_axes: Any, shardings: Any) -> List[str]:
+  """One line per parameter (arrays or ShapeDtypeStructs), then the total."""
+  axes = flax.traverse_util.flatten_dict(flax.core.unfreeze(params_axes))
+  specs = flax.traverse_util.flatten_dict(flax.core.unfreeze(shardings))
+  lines, total = [], 0
+  for key, value in flax.traverse_util.flatten_dict(flax.core.unfreeze(params)).items():
+    names = axes.get(key[:-1] + (f"{key[-1]}_axes",))
+    names = tuple(names.names) if names is not None else ()
+    shape = tuple(value.shape)
+    if len(names) == len(shape):
+      shape_text = "({})".format(", ".join(f"{n}={d}" for n, d in zip(names, shape)))
+    else:
+      shape_text = str(shape)
+    size = int(np.prod(shape, dtype=np.int64))
+    total += size
+    lines.append("Variable %-80s size %-12s shape %-40s partition spec %s" % (
+        "/".join(key), size, shape_text, tuple(specs[key].spec)))
+  lines.append(f"Total number of parameters: {total}")
+  return lines
+
+
+def write(model_dir: str, model: BaseModel, cfg: DatasetConfig, partitioner) -> str:
+  """Writes MODEL_DIR/model-info.txt (process 0; shapes traced, nothing allocated); returns
+  its path."""
+  path = os.path.join(model_dir, FILE_NAME)
+  if jax.process_index() != 0:
+    return path
+  shapes = model.input_shapes(cfg.task_feature_lengths)
+  variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
+  shardings = partitioner.params_shardings(variables["params_axes"], variables["params"])
+  lines = describe(variables["params"], variables["params_axes"], shardings)
+  fileio.write_text_atomic(path, "\n".join(lines) + "\n")
+  return path
