@@ -292,6 +292,12 @@ class StoredIndex(abc.ABC):
       return f"the same {now['num_docs']} documents, but their ids, titles or texts differ"
     return ""
 
+  def checked(self, expected_config: Optional[Mapping[str, Any]]) -> "StoredIndex":
+    """This index, after `check_config(expected_config)` when one is given."""
+    if expected_config is not None:
+      self.check_config(expected_config)
+    return self
+
   @property
   def config(self) -> Dict[str, Any]:
     return self.meta["config"]
@@ -343,12 +349,7 @@ class Index(StoredIndex):
            ) -> "Index":
     """Opens the index in `directory`; with `expected_config`, refuses one built with a
     different encoder config (IndexConfigMismatchError)."""
-    directory = os.path.abspath(directory)
-    _check_complete(directory)
-    with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-      meta = json.load(f)
-    with open(os.path.join(directory, "doc_ids.json"), encoding="utf-8") as f:
-      doc_ids = json.load(f)
+    directory, meta, doc_ids = read_meta(directory, _FILES)
     offsets = np.load(os.path.join(directory, "offsets.npy"))
     if meta["num_vectors"] > 0:
       vectors = np.load(os.path.join(directory, "vectors.npy"), mmap_mode="r")
@@ -366,10 +367,7 @@ class Index(StoredIndex):
     if wrong:
       raise ValueError(f"The index in {directory} is inconsistent ({'; '.join(wrong)}). "
                        "Its files were changed after the build; rebuild the index.")
-    index = cls(directory, vectors, offsets, doc_ids, meta)
-    if expected_config is not None:
-      index.check_config(expected_config)
-    return index
+    return cls(directory, vectors, offsets, doc_ids, meta).checked(expected_config)
 
   # ----------------------------------------------------------------------------- sizes
   @property
@@ -444,6 +442,17 @@ class Index(StoredIndex):
     scores = np.asarray(scores).reshape(nb * qb, k)[:num_queries]
     ids = np.asarray(ids).reshape(nb * qb, k)[:num_queries]
     return scores, ids
+
+def read_meta(directory: str, files: Sequence[str]) -> Tuple[str, Dict[str, Any], List[str]]:
+  """(absolute directory, meta.json, doc_ids.json) of a complete index directory, or a
+  clear error (`_check_complete`)."""
+  directory = os.path.abspath(directory)
+  _check_complete(directory, files)
+  with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+    meta = json.load(f)
+  with open(os.path.join(directory, "doc_ids.json"), encoding="utf-8") as f:
+    return directory, meta, json.load(f)
+
 
 def _check_complete(directory: str, files: Sequence[str] = _FILES) -> None:
   """A clear error for a missing, interrupted or partial index directory."""

@@ -36,7 +36,6 @@ k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in
 clustering's own randomness, the numpy one slower on large samples.
 """
 import datetime
-import json
 import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -138,10 +137,15 @@ class Codec:
 
   @classmethod
   def train(cls, sample: np.ndarray, bits: Optional[int], num_centroids: int,
-            iterations: int = 10, seed: int = 0, backend: str = "auto") -> Tuple["Codec", str]:
-    """(the codec learned from sample `[n, d]`, the k-means backend that ran)."""
+            iterations: int = 10, seed: int = 0, backend: str = "auto",
+            centroids: Optional[np.ndarray] = None) -> Tuple["Codec", str]:
+    """(the codec learned from sample `[n, d]`, the k-means backend that ran); given
+    `centroids` (e.g. another bit width's), only the bucket quantiles are learned."""
     check_bits(bits, sample.shape[1])
-    centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
+    if centroids is None:
+      centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
+    else:
+      centroids, used = np.asarray(centroids, np.float32), "given"
     if bits is None:
       return cls(centroids, None), used
     residuals = sample - centroids[nearest_centroids(sample, centroids)]  # [n, d]
@@ -203,12 +207,13 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                          num_centroids: Optional[int] = None, sample_vectors: int = 1 << 16,
                          kmeans_iterations: int = 10, seed: int = 0,
                          kmeans_backend: str = "auto", overwrite: bool = False,
-                         chunk_vectors: int = 1 << 16, progress: bool = False
-                         ) -> "ResidualIndex":
+                         chunk_vectors: int = 1 << 16, progress: bool = False,
+                         centroids: Optional[np.ndarray] = None) -> "ResidualIndex":
   """Compresses the exact index `source` into a residual index at `directory`; returns it
   opened. num_centroids: default `default_num_centroids`, at most the sample's size;
   sample_vectors: how many of the corpus's vectors (drawn without replacement with `seed`)
-  train k-means and the bucket quantiles."""
+  train k-means and the bucket quantiles; centroids: reuse these (e.g. those of another
+  bit width's index of the same corpus) instead of running k-means."""
   directory = os.path.abspath(directory)
   if source.num_vectors == 0:
     raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
@@ -220,8 +225,10 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
   sample_size = min(sample_vectors, source.num_vectors)
   rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
   sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
-  k = min(num_centroids or default_num_centroids(source.num_vectors), sample_size)
-  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend)
+  k = len(centroids) if centroids is not None else min(
+      num_centroids or default_num_centroids(source.num_vectors), sample_size)
+  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
+                               centroids)
   settings = {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
               "kmeans_iterations": kmeans_iterations, "seed": seed}
   with fileio.atomic_directory(directory) as folder:
@@ -305,12 +312,7 @@ class ResidualIndex(exact.StoredIndex):
            ) -> "ResidualIndex":
     """Opens the residual index in `directory`; with `expected_config`, refuses one built
     with a different encoder config (IndexConfigMismatchError)."""
-    directory = os.path.abspath(directory)
-    exact._check_complete(directory, _FILES)  # pylint: disable=protected-access
-    with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-      meta = json.load(f)
-    with open(os.path.join(directory, "doc_ids.json"), encoding="utf-8") as f:
-      doc_ids = json.load(f)
+    directory, meta, doc_ids = exact.read_meta(directory, _FILES)
 
     def load(name: str, mmap: bool = False) -> np.ndarray:
       return np.load(os.path.join(directory, name), mmap_mode="r" if mmap else None)
@@ -325,10 +327,7 @@ class ResidualIndex(exact.StoredIndex):
         or int(arrays["offsets"][-1]) != meta["num_vectors"]):
       raise ValueError(f"The residual index in {directory} is inconsistent with its "
                        "meta.json: its files were changed after the build; rebuild it.")
-    opened = cls(directory, codec, arrays, doc_ids, meta)
-    if expected_config is not None:
-      opened.check_config(expected_config)
-    return opened
+    return cls(directory, codec, arrays, doc_ids, meta).checked(expected_config)
 
   def settings_change(self, settings: Mapping[str, Any]) -> str:
     """'' when the codec was built with these settings (keys of meta['codec'] given);
