@@ -218,8 +218,12 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
   if source.num_vectors == 0:
     raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
                      "Search it exactly.")
-  if os.path.exists(directory) and not overwrite:
-    raise FileExistsError(f"{directory} already exists. Pass overwrite=True to replace it.")
+  if os.path.exists(directory):
+    if not overwrite:
+      raise FileExistsError(f"{directory} already exists. Pass overwrite=True to replace it.")
+    if os.listdir(directory) and not os.path.exists(os.path.join(directory, "meta.json")):
+      raise FileExistsError(f"{directory} exists and is not an index (no meta.json); "
+                            "overwrite=True only replaces an index. Choose another directory.")
   check_bits(bits, source.dim)
   rng = np.random.default_rng(seed)
   sample_size = min(sample_vectors, source.num_vectors)

@@ -142,6 +142,12 @@ def test_index_files_and_bytes_per_vector(tmp_path, bits):
   np.testing.assert_allclose(built.doc_vectors(0), exact.doc_vectors(0), atol=tolerance)
   assert built.doc_vectors(3).shape == (0, DIM)
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+  with pytest.raises(FileExistsError, match="overwrite=True"):
+    residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12)
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes" / "a.txt").write_text("keep")
+  with pytest.raises(FileExistsError, match="is not an index"):
+    residual.build_residual_index(str(tmp_path / "notes"), exact, bits, overwrite=True)
 
 
 # ------------------------------------------------------------------------------- search
