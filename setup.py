@@ -37,6 +37,10 @@ setuptools.setup(
                  "pytrec-eval-terrier>=0.5.6,<0.6"],  # NDCG / recall reference
         "hf": ["torch>=2.4,<3", "transformers>=4.45,<6"],
         "plot": ["matplotlib>=3.8,<4"],
+        # approximate retrieval: faiss k-means for the residual index (numpy otherwise)
+        "ann": ["faiss-cpu>=1.8,<2"],
+        # the BM25 reference with BEIR's settings (stemming, stop words); a fallback is built in
+        "bm25": ["bm25s>=0.2,<0.4", "PyStemmer>=2.2,<4"],
         # T5X is not on the package index; users with network access can add it from git.
         "t5x": ["t5x @ git+https://github.com/google-research/t5x"],
     },

@@ -198,11 +198,13 @@ def random_floor(a, repeats: int = 20, seed: int = 0) -> dict:
 
 
 def bm25_reference(a) -> dict:
-  """NDCG@10 and Recall@100 of BM25 on the scored split (a lexical reference, no training)."""
+  """NDCG@10 and Recall@100 of BM25 on the scored split (a lexical reference, no training;
+  `bm25.reference_run`: bm25s with BEIR's settings when installed), and its name."""
   from decal_jax.retrieval import beir, bm25, ir_metrics  # pylint: disable=import-outside-toplevel
   data = beir.load_beir(a.folder, a.eval_split)
-  ranked = bm25.run({d: p.full_text for d, p in data.corpus.items()}, data.queries)
-  return ir_metrics.evaluate(ranked, data.qrels)
+  ranked, name = bm25.reference_run({d: p.full_text for d, p in data.corpus.items()},
+                                     data.queries)
+  return {**ir_metrics.evaluate(ranked, data.qrels), "name": name}
 
 
 def table(rows) -> str:
@@ -272,7 +274,7 @@ def report(a, rows, command: str) -> str:
       "NDCG@10 minus the base row's on the same query; one fine-tune per row",
       f"random rankings (mean of 20): NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 "
       f"{floor['recall@100']:.4f}",
-      f"BM25 (k1 0.9, b 0.4, lower-cased words, no training): NDCG@10 "
+      f"{bm25['name']}, no training: NDCG@10 "
       f"{bm25['ndcg@10']:.4f}, Recall@100 {bm25['recall@100']:.4f}")
   return ("\n".join(lines) + f"\n\n{table(rows)}\n\n## Rows (JSON lines)\n\n```jsonl\n"
           + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")

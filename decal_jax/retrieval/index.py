@@ -23,6 +23,7 @@ shapes compile), keeping a running top-k with `jax.lax.top_k`. A document with n
 scores 0 for every query (as in `maxsim.maxsim`), so it ranks below any document with a
 positive match and above those whose best matches are negative.
 """
+import abc
 import datetime
 import functools
 import glob
@@ -156,8 +157,8 @@ def build_index(directory: str, doc_ids: Sequence[str], token_batches: Iterable[
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat())
     if corpus_fingerprint is not None:
       meta["corpus"] = dict(corpus_fingerprint)
-    _write_json(os.path.join(tmp, "doc_ids.json"), doc_ids)
-    _write_json(os.path.join(tmp, "meta.json"), meta)  # last: its presence marks completion
+    write_json(os.path.join(tmp, "doc_ids.json"), doc_ids)
+    write_json(os.path.join(tmp, "meta.json"), meta)  # last: its presence marks completion
   return Index.open(directory, expected_config=config)
 
 
@@ -205,7 +206,7 @@ def _write_index_files(tmp: str, doc_ids: List[str], token_batches: Iterable[np.
           "num_vectors": int(total), "bytes": int(total) * int(dim) * dtype.itemsize}
 
 
-def _write_json(path: str, value: Any) -> None:
+def write_json(path: str, value: Any) -> None:
   with open(path, "w", encoding="utf-8") as f:
     json.dump(value, f, indent=1, ensure_ascii=False)
     f.flush()
@@ -245,50 +246,26 @@ def _score_chunk(queries, query_valid, best_scores, best_ids, docs, doc_valid, d
   return scores, ids
 
 
-class Index:
-  """An opened index: memory-mapped vectors, offsets, doc ids and meta."""
+def check_queries(query_vectors: np.ndarray, query_valid: np.ndarray, dim: int
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+  """(query_vectors `[q, mq, dim]`, query_valid bool `[q, mq]`) as arrays, or a ValueError."""
+  query_vectors = np.asarray(query_vectors)
+  query_valid = np.asarray(query_valid, dtype=bool)
+  if query_vectors.ndim != 3 or query_vectors.shape[2] != dim:
+    raise ValueError(f"query_vectors must be [q, mq, {dim}] (the index dimension), "
+                     f"got {query_vectors.shape}. Encode queries with the index's encoder.")
+  if query_valid.shape != query_vectors.shape[:2]:
+    raise ValueError(f"query_valid must have shape {query_vectors.shape[:2]}, got "
+                     f"{query_valid.shape}.")
+  return query_vectors, query_valid
 
-  def __init__(self, directory: str, vectors: np.ndarray, offsets: np.ndarray,
-               doc_ids: List[str], meta: Dict[str, Any]):
-    self.directory = directory
-    self.vectors = vectors  # [num_vectors, d], memory-mapped
-    self.offsets = offsets  # [num_docs + 1] int64
-    self.doc_ids = doc_ids
-    self.meta = meta
 
-  # ----------------------------------------------------------------------------- open
-  @classmethod
-  def open(cls, directory: str, expected_config: Optional[Mapping[str, Any]] = None
-           ) -> "Index":
-    """Opens the index in `directory`; with `expected_config`, refuses one built with a
-    different encoder config (IndexConfigMismatchError)."""
-    directory = os.path.abspath(directory)
-    _check_complete(directory)
-    with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-      meta = json.load(f)
-    with open(os.path.join(directory, "doc_ids.json"), encoding="utf-8") as f:
-      doc_ids = json.load(f)
-    offsets = np.load(os.path.join(directory, "offsets.npy"))
-    if meta["num_vectors"] > 0:
-      vectors = np.load(os.path.join(directory, "vectors.npy"), mmap_mode="r")
-    else:  # a zero-length file region cannot be memory-mapped
-      vectors = np.load(os.path.join(directory, "vectors.npy"))
-    expected = {"vectors.npy shape": (meta["num_vectors"], meta["dim"]),
-                "vectors.npy dtype": meta["dtype"], "offsets.npy length": meta["num_docs"] + 1,
-                "doc_ids.json length": meta["num_docs"],
-                "last offset": meta["num_vectors"]}
-    found = {"vectors.npy shape": tuple(vectors.shape), "vectors.npy dtype": vectors.dtype.name,
-             "offsets.npy length": len(offsets), "doc_ids.json length": len(doc_ids),
-             "last offset": int(offsets[-1]) if len(offsets) else None}
-    wrong = [f"{k}: {found[k]} (meta.json says {v})" for k, v in expected.items()
-             if found[k] != v]
-    if wrong:
-      raise ValueError(f"The index in {directory} is inconsistent ({'; '.join(wrong)}). "
-                       "Its files were changed after the build; rebuild the index.")
-    index = cls(directory, vectors, offsets, doc_ids, meta)
-    if expected_config is not None:
-      index.check_config(expected_config)
-    return index
+class StoredIndex(abc.ABC):
+  """What every on-disk index shares: its directory, doc ids and meta.json, the encoder
+  config and corpus checks, and `search_run` over the subclass's `search`."""
+  directory: str
+  doc_ids: List[str]
+  meta: Dict[str, Any]
 
   def check_config(self, expected_config: Mapping[str, Any]) -> None:
     """Raises IndexConfigMismatchError naming each key whose value differs."""
@@ -315,7 +292,12 @@ class Index:
       return f"the same {now['num_docs']} documents, but their ids, titles or texts differ"
     return ""
 
-  # ----------------------------------------------------------------------------- sizes
+  def checked(self, expected_config: Optional[Mapping[str, Any]]) -> "StoredIndex":
+    """This index, after `check_config(expected_config)` when one is given."""
+    if expected_config is not None:
+      self.check_config(expected_config)
+    return self
+
   @property
   def config(self) -> Dict[str, Any]:
     return self.meta["config"]
@@ -328,6 +310,66 @@ class Index:
   def num_docs(self) -> int:
     return len(self.doc_ids)
 
+  def __len__(self) -> int:
+    return self.num_docs
+
+  @abc.abstractmethod
+  def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
+             **search_kwargs) -> Tuple[np.ndarray, np.ndarray]:
+    """Top-k documents per query: (scores float32 `[q, k]`, doc indices int32 `[q, k]`)."""
+
+  def search_run(self, qids: Sequence[str], query_vectors: np.ndarray, query_valid: np.ndarray,
+                 top_k: int = 100, **search_kwargs) -> Dict[str, Dict[str, float]]:
+    """`search` as a run {qid: {doc id: score}} (for `ir_metrics` and TREC run files)."""
+    qids = [str(q) for q in qids]
+    if len(qids) != len(query_vectors):
+      raise ValueError(f"{len(qids)} qids for {len(query_vectors)} query rows. Give one id "
+                       "per query.")
+    if len(set(qids)) != len(qids):
+      raise ValueError("qids hold a duplicate id. Give every query a unique id.")
+    scores, ids = self.search(query_vectors, query_valid, top_k, **search_kwargs)
+    return {qid: {self.doc_ids[i]: float(s) for s, i in zip(row_scores, row_ids) if i >= 0}
+            for qid, row_scores, row_ids in zip(qids, scores, ids)}
+
+
+class Index(StoredIndex):
+  """An opened index: memory-mapped vectors, offsets, doc ids and meta."""
+
+  def __init__(self, directory: str, vectors: np.ndarray, offsets: np.ndarray,
+               doc_ids: List[str], meta: Dict[str, Any]):
+    self.directory = directory
+    self.vectors = vectors  # [num_vectors, d], memory-mapped
+    self.offsets = offsets  # [num_docs + 1] int64
+    self.doc_ids = doc_ids
+    self.meta = meta
+
+  # ----------------------------------------------------------------------------- open
+  @classmethod
+  def open(cls, directory: str, expected_config: Optional[Mapping[str, Any]] = None
+           ) -> "Index":
+    """Opens the index in `directory`; with `expected_config`, refuses one built with a
+    different encoder config (IndexConfigMismatchError)."""
+    directory, meta, doc_ids = read_meta(directory, _FILES)
+    offsets = np.load(os.path.join(directory, "offsets.npy"))
+    if meta["num_vectors"] > 0:
+      vectors = np.load(os.path.join(directory, "vectors.npy"), mmap_mode="r")
+    else:  # a zero-length file region cannot be memory-mapped
+      vectors = np.load(os.path.join(directory, "vectors.npy"))
+    expected = {"vectors.npy shape": (meta["num_vectors"], meta["dim"]),
+                "vectors.npy dtype": meta["dtype"], "offsets.npy length": meta["num_docs"] + 1,
+                "doc_ids.json length": meta["num_docs"],
+                "last offset": meta["num_vectors"]}
+    found = {"vectors.npy shape": tuple(vectors.shape), "vectors.npy dtype": vectors.dtype.name,
+             "offsets.npy length": len(offsets), "doc_ids.json length": len(doc_ids),
+             "last offset": int(offsets[-1]) if len(offsets) else None}
+    wrong = [f"{k}: {found[k]} (meta.json says {v})" for k, v in expected.items()
+             if found[k] != v]
+    if wrong:
+      raise ValueError(f"The index in {directory} is inconsistent ({'; '.join(wrong)}). "
+                       "Its files were changed after the build; rebuild the index.")
+    return cls(directory, vectors, offsets, doc_ids, meta).checked(expected_config)
+
+  # ----------------------------------------------------------------------------- sizes
   @property
   def num_vectors(self) -> int:
     return int(self.vectors.shape[0])
@@ -344,9 +386,6 @@ class Index:
   def nbytes(self) -> int:
     """Bytes of the stored vectors (the part that scales with the compression ratio)."""
     return int(self.vectors.nbytes)
-
-  def __len__(self) -> int:
-    return self.num_docs
 
   def doc_vectors(self, i: int) -> np.ndarray:
     """Document i's stored vectors `[count, d]` (possibly 0 rows)."""
@@ -379,14 +418,7 @@ class Index:
     about query_batch_size * doc_batch_size * mq * (padded doc vectors) floats.
     `precision` is the matmul precision ('highest' = exact float32 products on every
     backend; 'default' lets GPUs/TPUs use faster reduced-precision products)."""
-    query_vectors = np.asarray(query_vectors)
-    query_valid = np.asarray(query_valid, dtype=bool)
-    if query_vectors.ndim != 3 or query_vectors.shape[2] != self.dim:
-      raise ValueError(f"query_vectors must be [q, mq, {self.dim}] (the index dimension), "
-                       f"got {query_vectors.shape}. Encode queries with the index's encoder.")
-    if query_valid.shape != query_vectors.shape[:2]:
-      raise ValueError(f"query_valid must have shape {query_vectors.shape[:2]}, got "
-                       f"{query_valid.shape}.")
+    query_vectors, query_valid = check_queries(query_vectors, query_valid, self.dim)
     if top_k < 1 or doc_batch_size < 1 or query_batch_size < 1:
       raise ValueError("top_k, doc_batch_size and query_batch_size must be >= 1, got "
                        f"{top_k}, {doc_batch_size}, {query_batch_size}.")
@@ -411,28 +443,25 @@ class Index:
     ids = np.asarray(ids).reshape(nb * qb, k)[:num_queries]
     return scores, ids
 
-  def search_run(self, qids: Sequence[str], query_vectors: np.ndarray, query_valid: np.ndarray,
-                 top_k: int = 100, **search_kwargs) -> Dict[str, Dict[str, float]]:
-    """`search` as a run {qid: {doc id: score}} (for `ir_metrics` and TREC run files)."""
-    qids = [str(q) for q in qids]
-    if len(qids) != len(query_vectors):
-      raise ValueError(f"{len(qids)} qids for {len(query_vectors)} query rows. Give one id "
-                       "per query.")
-    if len(set(qids)) != len(qids):
-      raise ValueError("qids hold a duplicate id. Give every query a unique id.")
-    scores, ids = self.search(query_vectors, query_valid, top_k, **search_kwargs)
-    return {qid: {self.doc_ids[i]: float(s) for s, i in zip(row_scores, row_ids) if i >= 0}
-            for qid, row_scores, row_ids in zip(qids, scores, ids)}
+def read_meta(directory: str, files: Sequence[str]) -> Tuple[str, Dict[str, Any], List[str]]:
+  """(absolute directory, meta.json, doc_ids.json) of a complete index directory, or a
+  clear error (`_check_complete`)."""
+  directory = os.path.abspath(directory)
+  _check_complete(directory, files)
+  with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+    meta = json.load(f)
+  with open(os.path.join(directory, "doc_ids.json"), encoding="utf-8") as f:
+    return directory, meta, json.load(f)
 
 
-def _check_complete(directory: str) -> None:
+def _check_complete(directory: str, files: Sequence[str] = _FILES) -> None:
   """A clear error for a missing, interrupted or partial index directory."""
   if not os.path.isdir(directory):
     leftovers = glob.glob(glob.escape(directory) + ".tmp-*")
     hint = (f" {leftovers[0]} is left from an interrupted build: delete it and build again."
             if leftovers else " Build it first with build_index(directory, ...).")
     raise FileNotFoundError(f"No index at {directory}.{hint}")
-  missing = [name for name in _FILES if not os.path.exists(os.path.join(directory, name))]
+  missing = [name for name in files if not os.path.exists(os.path.join(directory, name))]
   if missing:
     raise FileNotFoundError(f"{directory} is not a complete index (missing: "
                             f"{', '.join(missing)}). Rebuild it with build_index(..., "

@@ -1,4 +1,10 @@
-"""NDCG@k and Recall@k with trec_eval's definitions, and TREC run files.
+"""NDCG@k and Recall@k with trec_eval's definitions, BEIR's full measure set, and TREC
+run files.
+
+`beir_measures` gives BEIR's table (nDCG, MAP, Recall, P at k in 1, 3, 5, 10, 100, 1000, its
+`ignore_identical_ids`) plus MS MARCO's MRR@10, through pytrec_eval when it is installed
+and through this module's own functions (`query_*`, same definitions, tested equal query by
+query) when it is not.
 
 A run maps each query id to `{doc id: score}`; qrels map each query id to `{doc id: grade}`
 (an int; > 0 means relevant). Both metrics follow trec_eval (`ndcg_cut.k`, `recall.k`), and
@@ -89,6 +95,113 @@ def evaluate(run: Mapping[str, Mapping[str, float]],
   ndcg, per_query = ndcg_at_k(run, qrels, 10)
   recall, _ = recall_at_k(run, qrels, 100)
   return {"ndcg@10": ndcg, "recall@100": recall, "num_queries": len(per_query)}
+
+
+# ------------------------------------------------------------------------------- BEIR's set
+K_VALUES = (1, 3, 5, 10, 100, 1000)
+
+
+def query_precision(ranking: List[str], grades: Mapping[str, int], k: int) -> float:
+  """P@k: relevant docs among the first k, over k (trec_eval's `P.k`: fewer retrieved
+  docs still divide by k)."""
+  return sum(grades.get(doc, 0) > 0 for doc in ranking[:k]) / k
+
+
+def query_average_precision(ranking: List[str], grades: Mapping[str, int], k: int) -> float:
+  """AP@k (trec_eval's `map_cut.k`): the sum of P@i at the rank i of each relevant doc in
+  the first k, over all relevant docs of the query."""
+  relevant = sum(g > 0 for g in grades.values())
+  if not relevant:
+    return 0.0
+  found, total = 0, 0.0
+  for position, doc in enumerate(ranking[:k], start=1):
+    if grades.get(doc, 0) > 0:
+      found += 1
+      total += found / position
+  return total / relevant
+
+
+def query_reciprocal_rank(ranking: List[str], grades: Mapping[str, int], k: int) -> float:
+  """RR@k: 1 / the rank of the first relevant doc in the first k, else 0 (MS MARCO's
+  MRR@10 averages it with k = 10)."""
+  for position, doc in enumerate(ranking[:k], start=1):
+    if grades.get(doc, 0) > 0:
+      return 1.0 / position
+  return 0.0
+
+
+_MEASURES = {"NDCG": ("ndcg_cut", query_ndcg), "MAP": ("map_cut", query_average_precision),
+             "Recall": ("recall", query_recall), "P": ("P", query_precision)}
+
+
+def _without_identical_ids(run: Mapping[str, Mapping[str, float]]) -> Run:
+  """The run without any doc whose id is its query's id (BEIR's `ignore_identical_ids`,
+  for corpora such as ArguAna and Quora where a query is also a document)."""
+  return {qid: {doc: s for doc, s in docs.items() if doc != qid} for qid, docs in run.items()}
+
+
+def _pytrec_per_query(run: Run, qrels: Mapping[str, Mapping[str, int]],
+                      k_values: Tuple[int, ...]) -> Dict[str, Dict[str, float]]:
+  import pytrec_eval  # pylint: disable=import-outside-toplevel
+  cuts = ",".join(str(k) for k in k_values)
+  wanted = {f"{name}.{cuts}" for name, _ in _MEASURES.values()}
+  qrels = {q: dict(g) for q, g in qrels.items()}
+  found = pytrec_eval.RelevanceEvaluator(qrels, wanted).evaluate(run)
+  top10 = {q: {doc: docs[doc] for doc in rank(docs)[:10]} for q, docs in run.items()}
+  reciprocal = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+  out = {}
+  for qid, values in found.items():
+    out[qid] = {f"{label}@{k}": values[f"{name}_{k}"] for label, (name, _) in _MEASURES.items()
+                for k in k_values}
+    out[qid]["MRR@10"] = reciprocal[qid]["recip_rank"]
+  return out
+
+
+def _own_per_query(run: Run, qrels: Mapping[str, Mapping[str, int]],
+                   k_values: Tuple[int, ...]) -> Dict[str, Dict[str, float]]:
+  out = {}
+  for qid in sorted(set(run) & set(qrels)):
+    ranking, grades = rank(run[qid]), qrels[qid]
+    out[qid] = {f"{label}@{k}": fn(ranking, grades, k) for label, (_, fn) in _MEASURES.items()
+                for k in k_values}
+    out[qid]["MRR@10"] = query_reciprocal_rank(ranking, grades, 10)
+  return out
+
+
+def beir_per_query(run: Mapping[str, Mapping[str, float]],
+                   qrels: Mapping[str, Mapping[str, int]], k_values=K_VALUES,
+                   ignore_identical_ids: bool = True, backend: str = "auto"
+                   ) -> Dict[str, Dict[str, float]]:
+  """{qid: {'NDCG@k', 'MAP@k', 'Recall@k', 'P@k' for each k, 'MRR@10'}} over the queries
+  in both the run and qrels (BEIR's convention, unlike `evaluate`'s). backend: 'pytrec_eval',
+  'own' (this module's functions, no dependency) or 'auto' (pytrec_eval when installed)."""
+  if backend not in ("auto", "pytrec_eval", "own"):
+    raise ValueError(f"backend must be 'auto', 'pytrec_eval' or 'own', got {backend!r}.")
+  k_values = tuple(sorted(set(k_values)))
+  if not k_values or k_values[0] < 1:
+    raise ValueError(f"k_values must be cutoffs >= 1, got {k_values}.")
+  run = _without_identical_ids(run) if ignore_identical_ids else {q: dict(d) for q, d in
+                                                                 run.items()}
+  if backend != "own":
+    try:
+      return _pytrec_per_query(run, qrels, k_values)
+    except ImportError:
+      if backend == "pytrec_eval":
+        raise ImportError("backend 'pytrec_eval' needs pytrec-eval-terrier: pip install "
+                          "'decal_jax[test]' (or use backend 'own').") from None
+  return _own_per_query(run, qrels, k_values)
+
+
+def beir_measures(run: Mapping[str, Mapping[str, float]],
+                  qrels: Mapping[str, Mapping[str, int]], k_values=K_VALUES,
+                  ignore_identical_ids: bool = True, backend: str = "auto"
+                  ) -> Dict[str, float]:
+  """The mean over queries of each `beir_per_query` measure."""
+  per_query = beir_per_query(run, qrels, k_values, ignore_identical_ids, backend)
+  if not per_query:
+    return {}
+  names = next(iter(per_query.values()))
+  return {name: sum(v[name] for v in per_query.values()) / len(per_query) for name in names}
 
 
 def _check_id(name: str, value: str) -> None:

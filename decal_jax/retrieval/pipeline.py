@@ -9,7 +9,12 @@ remembers the encoder config and checkpoint it was built with, and the corpus fi
 with the same model, checkpoint and corpus reuses it, another model or checkpoint is
 refused, and a changed corpus (a BEIR folder edited in place) rebuilds it with a WARNING
 naming the folder and the document counts. Queries are encoded at the query ratio and
-searched with exact MaxSim; the run is written in TREC format next to a metrics JSON, under
+searched with exact MaxSim (scored: NDCG@10 and Recall@100 as before, plus BEIR's full
+set and MRR@10, `ir_metrics.beir_measures`), or with `search='approximate'` through a residual-compressed
+copy of the index (`residual.py`: centroid ids + `residual_bits`-bit residual codes, kept
+beside the exact index as `<index>.residual-b<bits>` and rebuilt when the corpus or the codec
+settings change) whose candidates come from each query vector's `nprobe` nearest centroids
+and whose best `candidates` documents are reranked with exact MaxSim. The run is written in TREC format next to a metrics JSON, under
 MODEL_DIR/retrieval/. Empty queries are scored (as EOS alone) with a WARNING from
 `beir.load_beir`, and counted in the metrics JSON (`empty_queries`).
 """
@@ -25,9 +30,10 @@ import numpy as np
 
 from decal_jax import fileio, metrics, partitioning, train_state
 from decal_jax.data.pipeline import DatasetConfig
-from decal_jax.retrieval import beir, index, ir_metrics
+from decal_jax.retrieval import beir, index, ir_metrics, residual
 
 EOS_ID = 1
+SEARCHES = ("exact", "approximate")
 
 
 def tokenize(texts: Sequence[str], vocabulary, max_length: int) -> List[List[int]]:
@@ -130,6 +136,30 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
                            corpus_fingerprint=data.corpus_fingerprint)
 
 
+def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: index.Index,
+                           bits: Optional[int], num_centroids: Optional[int] = None,
+                           seed: int = 0) -> residual.ResidualIndex:
+  """The residual-compressed copy of `exact_index` at `directory`: reused when built with
+  the same encoder config (another is refused), corpus and codec settings; else (re)built
+  from `exact_index`, with a WARNING when the corpus changed."""
+  settings = {"bits": bits, "seed": seed}
+  if num_centroids is not None:
+    settings["num_centroids"] = num_centroids
+  if (pathlib.Path(directory) / "meta.json").exists():
+    existing = residual.ResidualIndex.open(directory, expected_config=exact_index.config)
+    corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
+                     existing.settings_change(settings))
+    if not corpus and not codec:
+      print(f"Reusing the residual index at {directory}.", flush=True)
+      return existing
+    del existing  # its memory maps: the rebuild replaces the folder
+    why = (f"WARNING: the corpus changed since the residual index at {directory} was built "
+           f"({corpus})") if corpus else f"the codec settings changed ({codec})"
+    partitioning.log(f"{why}; rebuilding the residual index.")
+  return residual.build_residual_index(directory, exact_index, bits, num_centroids,
+                                       seed=seed, overwrite=True, progress=True)
+
+
 def _padded_to(batch_size: int, run):
   """Runs `run` on a batch padded to `batch_size` rows (one jit shape per width) and
   returns the real rows only."""
@@ -144,10 +174,17 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        beir_folder: Optional[str] = None, split: str = "test",
                        query_length: int = 64, passage_length: int = 256,
                        batch_size: int = 64, top_k: int = 100, index_dir: Optional[str] = None,
-                       index_dtype: str = "float16", partitioner=None) -> Dict[str, float]:
+                       index_dtype: str = "float16", search: str = "exact",
+                       nprobe: int = 4, candidates: int = 1024,
+                       residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
+                       partitioner=None) -> Dict[str, float]:
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
-  MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics."""
+  MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics.
+  search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
+  candidates, residual_bits in 1, 2, 4, 8 or None, num_centroids default ColBERTv2's)."""
+  if search not in SEARCHES:
+    raise ValueError(f"search must be one of {SEARCHES}, got {search!r} (gin: SEARCH).")
   from decal_jax.tasks import retrieval_tasks  # registers the tasks; reads their folders
   if (task_name is None) == (beir_folder is None):
     raise ValueError("Give exactly one of task_name (a decal_beir_<name> task) or "
@@ -166,11 +203,17 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   qids = list(data.queries)
   q_vectors, q_valid = encode_texts([data.queries[q] for q in qids], model, params, "query",
                                     query_length, batch_size)
-  run = corpus_index.search_run(qids, q_vectors, q_valid, top_k=top_k)
+  searcher, search_kwargs = corpus_index, {}
+  if search == "approximate":
+    searcher = build_or_open_residual(f"{directory}.residual-b{residual_bits or 'none'}",
+                                      data, corpus_index, residual_bits, num_centroids)
+    search_kwargs = {"nprobe": nprobe, "candidates": candidates}
+  run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)
+  scores.update(ir_metrics.beir_measures(run, data.qrels))  # BEIR's set + MRR@10
   scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
-                index_bytes=corpus_index.nbytes)
+                index_bytes=searcher.nbytes, search=search)
   _write_results(model_dir, name, split, step, run, scores, top_k)
   return scores
 

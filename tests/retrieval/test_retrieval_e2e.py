@@ -97,6 +97,17 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   assert scores["recall@100"] == pytest.approx(np.mean([r["recall_100"] for r in ref.values()]))
   assert scores["num_docs"] == len(corpus)
 
+  # Approximate search through an uncompressed residual index, probing every centroid and
+  # reranking every candidate, ranks as the exact search did.
+  retrieve.main(args + ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
+                        "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"])
+  gin.clear_config()
+  approximate = ir_metrics.read_trec_run(f"{stem}.trec")
+  assert {q: ir_metrics.rank(d) for q, d in approximate.items()} == {
+      q: ir_metrics.rank(d) for q, d in run.items()}
+  assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text())["search"] == "approximate"
+  assert (model_dir / "index" / "beir_fixture.step30.residual-bnone" / "meta.json").exists()
+
   # The stored index holds ceil(n / 4) unit vectors per passage (DeCAL 4x), equal to the
   # encoder's output for that passage alone.
   idx_dir = model_dir / "index" / "beir_fixture.step30"

@@ -50,6 +50,55 @@ def test_ndcg_and_recall_equal_pytrec_eval(seed):
                                              "num_queries": len(qrels)}
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beir_measures_equal_pytrec_eval_per_query(seed):
+  run, qrels = _random_run_and_qrels(seed)
+  qrels["q0"]["q0"] = 3  # a doc named as its query: dropped by ignore_identical_ids
+  run["q0"]["q0"] = 9.0
+  run["unjudged"] = {"d001": 1.0}
+  cuts = "1,3,5,10,100,1000"
+  measures = {f"ndcg_cut.{cuts}", f"map_cut.{cuts}", f"recall.{cuts}", f"P.{cuts}"}
+  for ignore in (True, False):
+    kept = {q: {d: v for d, v in docs.items() if not (ignore and d == q)}
+            for q, docs in run.items()}
+    reference = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(kept)
+    top10 = {q: dict(sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:10])
+             for q, docs in kept.items()}
+    mrr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    for backend in ("own", "pytrec_eval"):
+      per_query = ir_metrics.beir_per_query(run, qrels, ignore_identical_ids=ignore,
+                                            backend=backend)
+      assert set(per_query) == set(reference)
+      for qid, values in reference.items():
+        for k in (1, 3, 5, 10, 100, 1000):
+          for ours, theirs in (("NDCG", "ndcg_cut"), ("MAP", "map_cut"),
+                               ("Recall", "recall"), ("P", "P")):
+            assert per_query[qid][f"{ours}@{k}"] == pytest.approx(
+                values[f"{theirs}_{k}"], abs=1e-12), (backend, qid, ours, k)
+        assert per_query[qid]["MRR@10"] == pytest.approx(mrr[qid]["recip_rank"], abs=1e-12)
+    means = ir_metrics.beir_measures(run, qrels, ignore_identical_ids=ignore)
+    assert means["NDCG@10"] == pytest.approx(
+        np.mean([v["ndcg_cut_10"] for v in reference.values()]))
+    assert len(means) == 4 * 6 + 1
+  # the identical id is what changes the answer for q0
+  with_self = ir_metrics.beir_per_query(run, qrels, ignore_identical_ids=False)["q0"]
+  without = ir_metrics.beir_per_query(run, qrels)["q0"]
+  assert with_self["MRR@10"] == with_self["P@1"] == 1.0  # q0 ranks first
+  assert with_self["Recall@1000"] > without["Recall@1000"]  # and it is a relevant doc
+
+
+def test_precision_map_and_mrr_hand_worked():
+  grades = {"a": 1, "b": 0, "c": 2, "e": 1}
+  ranking = ["x", "a", "b", "c", "d"]
+  # relevant at ranks 2 and 4: P@5 = 2/5; AP@5 = (1/2 + 2/4) / 3 relevant; RR = 1/2
+  assert ir_metrics.query_precision(ranking, grades, 5) == pytest.approx(0.4)
+  assert ir_metrics.query_precision(ranking, grades, 10) == pytest.approx(0.2)
+  assert ir_metrics.query_average_precision(ranking, grades, 5) == pytest.approx(1 / 3)
+  assert ir_metrics.query_average_precision(ranking, grades, 3) == pytest.approx(1 / 6)
+  assert ir_metrics.query_reciprocal_rank(ranking, grades, 10) == 0.5
+  assert ir_metrics.query_reciprocal_rank(ranking, grades, 1) == 0.0
+
+
 def test_ndcg_hand_worked_example():
   qrels = {"q": {"a": 2, "b": 1, "c": 0, "e": 3}}
   run = {"q": {"a": 0.9, "b": 0.5, "c": 0.5, "d": 0.7}}

@@ -1,0 +1,416 @@
+"""A residual-compressed multi-vector index (ColBERTv2's codec) and approximate search on it.
+
+The codec: k-means centroids over a sample of the corpus's vectors; each vector is stored as
+the id of its nearest centroid (L2) and its residual (vector - centroid) quantised to b bits
+per dimension. Per dimension j, the 2^b - 1 bucket cutoffs are the sample residuals'
+quantiles at i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values)
+their quantiles at (i + 0.5) / 2^b; a residual value r decodes to the weight of the bucket
+holding it (the number of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a
+value inside the sample's range is off by at most its bucket's width. b is 1, 2, 4 or 8
+(8 / b codes per byte, so d must be a multiple of 8 / b), or None: the vectors are kept
+as they are (the source index's dtype), with their centroid ids for the candidate step.
+
+Layout of a residual index directory (built whole in `<directory>.tmp-<random>`, then renamed):
+
+    centroids.npy  [num_centroids, d] float32
+    cutoffs.npy    [d, 2^b - 1] float32   and  weights.npy [d, 2^b] float32 (b given)
+    codes.npy      [num_vectors] uint16 (uint32 past 65,536 centroids): each vector's centroid
+    residuals.npy  [num_vectors, d * b / 8] uint8 packed buckets; with b = None the vectors
+                   [num_vectors, d] themselves (memory-mapped, as is codes.npy)
+    offsets.npy    [num_docs + 1] int64, doc_ids.json: as in the exact index
+    ivf.npy        the inverted lists: doc indices grouped by centroid (each doc once per
+                   centroid it has a vector in); ivf_offsets.npy [num_centroids + 1] int64
+    meta.json      the exact index's encoder config, fingerprint and corpus fingerprint (so
+                   the same config and corpus checks apply), the codec settings, sizes
+
+Approximate search (PLAID's two stages, simplified): each valid query vector probes its
+`nprobe` nearest centroids (largest dot product); the candidates are the documents in those
+centroids' inverted lists. They are ranked by centroid interaction (sum over query vectors of
+the best dot product with the centroids of the document's vectors), the best `candidates`
+are decompressed and scored with exact MaxSim, and the top k returned. With nprobe = every
+centroid, candidates >= the corpus and b = None, it ranks as the exact index does (documents
+with no vector are in no inverted list, so they are never returned).
+
+k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in numpy
+(`kmeans_numpy`, Lloyd's iterations from a random sample of points): same results up to the
+clustering's own randomness, the numpy one slower on large samples.
+"""
+import datetime
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import tqdm
+
+from decal_jax import fileio
+from decal_jax.retrieval import index as exact
+
+BITS = (1, 2, 4, 8, None)
+FORMAT_VERSION = 1
+_FILES = ("centroids.npy", "codes.npy", "residuals.npy", "offsets.npy", "doc_ids.json",
+          "ivf.npy", "ivf_offsets.npy", "meta.json")
+
+
+# ------------------------------------------------------------------------------- k-means
+def default_num_centroids(num_vectors: int) -> int:
+  """ColBERTv2's choice: the power of two at or below 16 * sqrt(num_vectors)."""
+  return 1 << int(np.floor(np.log2(16 * np.sqrt(max(num_vectors, 1)))))
+
+
+def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8192
+                      ) -> np.ndarray:
+  """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]`."""
+  squared = np.sum(centroids.astype(np.float32) ** 2, axis=1)  # [k]
+  out = np.empty(len(vectors), np.int64)
+  for start in range(0, len(vectors), chunk):
+    x = np.asarray(vectors[start:start + chunk], np.float32)  # [c, d]
+    out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
+  return out
+
+
+def kmeans_numpy(sample: np.ndarray, k: int, iterations: int, seed: int) -> np.ndarray:
+  """Lloyd's k-means from k distinct random sample points; an empty cluster keeps its
+  centroid. `[n, d]` -> `[k, d]` float32."""
+  rng = np.random.default_rng(seed)
+  sample = np.asarray(sample, np.float32)
+  centroids = sample[rng.choice(len(sample), size=k, replace=False)].copy()  # [k, d]
+  for _ in range(iterations):
+    assigned = nearest_centroids(sample, centroids)  # [n]
+    counts = np.bincount(assigned, minlength=k)  # [k]
+    sums = np.zeros_like(centroids)
+    np.add.at(sums, assigned, sample)
+    filled = counts > 0
+    centroids[filled] = sums[filled] / counts[filled, None]
+  return centroids
+
+
+def kmeans(sample: np.ndarray, k: int, iterations: int = 10, seed: int = 0,
+           backend: str = "auto") -> Tuple[np.ndarray, str]:
+  """(centroids `[k, d]` float32, the backend that ran: 'faiss' or 'numpy').
+  backend: 'auto' (faiss when installed), 'faiss' or 'numpy'."""
+  if backend not in ("auto", "faiss", "numpy"):
+    raise ValueError(f"kmeans backend must be 'auto', 'faiss' or 'numpy', got {backend!r}.")
+  if backend != "numpy":
+    try:
+      import faiss  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      if backend == "faiss":
+        raise ImportError("kmeans backend 'faiss' needs faiss-cpu: pip install "
+                          "'decal_jax[ann]' (or use backend 'auto' / 'numpy').") from None
+    else:
+      sample = np.ascontiguousarray(sample, np.float32)
+      model = faiss.Kmeans(sample.shape[1], k, niter=iterations, seed=seed, verbose=False,
+                           min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+      model.train(sample)
+      return np.asarray(model.centroids, np.float32), "faiss"
+  return kmeans_numpy(sample, k, iterations, seed), "numpy"
+
+
+# ------------------------------------------------------------------------------- codec
+def pack_buckets(buckets: np.ndarray, bits: int) -> np.ndarray:
+  """Bucket ids `[n, d]` (each < 2^bits) -> bytes `[n, d * bits / 8]`, 8 / bits per byte,
+  the first of each group in the lowest bits."""
+  per_byte = 8 // bits
+  groups = buckets.astype(np.uint8).reshape(len(buckets), buckets.shape[1] // per_byte,
+                                            per_byte)  # [n, d/per, per]
+  shifts = (bits * np.arange(per_byte)).astype(np.uint8)  # [per]
+  return np.bitwise_or.reduce(groups << shifts, axis=2).astype(np.uint8)
+
+
+def unpack_buckets(packed: np.ndarray, bits: int) -> np.ndarray:
+  """The inverse of `pack_buckets`: `[n, d * bits / 8]` -> bucket ids uint8 `[n, d]`."""
+  per_byte = 8 // bits
+  shifts = (bits * np.arange(per_byte)).astype(np.uint8)  # [per]
+  parts = (packed[:, :, None] >> shifts) & np.uint8((1 << bits) - 1)  # [n, d/per, per]
+  return parts.reshape(len(packed), packed.shape[1] * per_byte)
+
+
+class Codec:
+  """Centroids and, for b bits, per-dimension bucket cutoffs and weights (module doc)."""
+
+  def __init__(self, centroids: np.ndarray, bits: Optional[int],
+               cutoffs: Optional[np.ndarray] = None, weights: Optional[np.ndarray] = None):
+    self.centroids = np.asarray(centroids, np.float32)  # [k, d]
+    self.bits = bits
+    self.cutoffs = cutoffs  # [d, 2^b - 1] or None
+    self.weights = weights  # [d, 2^b] or None
+
+  @classmethod
+  def train(cls, sample: np.ndarray, bits: Optional[int], num_centroids: int,
+            iterations: int = 10, seed: int = 0, backend: str = "auto",
+            centroids: Optional[np.ndarray] = None) -> Tuple["Codec", str]:
+    """(the codec learned from sample `[n, d]`, the k-means backend that ran); given
+    `centroids` (e.g. another bit width's), only the bucket quantiles are learned."""
+    check_bits(bits, sample.shape[1])
+    if centroids is None:
+      centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
+    else:
+      centroids, used = np.asarray(centroids, np.float32), "given"
+    if bits is None:
+      return cls(centroids, None), used
+    residuals = sample - centroids[nearest_centroids(sample, centroids)]  # [n, d]
+    levels = 1 << bits
+    cutoffs = np.quantile(residuals, np.arange(1, levels) / levels, axis=0).T  # [d, 2^b-1]
+    weights = np.quantile(residuals, (np.arange(levels) + 0.5) / levels, axis=0).T  # [d, 2^b]
+    return cls(centroids, bits, cutoffs.astype(np.float32), weights.astype(np.float32)), used
+
+  @property
+  def dim(self) -> int:
+    return int(self.centroids.shape[1])
+
+  @property
+  def code_dtype(self) -> np.dtype:
+    return np.dtype(np.uint16 if len(self.centroids) <= 1 << 16 else np.uint32)
+
+  def buckets(self, residuals: np.ndarray) -> np.ndarray:
+    """Residuals `[n, d]` -> bucket ids uint8 `[n, d]` (cutoffs <= the value, per dim)."""
+    out = np.empty(residuals.shape, np.uint8)
+    for j in range(self.dim):
+      out[:, j] = np.searchsorted(self.cutoffs[j], residuals[:, j], side="right")
+    return out
+
+  def encode(self, vectors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Vectors `[n, d]` -> (centroid ids `[n]`, packed residual codes `[n, d * b / 8]`, or
+    the vectors themselves when bits is None)."""
+    codes = nearest_centroids(vectors, self.centroids)  # [n]
+    if self.bits is None:
+      return codes.astype(self.code_dtype), vectors
+    residuals = np.asarray(vectors, np.float32) - self.centroids[codes]  # [n, d]
+    return codes.astype(self.code_dtype), pack_buckets(self.buckets(residuals), self.bits)
+
+  def decode(self, codes: np.ndarray, payload: np.ndarray) -> np.ndarray:
+    """(centroid ids `[n]`, payload as `encode` returns) -> vectors float32 `[n, d]`."""
+    if self.bits is None:
+      return np.asarray(payload, np.float32)
+    buckets = unpack_buckets(np.asarray(payload), self.bits)  # [n, d]
+    residuals = self.weights[np.arange(self.dim)[None, :], buckets]  # [n, d]
+    return self.centroids[np.asarray(codes, np.int64)] + residuals
+
+  def bytes_per_vector(self, source_itemsize: int) -> int:
+    """Stored bytes of one vector: its centroid id plus its residual codes (or values)."""
+    payload = self.dim * source_itemsize if self.bits is None else self.dim * self.bits // 8
+    return self.code_dtype.itemsize + payload
+
+
+def check_bits(bits: Optional[int], dim: int) -> None:
+  if bits not in BITS:
+    raise ValueError(f"residual bits must be one of {BITS} (None = uncompressed), got "
+                     f"{bits!r}.")
+  if bits is not None and dim % (8 // bits):
+    raise ValueError(f"{bits}-bit residuals pack {8 // bits} dimensions per byte, so the "
+                     f"dimension must be a multiple of {8 // bits}; it is {dim}. Choose "
+                     "other bits (8 or None fit any dimension).")
+
+
+# ------------------------------------------------------------------------------- build
+def build_residual_index(directory: str, source: exact.Index, bits: Optional[int] = 2,
+                         num_centroids: Optional[int] = None, sample_vectors: int = 1 << 16,
+                         kmeans_iterations: int = 10, seed: int = 0,
+                         kmeans_backend: str = "auto", overwrite: bool = False,
+                         chunk_vectors: int = 1 << 16, progress: bool = False,
+                         centroids: Optional[np.ndarray] = None) -> "ResidualIndex":
+  """Compresses the exact index `source` into a residual index at `directory`; returns it
+  opened. num_centroids: default `default_num_centroids`, at most the sample's size;
+  sample_vectors: how many of the corpus's vectors (drawn without replacement with `seed`)
+  train k-means and the bucket quantiles; centroids: reuse these (e.g. those of another
+  bit width's index of the same corpus) instead of running k-means."""
+  directory = os.path.abspath(directory)
+  if source.num_vectors == 0:
+    raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
+                     "Search it exactly.")
+  if os.path.exists(directory):
+    if not overwrite:
+      raise FileExistsError(f"{directory} already exists. Pass overwrite=True to replace it.")
+    if os.listdir(directory) and not os.path.exists(os.path.join(directory, "meta.json")):
+      raise FileExistsError(f"{directory} exists and is not an index (no meta.json); "
+                            "overwrite=True only replaces an index. Choose another directory.")
+  check_bits(bits, source.dim)
+  rng = np.random.default_rng(seed)
+  sample_size = min(sample_vectors, source.num_vectors)
+  rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
+  sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
+  k = len(centroids) if centroids is not None else min(
+      num_centroids or default_num_centroids(source.num_vectors), sample_size)
+  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
+                               centroids)
+  settings = {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
+              "kmeans_iterations": kmeans_iterations, "seed": seed}
+  with fileio.atomic_directory(directory) as folder:
+    tmp = str(folder)
+    codes = _write_codes(tmp, source, codec, chunk_vectors, progress)
+    _write_inverted_lists(tmp, codes, source.offsets, k)
+    np.save(os.path.join(tmp, "centroids.npy"), codec.centroids)
+    if bits is not None:
+      np.save(os.path.join(tmp, "cutoffs.npy"), codec.cutoffs)
+      np.save(os.path.join(tmp, "weights.npy"), codec.weights)
+    np.save(os.path.join(tmp, "offsets.npy"), source.offsets)
+    exact.write_json(os.path.join(tmp, "doc_ids.json"), source.doc_ids)
+    per_vector = codec.bytes_per_vector(source.dtype.itemsize)
+    meta = {key: source.meta[key] for key in ("config", "fingerprint", "corpus", "dim",
+                                               "num_docs", "num_vectors") if key in source.meta}
+    meta.update(codec=settings, kmeans_backend=backend, source_dtype=source.dtype.name,
+                format_version=FORMAT_VERSION, bytes_per_vector=per_vector,
+                bytes=per_vector * source.num_vectors,
+                centroid_bytes=int(codec.centroids.nbytes),
+                created=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    exact.write_json(os.path.join(tmp, "meta.json"), meta)  # last: marks completion
+  return ResidualIndex.open(directory)
+
+
+def _write_codes(tmp: str, source: exact.Index, codec: Codec, chunk: int,
+                 progress: bool) -> np.ndarray:
+  """Writes codes.npy and residuals.npy chunk by chunk; returns the codes (memory-mapped)."""
+  n, d = source.num_vectors, source.dim
+  codes = np.lib.format.open_memmap(os.path.join(tmp, "codes.npy"), "w+",
+                                    codec.code_dtype, (n,))
+  shape, dtype = ((n, d), source.dtype) if codec.bits is None else (
+      (n, d * codec.bits // 8), np.uint8)
+  payload = np.lib.format.open_memmap(os.path.join(tmp, "residuals.npy"), "w+", dtype, shape)
+  for start in tqdm.trange(0, n, chunk, desc="compress", unit="chunk", disable=not progress):
+    codes[start:start + chunk], payload[start:start + chunk] = codec.encode(
+        np.asarray(source.vectors[start:start + chunk]))
+  payload.flush()
+  codes.flush()
+  del payload
+  return codes
+
+
+def _write_inverted_lists(tmp: str, codes: np.ndarray, offsets: np.ndarray, k: int) -> None:
+  """ivf.npy: for each centroid in turn, the (sorted, distinct) docs with a vector in it."""
+  num_docs = len(offsets) - 1
+  owners = np.repeat(np.arange(num_docs, dtype=np.int64), np.diff(offsets))  # [vectors]
+  pairs = np.unique(np.asarray(codes, np.int64) * num_docs + owners)  # centroid-major
+  cells, docs = np.divmod(pairs, num_docs)
+  np.save(os.path.join(tmp, "ivf.npy"), docs.astype(np.int32))
+  np.save(os.path.join(tmp, "ivf_offsets.npy"),
+          np.searchsorted(cells, np.arange(k + 1)).astype(np.int64))
+
+
+def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+  """The concatenation of arange(start, stop) for each pair (vectorised)."""
+  lengths = stops - starts
+  total = int(lengths.sum())
+  before = np.cumsum(lengths) - lengths  # [pairs] where each range starts in the output
+  return np.repeat(starts - before, lengths) + np.arange(total)
+
+
+# ------------------------------------------------------------------------------- open
+class ResidualIndex(exact.StoredIndex):
+  """An opened residual index: the codec, memory-mapped codes and residuals, the inverted
+  lists, and approximate search (module doc)."""
+
+  def __init__(self, directory: str, codec: Codec, arrays: Dict[str, np.ndarray],
+               doc_ids: Sequence[str], meta: Dict[str, Any]):
+    self.directory = directory
+    self.codec = codec
+    self.codes = arrays["codes"]  # [num_vectors]
+    self.residuals = arrays["residuals"]  # [num_vectors, d * b / 8] or [num_vectors, d]
+    self.offsets = arrays["offsets"]  # [num_docs + 1]
+    self.ivf = arrays["ivf"]  # doc indices, grouped by centroid
+    self.ivf_offsets = arrays["ivf_offsets"]  # [num_centroids + 1]
+    self.doc_ids = list(doc_ids)
+    self.meta = meta
+
+  @classmethod
+  def open(cls, directory: str, expected_config: Optional[Mapping[str, Any]] = None
+           ) -> "ResidualIndex":
+    """Opens the residual index in `directory`; with `expected_config`, refuses one built
+    with a different encoder config (IndexConfigMismatchError)."""
+    directory, meta, doc_ids = exact.read_meta(directory, _FILES)
+
+    def load(name: str, mmap: bool = False) -> np.ndarray:
+      return np.load(os.path.join(directory, name), mmap_mode="r" if mmap else None)
+    bits = meta["codec"]["bits"]
+    codec = Codec(load("centroids.npy"), bits,
+                  None if bits is None else load("cutoffs.npy"),
+                  None if bits is None else load("weights.npy"))
+    arrays = {"codes": load("codes.npy", True), "residuals": load("residuals.npy", True),
+              "offsets": load("offsets.npy"), "ivf": load("ivf.npy"),
+              "ivf_offsets": load("ivf_offsets.npy")}
+    if (len(arrays["codes"]) != meta["num_vectors"] or len(doc_ids) != meta["num_docs"]
+        or int(arrays["offsets"][-1]) != meta["num_vectors"]):
+      raise ValueError(f"The residual index in {directory} is inconsistent with its "
+                       "meta.json: its files were changed after the build; rebuild it.")
+    return cls(directory, codec, arrays, doc_ids, meta).checked(expected_config)
+
+  def settings_change(self, settings: Mapping[str, Any]) -> str:
+    """'' when the codec was built with these settings (keys of meta['codec'] given);
+    else the differing keys, in words."""
+    built = self.meta["codec"]
+    return ", ".join(f"{key} {built.get(key)!r} -> {value!r}" for key, value in
+                     sorted(settings.items()) if built.get(key) != value)
+
+  # ----------------------------------------------------------------------------- sizes
+  @property
+  def dim(self) -> int:
+    return self.codec.dim
+
+  @property
+  def num_vectors(self) -> int:
+    return int(len(self.codes))
+
+  @property
+  def num_centroids(self) -> int:
+    return int(len(self.codec.centroids))
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of the codes and residuals (what scales with the corpus)."""
+    return int(self.codes.nbytes + self.residuals.nbytes)
+
+  def vectors(self, rows: np.ndarray) -> np.ndarray:
+    """The decompressed vectors of the given rows: `[len(rows), d]` float32."""
+    return self.codec.decode(self.codes[rows], self.residuals[rows])
+
+  def doc_vectors(self, i: int) -> np.ndarray:
+    """Document i's decompressed vectors `[count, d]` (possibly 0 rows)."""
+    return self.vectors(np.arange(self.offsets[i], self.offsets[i + 1]))
+
+  # ----------------------------------------------------------------------------- search
+  def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
+             nprobe: int = 4, candidates: int = 1024) -> Tuple[np.ndarray, np.ndarray]:
+    """Approximate MaxSim top-k (module doc): (scores float32 `[q, k]`, doc indices int32
+    `[q, k]`), best first, ties by doc index, k = min(top_k, num_docs); a query with fewer
+    than k candidates is padded with index -1 and score -inf."""
+    query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, self.dim)
+    if min(top_k, nprobe, candidates) < 1:
+      raise ValueError(f"top_k, nprobe and candidates must be >= 1, got {top_k}, {nprobe}, "
+                       f"{candidates}.")
+    k = min(top_k, self.num_docs)
+    scores = np.full((len(query_vectors), k), -np.inf, np.float32)
+    ids = np.full((len(query_vectors), k), -1, np.int32)
+    for i, (q, valid) in enumerate(zip(query_vectors, query_valid)):
+      found_scores, found = self._search_one(np.asarray(q[valid], np.float32), k,
+                                             min(nprobe, self.num_centroids), candidates)
+      scores[i, :len(found)], ids[i, :len(found)] = found_scores, found
+    return scores, ids
+
+  def _candidates(self, centroid_scores: np.ndarray, nprobe: int) -> np.ndarray:
+    """The sorted docs in the inverted lists of each query vector's nprobe best centroids."""
+    probed = np.argpartition(-centroid_scores, nprobe - 1, axis=1)[:, :nprobe]  # [mq, nprobe]
+    cells = np.unique(probed)
+    return np.unique(self.ivf[_ranges(self.ivf_offsets[cells], self.ivf_offsets[cells + 1])])
+
+  def _maxsim(self, sims: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """sims `[mq, vectors of docs, end to end]` -> MaxSim per doc `[len(docs)]`."""
+    counts = self.offsets[docs + 1] - self.offsets[docs]  # [docs], each >= 1
+    starts = np.cumsum(counts) - counts
+    return np.maximum.reduceat(sims, starts, axis=1).sum(axis=0)  # [docs]
+
+  def _search_one(self, q: np.ndarray, k: int, nprobe: int, candidates: int
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """One query's valid vectors `[mq, d]` -> (scores, doc indices) of at most k docs."""
+    if len(q) == 0:
+      return np.zeros(0, np.float32), np.zeros(0, np.int32)
+    centroid_scores = q @ self.codec.centroids.T  # [mq, num_centroids]
+    docs = self._candidates(centroid_scores, nprobe)  # [c]
+    if len(docs) == 0:  # only centroids without vectors were probed
+      return np.zeros(0, np.float32), np.zeros(0, np.int32)
+    if len(docs) > candidates:
+      rows = _ranges(self.offsets[docs], self.offsets[docs + 1])
+      rough = self._maxsim(centroid_scores[:, self.codes[rows]], docs)  # [c]
+      docs = np.sort(docs[np.lexsort((docs, -rough))[:candidates]])
+    rows = _ranges(self.offsets[docs], self.offsets[docs + 1])
+    scores = self._maxsim(q @ self.vectors(rows).T, docs)  # [c]
+    best = np.lexsort((docs, -scores))[:k]
+    return scores[best].astype(np.float32), docs[best].astype(np.int32)

@@ -1,0 +1,211 @@
+"""The residual codec against a numpy re-derivation (nearest centroid, per-dimension quantile
+buckets), its error and size per bit width, and approximate search against exact search."""
+import json
+import os
+import types
+
+import numpy as np
+import pytest
+
+from decal_jax.retrieval import index as index_lib
+from decal_jax.retrieval import pipeline, residual
+
+DIM = 16
+CONFIG = {"passage_ratio": 4, "dim": DIM}
+FINGERPRINT = {"num_docs": 120, "sha256": "a" * 64}
+
+
+def _clustered(rng, n: int, num_clusters: int = 12, noise: float = 0.25) -> np.ndarray:
+  """n unit vectors `[n, DIM]` around `num_clusters` random directions."""
+  centers = rng.standard_normal((num_clusters, DIM))
+  x = centers[rng.integers(0, num_clusters, n)] + noise * rng.standard_normal((n, DIM))
+  return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _corpus(seed: int = 0, num_docs: int = 120):
+  """Per-document vectors, 0..11 rows each (document 3 has none)."""
+  rng = np.random.default_rng(seed)
+  counts = rng.integers(1, 12, size=num_docs)
+  counts[3] = 0
+  flat = _clustered(rng, int(counts.sum()))
+  return np.split(flat, np.cumsum(counts)[:-1])
+
+
+def _exact(path, docs, dtype="float32", fingerprint=FINGERPRINT) -> index_lib.Index:
+  batches = [np.arange(i, min(i + 16, len(docs)))[:, None] for i in range(0, len(docs), 16)]
+
+  def encode(rows):  # row -> that document's vectors, padded
+    m = max(max(len(docs[r]) for r in rows[:, 0]), 1)
+    vectors, valid = np.zeros((len(rows), m, DIM), np.float32), np.zeros((len(rows), m), bool)
+    for i, r in enumerate(rows[:, 0]):
+      vectors[i, :len(docs[r])], valid[i, :len(docs[r])] = docs[r], True
+    return vectors, valid
+  return index_lib.build_index(str(path), [f"doc{i}" for i in range(len(docs))], batches,
+                               encode, CONFIG, dtype=dtype, progress=False,
+                               corpus_fingerprint=fingerprint, overwrite=True)
+
+
+# ------------------------------------------------------------------------------- codec
+def _numpy_codec(x, centroids, bits):
+  """Re-derivation: nearest centroid by explicit distances; per-dimension quantiles of the
+  residuals; each value decoded to the weight of the bucket (cutoffs <= value)."""
+  distances = np.linalg.norm(x[:, None, :] - centroids[None], axis=-1)  # [n, k]
+  nearest = np.argmin(distances, axis=1)
+  residuals = x - centroids[nearest]
+  levels = 2 ** bits
+  decoded = np.empty_like(x)
+  widths = np.empty_like(x)  # the width of each value's bucket
+  for j in range(DIM):
+    column = residuals[:, j]
+    cuts = np.quantile(column, np.arange(1, levels) / levels)
+    weights = np.quantile(column, (np.arange(levels) + 0.5) / levels)
+    edges = np.concatenate([[column.min()], cuts, [column.max()]])
+    bucket = np.array([np.sum(cuts <= r) for r in column])
+    decoded[:, j] = centroids[nearest, j] + weights[bucket]
+    widths[:, j] = edges[bucket + 1] - edges[bucket]
+  return nearest, decoded, widths
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_codec_round_trip_equals_numpy_rederivation(bits):
+  x = _clustered(np.random.default_rng(bits), 600)
+  codec, backend = residual.Codec.train(x, bits, num_centroids=12, seed=0, backend="numpy")
+  assert backend == "numpy" and codec.centroids.shape == (12, DIM)
+  codes, packed = codec.encode(x)
+  assert packed.shape == (600, DIM * bits // 8) and packed.dtype == np.uint8
+  nearest, expected, widths = _numpy_codec(x, codec.centroids, bits)
+  np.testing.assert_array_equal(codes, nearest)
+  decoded = codec.decode(codes, packed)
+  np.testing.assert_allclose(decoded, expected, atol=1e-6)
+  # every value (the sample is the data here) is within its bucket's width of the truth
+  assert np.all(np.abs(decoded - x) <= widths + 1e-6)
+
+
+def test_error_shrinks_with_bits_and_none_is_lossless():
+  x = _clustered(np.random.default_rng(5), 2000)
+  errors = {}
+  for bits in residual.BITS:
+    codec, _ = residual.Codec.train(x, bits, num_centroids=16, seed=1, backend="numpy")
+    errors[bits] = float(np.mean((codec.decode(*codec.encode(x)) - x) ** 2))
+  assert errors[None] == 0.0
+  assert errors[1] > errors[2] > errors[4] > errors[8]
+  assert errors[8] < errors[1] / 300  # 256 buckets vs 2 (measured: about 1 / 660)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_pack_unpack_round_trip(bits):
+  buckets = np.random.default_rng(0).integers(0, 2 ** bits, (7, 24)).astype(np.uint8)
+  packed = residual.pack_buckets(buckets, bits)
+  assert packed.shape == (7, 24 * bits // 8)
+  np.testing.assert_array_equal(residual.unpack_buckets(packed, bits), buckets)
+  # the first value of a byte sits in its lowest bits
+  assert packed[0, 0] & (2 ** bits - 1) == buckets[0, 0]
+
+
+def test_kmeans_backends_find_separated_clusters():
+  rng = np.random.default_rng(3)
+  centers = 10 * np.eye(DIM, dtype=np.float32)[:6]  # 6 clusters far apart
+  x = centers[np.repeat(np.arange(6), 50)] + 0.1 * rng.standard_normal((300, DIM))
+  for backend in ("numpy", "faiss"):
+    if backend == "faiss":
+      pytest.importorskip("faiss")
+    found, used = residual.kmeans(x.astype(np.float32), 6, iterations=20, seed=0,
+                                  backend=backend)
+    assert used == backend
+    # each true center has a found centroid within the noise, and vice versa
+    distances = np.linalg.norm(found[:, None] - centers[None], axis=-1)  # [6, 6]
+    assert distances.min(axis=0).max() < 0.1 and distances.min(axis=1).max() < 0.1
+  with pytest.raises(ValueError, match="multiple of 4"):
+    residual.Codec.train(x[:, :6], 2, 2)
+
+
+@pytest.mark.parametrize("bits", residual.BITS)
+def test_index_files_and_bytes_per_vector(tmp_path, bits):
+  docs = _corpus()
+  exact = _exact(tmp_path / "exact", docs, dtype="float16")
+  built = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
+                                        sample_vectors=400, kmeans_backend="numpy")
+  n = exact.num_vectors
+  payload = DIM * 2 if bits is None else DIM * bits // 8  # float16 vectors or packed codes
+  assert built.meta["bytes_per_vector"] == 2 + payload  # uint16 centroid id
+  assert built.nbytes == n * (2 + payload) == built.meta["bytes"]
+  assert isinstance(built.codes, np.memmap) and isinstance(built.residuals, np.memmap)
+  assert built.meta["fingerprint"] == exact.fingerprint
+  assert built.meta["corpus"] == FINGERPRINT and built.meta["codec"]["sample_vectors"] == 400
+  # the inverted lists hold each (centroid, doc) pair once, docs sorted within a list
+  pairs = {(int(c), d) for d in range(len(docs)) for c in
+           built.codes[built.offsets[d]:built.offsets[d + 1]]}
+  listed = [(c, int(d)) for c in range(12)
+            for d in built.ivf[built.ivf_offsets[c]:built.ivf_offsets[c + 1]]]
+  assert sorted(listed) == sorted(pairs) and len(listed) == len(pairs)
+  tolerance = {None: 0.0, 8: 2e-2}.get(bits, 1.0)  # None keeps the float16 vectors as they are
+  np.testing.assert_allclose(built.doc_vectors(0), exact.doc_vectors(0), atol=tolerance)
+  assert built.doc_vectors(3).shape == (0, DIM)
+  assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+  with pytest.raises(FileExistsError, match="overwrite=True"):
+    residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12)
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes" / "a.txt").write_text("keep")
+  with pytest.raises(FileExistsError, match="is not an index"):
+    residual.build_residual_index(str(tmp_path / "notes"), exact, bits, overwrite=True)
+
+
+# ------------------------------------------------------------------------------- search
+def _queries(seed: int = 9, num: int = 6):
+  rng = np.random.default_rng(seed)
+  vectors = _clustered(rng, num * 5).reshape(num, 5, DIM)  # [q, mq, d]
+  valid = rng.random((num, 5)) < 0.8
+  valid[:, 0] = True
+  return vectors, valid
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
+  docs = _corpus(seed=1)
+  exact = _exact(tmp_path / "exact", docs, dtype=dtype)
+  approx = residual.build_residual_index(str(tmp_path / "res"), exact, None, num_centroids=10,
+                                         kmeans_backend="numpy")
+  queries, valid = _queries()
+  want_scores, want_ids = exact.search(queries, valid, top_k=30)
+  scores, ids = approx.search(queries, valid, top_k=30, nprobe=10, candidates=len(docs))
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+  # with fewer probes the result is a subset of the candidates, still exactly scored
+  few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8)
+  reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
+  for s, i in zip(few_scores[0], few_ids[0]):
+    if i >= 0 and i in reference:
+      assert s == pytest.approx(reference[i], rel=1e-5)
+  assert (few_ids[0] >= 0).sum() <= 8
+  run = approx.search_run([f"q{i}" for i in range(6)], queries, valid, top_k=5, nprobe=10,
+                          candidates=len(docs))
+  assert list(run["q2"]) == [f"doc{i}" for i in want_ids[2, :5]]
+
+
+def _data(fingerprint):
+  return types.SimpleNamespace(corpus_fingerprint=fingerprint, folder="/corpus")
+
+
+def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_path, capsys):
+  docs = _corpus()
+  exact = _exact(tmp_path / "exact", docs)
+  path = str(tmp_path / "exact.residual-b2")
+  first = pipeline.build_or_open_residual(path, _data(FINGERPRINT), exact, 2, 12)
+  created = first.meta["created"]
+  again = pipeline.build_or_open_residual(path, _data(FINGERPRINT), exact, 2, 12)
+  assert again.meta["created"] == created and "Reusing the residual index" in capsys.readouterr().out
+  changed = {"num_docs": 119, "sha256": "b" * 64}
+  exact = _exact(tmp_path / "exact", docs[:119], fingerprint=changed)
+  rebuilt = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 12)
+  out = capsys.readouterr().out
+  assert "WARNING: the corpus changed" in out and "120 -> 119 documents" in out
+  assert rebuilt.meta["corpus"] == changed and rebuilt.num_docs == 119
+  assert rebuilt.corpus_change(FINGERPRINT) == "119 -> 120 documents"
+  more = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
+  assert "num_centroids 12 -> 8" in capsys.readouterr().out and more.num_centroids == 8
+  with open(os.path.join(path, "meta.json")) as f:
+    assert json.load(f)["config"] == CONFIG
+  exact.meta["config"] = {**CONFIG, "passage_ratio": 8}
+  exact.meta["fingerprint"] = index_lib.config_fingerprint(exact.meta["config"])
+  with pytest.raises(index_lib.IndexConfigMismatchError, match="passage_ratio: built=4"):
+    pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)

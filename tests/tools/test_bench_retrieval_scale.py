@@ -1,0 +1,85 @@
+"""tools/bench_retrieval_scale.py on tiny shapes (a BEIR folder written here, a small
+synthetic corpus): exact rows are the reference (recall 1, no loss), an uncompressed
+residual index probing every centroid and reranking every document equals exact, bytes per
+passage are what the codes and vector counts give, and the results file holds every row."""
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+
+from decal_jax.retrieval import beir, bm25
+
+import paths
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_retrieval_scale", paths.REPO / "tools" / "bench_retrieval_scale.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+WORDS = ("river stone light garden winter engine paper signal forest market copper cloud "
+         "harbor violin planet orchard lantern meadow compass thunder").split()
+DIM, PASSAGE_WORDS = 16, 24
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("scale")
+  rng = np.random.default_rng(0)
+  corpus = {f"d{i}": beir.Passage("", " ".join(rng.choice(WORDS, int(rng.integers(1, 40)))))
+            for i in range(60)}
+  queries = {f"q{j}": " ".join(rng.choice(WORDS, 3)) for j in range(8)}
+  qrels = {"test": {q: {f"d{5 * j}": 1} for j, q in enumerate(queries)}}
+  beir.write_beir(tmp / "beir", corpus, queries, qrels)
+  out = tmp / "scale.md"
+  rows = bench.main(["--beir_folder", str(tmp / "beir"), "--passage_length",
+                     str(PASSAGE_WORDS), "--synthetic_passages", "300",
+                     "--synthetic_length", "8", "--synthetic_topics", "20",
+                     "--synthetic_queries", "10", "--dim", str(DIM), "--ratios", "1", "3",
+                     "--bits", "2", "none", "--nprobe", "100000", "--candidates", "100000",
+                     "--top_k", "20", "--out", str(out)])
+  lengths = [min(len(bm25.words(p.text)), PASSAGE_WORDS) for p in corpus.values()]
+  return rows, out.read_text(), lengths
+
+
+def test_exact_rows_are_the_reference_and_none_bits_equal_exact(result):
+  rows, _, _ = result
+  assert len(rows) == 2 * 2 * 3  # corpora x ratios x (exact, 2 bits, none)
+  for row in rows:
+    if row["search"] == "exact":
+      assert row["recall_vs_exact"] == 1.0 and "ndcg_loss" not in row
+    elif row["bits"] == "none":  # every centroid probed, every doc reranked, raw vectors
+      assert row["recall_vs_exact"] == 1.0 and row["ndcg_loss"] == pytest.approx(0, abs=1e-9)
+    assert 0.0 <= row["ndcg@10"] <= 1.0
+
+
+def test_bytes_per_passage_follow_vector_counts_and_codes(result):
+  rows, _, lengths = result
+  for ratio in (1, 3):
+    vectors = sum(math.ceil(n / ratio) for n in lengths)
+    mine = {r["bits"]: r for r in rows if r["corpus"] == "beir" and r["ratio"] == ratio}
+    assert mine["float16"]["vectors_per_passage"] == pytest.approx(vectors / len(lengths))
+    assert mine["float16"]["bytes_per_passage"] == pytest.approx(vectors * DIM * 2 / 60)
+    assert mine[2]["bytes_per_passage"] == pytest.approx(vectors * (2 + DIM // 4) / 60)
+    assert mine["none"]["bytes_per_passage"] == pytest.approx(vectors * (2 + DIM * 2) / 60)
+  synthetic = [r for r in rows if r["corpus"].startswith("synthetic") and r["ratio"] == 3]
+  assert synthetic[0]["vectors_per_passage"] == 3  # ceil(8 / 3)
+
+
+def test_pool_is_the_unit_mean_of_c_consecutive_vectors():
+  rng = np.random.default_rng(1)
+  vectors = [rng.standard_normal((n, DIM)).astype(np.float32) for n in (1, 5, 6)]
+  pooled, valid = bench.pool(vectors, 3, DIM)
+  assert pooled.shape == (3, 2, DIM) and valid.sum(axis=1).tolist() == [1, 2, 2]
+  expected = vectors[1][3:].mean(axis=0)
+  np.testing.assert_allclose(pooled[1, 1], expected / np.linalg.norm(expected), rtol=1e-5)
+
+
+def test_results_file_has_command_tables_and_rows(result):
+  rows, text, _ = result
+  assert text.startswith("# Exact vs approximate") and "- command: `python " in text
+  assert "- machine:" in text and "## beir" in text and "## synthetic 300 passages" in text
+  records = [json.loads(line) for line in text.split("```jsonl\n")[1].split("```")[0]
+             .splitlines()]
+  assert records == json.loads(json.dumps(rows))
