@@ -7,9 +7,12 @@ setuptools.setup(
     description="Learned context compression (DeCAL, Dodo, GPTHF, Squid) in JAX/Flax, T5X-compatible.",
     license="Apache-2.0",
     python_requires=">=3.10",
-    # `tasks/` (seqio registrations) lives at the repo root and installs as decal_jax.tasks.
-    packages=setuptools.find_packages(include=["decal_jax", "decal_jax.*"]) + ["decal_jax.tasks"],
-    package_dir={"decal_jax.tasks": "tasks"},
+    # `tasks/` (seqio registrations) and `gin/` (the gin files) live at the repo root and
+    # install as decal_jax.tasks and decal_jax/gin (found through the package: gin_utils.GIN_DIR).
+    packages=setuptools.find_packages(include=["decal_jax", "decal_jax.*"])
+    + ["decal_jax.tasks", "decal_jax.gin"],
+    package_dir={"decal_jax.tasks": "tasks", "decal_jax.gin": "gin"},
+    package_data={"decal_jax.gin": ["**/*.gin"]},
     install_requires=[
         "jax>=0.6,<0.11",
         "flax>=0.10.6,<0.13",

@@ -1,7 +1,7 @@
 """Command-line gin handling shared by the entry points (T5X's flag vocabulary).
 
 `--gin_file=F` (repeatable; resolved against the paths given, `--gin_search_paths`, the
-current directory and the repository's gin/ folder), `--gin.NAME=VALUE` (one binding, e.g.
+current directory and the package's gin files, `GIN_DIR`), `--gin.NAME=VALUE` (one binding, e.g.
 `--gin.MODEL_DIR="'/tmp/m'"`) and `--gin_bindings='NAME = VALUE'`; `load_model` builds the
 gin `MODEL` and restores its latest checkpoint (what the tools and scripts need).
 """
@@ -16,7 +16,17 @@ from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence,
 import gin
 from gin import config_parser
 
-REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+
+
+def _gin_dir() -> pathlib.Path:
+  """The gin files shipped with the package: decal_jax/gin in an installed wheel; gin/ beside
+  the package in a checkout (setup.py maps it to decal_jax/gin; an editable install keeps it)."""
+  package = pathlib.Path(__file__).resolve().parent
+  installed = package / "gin"
+  return installed if installed.is_dir() else package.parent / "gin"
+
+
+GIN_DIR = _gin_dir()
 
 
 class _QuietSearchMisses(logging.Filter):
@@ -74,7 +84,7 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
   macro no file defines or reads (a misspelling) exits with a message naming it."""
   import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
   gin.clear_config()
-  all_paths = list(search_paths) + [str(pathlib.Path.cwd()), str(REPO_GIN_DIR)]
+  all_paths = list(search_paths) + [str(pathlib.Path.cwd()), str(GIN_DIR)]
   for path in all_paths:
     gin.add_config_file_search_path(path)
   if not files:

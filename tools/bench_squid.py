@@ -41,9 +41,7 @@ from decal_jax.benchmarking import (DoesNotFit, Run, Side, available_bytes, chec
 from decal_jax.networks.decoder import Decoder, DecoderConfig, causal_bias
 from decal_jax.networks.squid import Squid, SquidConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-QWEN2_GIN = REPO / "gin" / "models" / "squid_qwen2.gin"
+QWEN2_GIN = "models/squid_qwen2.gin"  # under the package's gin files (gin_utils.GIN_DIR)
 
 
 # ----------------------------------------------------------------------------- presets
@@ -98,12 +96,14 @@ def decoders_from_gin(path: pathlib.Path) -> Tuple[DecoderConfig, DecoderConfig]
 
 
 def _qwen2_preset() -> Preset:
-  if QWEN2_GIN.exists():
+  from decal_jax import gin_utils
+  path = gin_utils.GIN_DIR / QWEN2_GIN
+  if path.exists():
     try:
-      small, large = decoders_from_gin(QWEN2_GIN)
-      return Preset(small, large, "bfloat16", f"{QWEN2_GIN.relative_to(REPO)}")
+      small, large = decoders_from_gin(path)
+      return Preset(small, large, "bfloat16", f"gin/{QWEN2_GIN}")
     except (Exception, SystemExit) as e:  # pylint: disable=broad-except
-      tqdm.tqdm.write(f"could not read {QWEN2_GIN} ({e}); using the hard-coded Qwen2 shapes")
+      tqdm.tqdm.write(f"could not read {path} ({e}); using the hard-coded Qwen2 shapes")
   small, large = _qwen2_hard_coded()
   return Preset(small, large, "bfloat16", "Qwen2-0.5B / Qwen2-7B config.json values "
                 "(hard-coded in tools/bench_squid.py)")

@@ -99,7 +99,7 @@ def parsed_gin(files: List[str], bindings: List[str], what: str):
   """The gin files and bindings parsed (not finalised) for the `with` body, then cleared;
   a missing file or a ValueError in parsing or in the body exits naming `what`."""
   gin.clear_config()
-  for path in (str(pathlib.Path.cwd()), str(gin_utils.REPO_GIN_DIR)):
+  for path in (str(pathlib.Path.cwd()), str(gin_utils.GIN_DIR)):
     gin.add_config_file_search_path(path)
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
