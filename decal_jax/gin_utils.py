@@ -7,6 +7,7 @@ gin `MODEL` and restores its latest checkpoint (what the tools and scripts need)
 """
 import argparse
 import difflib
+import importlib.util  # noqa: F401  (gin's package-resource reader uses it unimported)
 import logging
 import pathlib
 import re
