@@ -1,4 +1,4 @@
-"""The ablation harness behind `tools/ablate.py`: every variant trained under one budget.
+"""The ablation harness behind `decal_jax/tools/ablate.py`: every variant trained under one budget.
 
 A *variant* (`gin/experiments/variants/<name>.gin`) says what differs: the compressor and
 ratio, extra model bindings, and how it is pretrained (span corruption, autoencoding +

@@ -53,7 +53,7 @@ def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
   def run(state, batch, rng):
     with partitioner.activate():
       return jitted(state, batch, rng)
-  run.jitted = jitted  # for ahead-of-time lowering (tools/bench_train.py)
+  run.jitted = jitted  # for ahead-of-time lowering (decal_jax/tools/bench_train.py)
   return run
 
 

@@ -1,7 +1,7 @@
 """The catalogue of bad inputs (issue 21): each test feeds one mistake a user can make and
 checks the message names the culprit and the fix, and that nothing on disk was changed or
 lost."""
-import importlib.util
+import importlib
 import json
 import logging
 import os
@@ -32,10 +32,7 @@ from test_trainer import LENGTHS, _cfg, _model, _optimizer
 
 
 def _load_tool(name):
-  spec = importlib.util.spec_from_file_location(name, paths.REPO / "tools" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(f"decal_jax.tools.{name}")
 
 
 def _files_under(folder):

@@ -338,15 +338,12 @@ def test_sentencepiece_vocabulary_reads_a_checkpoint_file_or_says_what_is_missin
 # ------------------------------------------------------------------------------ the tool
 def _run_tool(*args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, str(REPO / "tools" / "import_hf.py"), *args],
+  return subprocess.run([sys.executable, "-m", "decal_jax.tools.import_hf", *args],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _tool_module():
-  spec = importlib.util.spec_from_file_location("import_hf_tool", REPO / "tools" / "import_hf.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module("decal_jax.tools.import_hf")
 
 
 def test_import_tool_writes_a_checkpoint_the_trainer_starts_from(llama, tmp_path):

@@ -1,7 +1,7 @@
 """The wheel works outside a checkout: built from the tree, installed into a fresh venv that
 reuses this test venv's packages (a .pth file: `--system-site-packages` does not chain from a
-venv), it ships every gin file and runs the README's main job (shortened) from an empty
-directory through its console script."""
+venv), it ships every gin file and every tool, and runs the README's main job (shortened)
+and a tool from an empty directory through their console scripts."""
 import os
 import pathlib
 import shutil
@@ -66,6 +66,15 @@ def test_the_wheel_ships_every_gin_file(wheel):
              if name.startswith("decal_jax/gin/") and name.endswith(".gin")}
   in_tree = {p.relative_to(REPO / "gin").as_posix() for p in (REPO / "gin").rglob("*.gin")}
   assert shipped == in_tree and "runs/pretrain_builtin.gin" in shipped
+
+
+def test_the_tools_run_from_the_wheel_as_console_scripts(venv, tmp_path):
+  tools = sorted(p.stem for p in (REPO / "decal_jax" / "tools").glob("[a-z]*.py"))
+  scripts = sorted(p.name[len("decal-"):].replace("-", "_")
+                   for p in (venv / "bin").glob("decal-*"))
+  assert set(tools) <= set(scripts) and "make_vocab" in tools
+  proc = _check([str(venv / "bin" / "decal-ablate"), "--list"], cwd=tmp_path)
+  assert "budgets: " in proc.stdout and "smoke" in proc.stdout  # read from decal_jax/gin
 
 
 def test_the_main_job_runs_from_the_wheel_outside_the_checkout(venv, tmp_path):

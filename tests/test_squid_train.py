@@ -93,13 +93,10 @@ def test_each_stage_starts_from_the_previous_one(stages):
 
 
 def test_answer_tool_reuses_a_saved_compression(stages, tmp_path):
-  """tools/squid_answer.py: answers from a saved .npz equal answers from the context, and
+  """decal_jax/tools/squid_answer.py: answers from a saved .npz equal answers from the context, and
   both equal the model's own predict_batch on [context; question] (which recompresses)."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "squid_answer", paths.REPO / "tools" / "squid_answer.py")
-  squid_answer = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(squid_answer)
+  import importlib
+  squid_answer = importlib.import_module("decal_jax.tools.squid_answer")
   context = ("The assignment statement binds names to objects. Targets may be attribute "
              "references, subscriptions or slicings.")
   (tmp_path / "ctx.txt").write_text(context)

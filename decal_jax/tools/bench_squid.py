@@ -1,8 +1,8 @@
 """Squid against its large decoder reading the whole context: latency and FLOPs, side by side.
 
-  python tools/bench_squid.py --contexts 512,2048,8192 --ratios 4,8,16 \
+  python -m decal_jax.tools.bench_squid --contexts 512,2048,8192 --ratios 4,8,16 \
       --out docs/results/squid_latency_cpu.md --plot docs/results/squid_latency_cpu.png
-  python tools/bench_squid.py --preset qwen2 --out docs/results/squid_latency_gpu.md  # a GPU
+  python -m decal_jax.tools.bench_squid --preset qwen2 --out docs/results/squid_latency_gpu.md  # a GPU
 
 For every context length L and compression ratio ρ (N = L / ρ memory tokens, fixed-N mode),
 with one query of --query_length tokens and --answer_length greedy answer tokens:
@@ -62,7 +62,7 @@ def _cpu_preset() -> Preset:
                     num_layers=2, tie_embeddings=True, **common),
       DecoderConfig(emb_dim=512, num_heads=4, num_kv_heads=2, head_dim=128, mlp_dim=2048,
                     num_layers=4, **common),
-      "float32", "the `cpu` preset (shapes in tools/bench_squid.py)")
+      "float32", "the `cpu` preset (shapes in decal_jax/tools/bench_squid.py)")
 
 
 def _tiny_preset() -> Preset:
@@ -106,7 +106,7 @@ def _qwen2_preset() -> Preset:
       tqdm.tqdm.write(f"could not read {path} ({e}); using the hard-coded Qwen2 shapes")
   small, large = _qwen2_hard_coded()
   return Preset(small, large, "bfloat16", "Qwen2-0.5B / Qwen2-7B config.json values "
-                "(hard-coded in tools/bench_squid.py)")
+                "(hard-coded in decal_jax/tools/bench_squid.py)")
 
 
 PRESETS: Dict[str, Callable[[], Preset]] = {"cpu": _cpu_preset, "qwen2": _qwen2_preset,
@@ -447,7 +447,7 @@ def parse_args(argv=None):
   if args.warmup < 0:
     parser.error(f"--warmup must be >= 0, got {args.warmup}.")
   args.preset_value = PRESETS[args.preset]()
-  args.command = benchmarking.command("tools/bench_squid.py", argv)
+  args.command = benchmarking.command("decal_jax.tools.bench_squid", argv)
   return args
 
 

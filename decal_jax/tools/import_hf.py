@@ -1,7 +1,7 @@
-# python tools/import_hf.py --hf_dir /ckpt/Llama-2-7b-hf --out /ckpt/dodo_llama2_7b \
+# python -m decal_jax.tools.import_hf --hf_dir /ckpt/Llama-2-7b-hf --out /ckpt/dodo_llama2_7b \
 #     --gin_file=models/dodo_llama2_7b.gin
-# python tools/import_hf.py --hf_dir /ckpt/Qwen2-0.5B --out /ckpt/qwen2_05b --model decoder
-# python tools/import_hf.py --model squid --hf_dir /ckpt/Qwen2-0.5B \
+# python -m decal_jax.tools.import_hf --hf_dir /ckpt/Qwen2-0.5B --out /ckpt/qwen2_05b --model decoder
+# python -m decal_jax.tools.import_hf --model squid --hf_dir /ckpt/Qwen2-0.5B \
 #     --large_hf_dir /ckpt/Qwen2-7B --out /ckpt/squid_qwen2 --gin_file=models/squid_qwen2.gin
 """Writes a Hugging Face LLaMA / Qwen2 / Mistral checkpoint as an Orbax checkpoint to start
 training from (`INITIAL_CHECKPOINT_PATH`, gin/runs/finetune.gin).
