@@ -1,4 +1,4 @@
-"""The ablation harness behind `tools/ablate.py`: every variant trained under one budget.
+"""The ablation harness behind `decal_jax/tools/ablate.py`: every variant trained under one budget.
 
 A *variant* (`gin/experiments/variants/<name>.gin`) says what differs: the compressor and
 ratio, extra model bindings, and how it is pretrained (span corruption, autoencoding +
@@ -26,7 +26,7 @@ import gin
 from decal_jax import fileio, flops, gin_utils
 from decal_jax.data import span_corruption
 
-EXPERIMENTS_DIR = gin_utils.REPO_GIN_DIR / "experiments"
+EXPERIMENTS_DIR = gin_utils.GIN_DIR / "experiments"
 OBJECTIVES = ("span_corruption", "autoencode", None)
 
 
@@ -96,7 +96,7 @@ def _load(kind: str, name: str, cls):
     raise ValueError(f"Unknown {kind[:-1]} {name!r}; known: {', '.join(known(kind))} "
                      f"(files in {path.parent}).")
   gin.clear_config()
-  gin.add_config_file_search_path(str(gin_utils.REPO_GIN_DIR))  # for `include` lines
+  gin.add_config_file_search_path(str(gin_utils.GIN_DIR))  # for `include` lines
   gin.parse_config_file(str(path))
   try:
     return dataclasses.replace(gin.get_configurable(cls)(), name=name)

@@ -1,4 +1,4 @@
-"""What the benchmark tools in tools/ share: timing, memory checks, the machine's description,
+"""What the benchmark tools in decal_jax/tools/ share: timing, memory checks, the machine's description,
 random weights from parameter shapes, and writing results (Markdown, JSON lines, plots).
 
 A results file states numbers: the command, date and machine, the settings, then tables,
@@ -268,9 +268,10 @@ def load_average() -> str:
   return "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
-def command(tool: str, argv: Optional[Sequence[str]]) -> str:
-  """The command line that ran a tool: sys.argv, or `tool` + argv when called in-process."""
-  return shlex.join(sys.argv if argv is None else [tool, *argv])
+def command(module: str, argv: Optional[Sequence[str]]) -> str:
+  """The command line that ran a tool, as `-m <module> ARGS` (ARGS: `argv` when called
+  in-process, else sys.argv's); `header` puts `python` in front."""
+  return shlex.join(["-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def header(title: str, command_line: str, *settings: str) -> List[str]:

@@ -1,7 +1,7 @@
 """Calibrating Dodo's nugget threshold Λ for a trained compressed-history LM (`DodoLM` with
 selection='nuggets'): cached generation keeps the tokens whose score exceeds Λ, so Λ is set
 between two neighbouring scorer outputs on sample text with 1 / r of them above it, and
-about 1 / r of the tokens become nuggets. `tools/calibrate_nuggets.py` runs it; `tools/lm_table.py` uses it too.
+about 1 / r of the tokens become nuggets. `decal_jax/tools/calibrate_nuggets.py` runs it; `decal_jax/tools/lm_table.py` uses it too.
 """
 import dataclasses
 import pathlib
@@ -46,6 +46,6 @@ def calibrate(model, params, train_cfg, eval_cfg, batches: int = 8) -> Dict[str,
 def write_binding(model_dir: str, threshold: float) -> pathlib.Path:
   """Writes MODEL_DIR/nugget_threshold.gin (`NUGGET_THRESHOLD = Λ`), one more --gin_file."""
   path = pathlib.Path(model_dir) / "nugget_threshold.gin"
-  fileio.write_text_atomic(path, "# written by tools/calibrate_nuggets.py\n"
+  fileio.write_text_atomic(path, "# written by decal_jax/tools/calibrate_nuggets.py\n"
                                  f"NUGGET_THRESHOLD = {threshold!r}\n")
   return path

@@ -1,14 +1,16 @@
 # python -m decal_jax.eval --gin_file=runs/eval_builtin.gin --gin.MODEL_DIR="'runs/decal_tiny'"
-"""Entry point: `evaluation.evaluate` configured by gin (see decal_jax/gin_utils.py for flags)."""
-from decal_jax import console
+"""Evaluates MODEL_DIR's checkpoint on the gin-configured task (`evaluation.evaluate`); T5X's
+flags (decal_jax/cli.py). JAX and TensorFlow load only after the command line and the gin
+files have been checked."""
+import os
 
-console.setup()  # TF (only the input pipeline) imported quietly, off the accelerators
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only our input pipeline: quiet it
 
-from decal_jax import evaluation, gin_utils  # noqa: E402
+from decal_jax import cli  # noqa: E402
 
 
 def main(argv=None):
-  gin_utils.run(evaluation.evaluate, argv, pass_config=False)
+  cli.main("decal_jax.evaluation:evaluate", argv, prog="decal_jax.eval", about=__doc__)
 
 
 if __name__ == "__main__":

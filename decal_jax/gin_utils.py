@@ -1,22 +1,34 @@
 """Command-line gin handling shared by the entry points (T5X's flag vocabulary).
 
 `--gin_file=F` (repeatable; resolved against the paths given, `--gin_search_paths`, the
-current directory and the repository's gin/ folder), `--gin.NAME=VALUE` (one binding, e.g.
+current directory and the package's gin files, `GIN_DIR`), `--gin.NAME=VALUE` (one binding, e.g.
 `--gin.MODEL_DIR="'/tmp/m'"`) and `--gin_bindings='NAME = VALUE'`; `load_model` builds the
 gin `MODEL` and restores its latest checkpoint (what the tools and scripts need).
 """
 import argparse
 import difflib
+import importlib.util  # noqa: F401  (gin's package-resource reader uses it unimported)
 import logging
 import pathlib
 import re
 import sys
+import tokenize
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import gin
 from gin import config_parser
 
-REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+
+
+def _gin_dir() -> pathlib.Path:
+  """The gin files shipped with the package: decal_jax/gin in an installed wheel; gin/ beside
+  the package in a checkout (setup.py maps it to decal_jax/gin; an editable install keeps it)."""
+  package = pathlib.Path(__file__).resolve().parent
+  installed = package / "gin"
+  return installed if installed.is_dir() else package.parent / "gin"
+
+
+GIN_DIR = _gin_dir()
 
 
 class _QuietSearchMisses(logging.Filter):
@@ -74,7 +86,7 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
   macro no file defines or reads (a misspelling) exits with a message naming it."""
   import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
   gin.clear_config()
-  all_paths = list(search_paths) + [str(pathlib.Path.cwd()), str(REPO_GIN_DIR)]
+  all_paths = _search_paths(search_paths)
   for path in all_paths:
     gin.add_config_file_search_path(path)
   if not files:
@@ -95,6 +107,15 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
                          "--gin.MODEL_DIR=\"'/tmp/m'\").") from e
 
 
+def _search_paths(search_paths: Sequence[str]) -> List[str]:
+  """Where gin files are looked up (after the path as given): the paths the user gave, the
+  current directory, the package's gin files."""
+  return list(search_paths) + [str(pathlib.Path.cwd()), str(GIN_DIR)]
+
+
+_REQUIRED = object()  # what _NamesOnly makes of `%gin.REQUIRED`
+
+
 class _NamesOnly(config_parser.ParserDelegate):
   """Reads binding statements without resolving the configurables their values name."""
 
@@ -102,7 +123,52 @@ class _NamesOnly(config_parser.ParserDelegate):
     return None
 
   def macro(self, macro_name):
-    return None
+    return _REQUIRED if macro_name == "gin.REQUIRED" else None
+
+
+def _open_gin_file(file: str, search_paths: Sequence[str]):
+  """The gin file opened as gin would find it (the path itself, then each search path)."""
+  prefixes = [""] if pathlib.Path(file).is_absolute() else [""] + _search_paths(search_paths)
+  for prefix in prefixes:
+    path = str(pathlib.Path(prefix, file)) if prefix else file
+    for reader, exists in gin.config._FILE_READERS:  # pylint: disable=protected-access
+      if exists(path):
+        return reader(path)
+  raise GinConfigError(f"error: gin file not found: {file}\nSearched: {prefixes}")
+
+
+def _statements(file: str, search_paths: Sequence[str]):
+  """The binding statements of a gin file and the files it includes, in order."""
+  with _open_gin_file(file, search_paths) as handle:
+    try:
+      statements = list(config_parser.ConfigParser(handle, _NamesOnly()))
+    except (SyntaxError, tokenize.TokenError) as e:
+      raise GinConfigError(f"error: bad gin file {file}: {e}") from e
+  for statement in statements:
+    if isinstance(statement, config_parser.IncludeStatement):
+      yield from _statements(statement.filename, search_paths)
+    elif isinstance(statement, config_parser.BindingStatement):
+      yield statement
+
+
+def required_macros(files: Sequence[str], search_paths: Sequence[str],
+                    bindings: Sequence[str]) -> List[str]:
+  """The macros the gin files (and includes) leave `%gin.REQUIRED` after the bindings. Reads
+  the files only (no configurable is imported): a missing file or a syntax error raises
+  GinConfigError here, long before JAX or TensorFlow would load."""
+  if not files:
+    raise GinConfigError("error: give at least one --gin_file (e.g. "
+                         "--gin_file=runs/pretrain_builtin.gin).")
+  required = {}
+  statements = [s for file in files for s in _statements(file, search_paths)]
+  try:
+    statements += list(config_parser.ConfigParser("\n".join(bindings), _NamesOnly()))
+  except (SyntaxError, tokenize.TokenError) as e:
+    raise GinConfigError(f"error: bad gin binding: {e}") from e
+  for statement in statements:
+    if isinstance(statement, config_parser.BindingStatement) and not statement.arg_name:
+      required[(statement.scope, statement.selector)] = statement.value is _REQUIRED
+  return [selector for (scope, selector), left in required.items() if left and not scope]
 
 
 def _macros_defined() -> set:
@@ -141,7 +207,7 @@ def check_macro_bindings(bindings: Sequence[str], defined_by_files: set) -> None
         f"{hint} (Each gin file's header lists the macros it takes.)")
 
 
-def start_distributed() -> bool:
+def start_distributed(initialization_timeout: Optional[int] = None) -> bool:
   """Joins a multi-host job (`partitioning.initialize_distributed`, with its gin bindings
   if any, else the DECAL_* / JAX environment variables) before anything touches devices."""
   from decal_jax import partitioning  # pylint: disable=g-import-not-at-top
@@ -150,14 +216,25 @@ def start_distributed() -> bool:
     fn = gin.get_configurable(fn)  # registered when a gin file binds one of its arguments
   except ValueError:
     pass
+  if initialization_timeout is not None:
+    return fn(initialization_timeout=initialization_timeout)
   return fn()
 
 
 def run(fn: Callable, argv: Optional[Sequence[str]] = None, pass_config: bool = False):
-  """Parses the command line and calls the gin-configured `fn`."""
+  """Parses a command line (`split_args`) and calls the gin-configured `fn` (the entry
+  points parse T5X's full flag set with decal_jax.cli instead)."""
   files, paths, bindings = split_args(sys.argv[1:] if argv is None else argv)
-  parse(files, paths, bindings)
-  start_distributed()
+  return call(fn, files, paths, bindings, pass_config=pass_config)
+
+
+def call(fn: Callable, files: Sequence[str], search_paths: Sequence[str],
+         bindings: Sequence[str], *, pass_config: bool = False,
+         initialization_timeout: Optional[int] = None):
+  """Parses the gin files and bindings, joins a multi-host job if one is configured, and
+  calls the gin-configured `fn` (with the gin config text if `pass_config`)."""
+  parse(files, search_paths, bindings)
+  start_distributed(initialization_timeout)
   configured = gin.get_configurable(fn)
   try:
     if pass_config:

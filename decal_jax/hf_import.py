@@ -12,7 +12,7 @@ Byte-level BPE checkpoints (Qwen2) whose id 0 is a real token ('!') are made to 
 (`remap_zero_row`).
 
 `hf_params` puts these params into a fresh Dodo / Squid (`merge_base_params`, `import_dodo`,
-`import_squid`); `tools/import_hf.py` writes the result as an Orbax checkpoint the trainer
+`import_squid`); `decal_jax/tools/import_hf.py` writes the result as an Orbax checkpoint the trainer
 starts from. The vocabularies are in `data/hf_vocabularies.py`. What we do
 not implement (RoPE scaling, a sliding window that actually binds, biases on LLaMA's
 projections, activations other than SiLU) is refused with a ValueError, never approximated.

@@ -7,7 +7,7 @@
   init = Dodo(dodo_config).init(...)["params"]              # a fresh Dodo
   params, report = hf_params.merge_base_params(init, base)  # base <- checkpoint
 
-`import_decoder` / `import_dodo` / `import_squid` run a whole import (tools/import_hf.py is
+`import_decoder` / `import_dodo` / `import_squid` run a whole import (decal_jax/tools/import_hf.py is
 their command line): read each checkpoint's sizes and give them to the configured model
 (noting where its config said otherwise), move token 0 if asked (`hf_import.remap_zero_row`),
 initialise what no checkpoint holds (Dodo's scorer, soft prompt and LoRA adapters; Squid's
@@ -73,7 +73,7 @@ def merge_base_params(init_params: Mapping[str, Any], base: Mapping[str, Any]
               for k, v in flat_base.items() if tuple(init[k].shape) != tuple(v.shape)]
   if reshaped:
     raise ValueError("Imported shapes differ from the model's:\n  " + "\n  ".join(reshaped[:6])
-                     + "\nBind the checkpoint's sizes (tools/import_hf.py prints them).")
+                     + "\nBind the checkpoint's sizes (decal_jax/tools/import_hf.py prints them).")
   uncovered = sorted(k for k in init if k.startswith("stack/") and k not in flat_base
                      and not _is_lora(k))
   if uncovered:
@@ -139,13 +139,13 @@ def size_gin_file(configs: Mapping[Optional[str], DecoderConfig], source: str,
   """The checkpoints' sizes ({scope: config}; scope None for Dodo / Decoder), the
   vocabulary's zero_id_to when token 0 was remapped, then the gin `bindings` the import's
   model was built with."""
-  extra = ["", "# --gin_bindings given to tools/import_hf.py", *bindings] if bindings else []
+  extra = ["", "# --gin_bindings given to decal_jax/tools/import_hf.py", *bindings] if bindings else []
   sizes = [line for scope, config in configs.items() for line in size_bindings(config, scope)]
   remap = (["", f"# Token 0 ('!' in Qwen2) was moved to id {zero_id_to}: the vocabulary must "
             "say so.", *zero_id_binding(zero_id_to)] if zero_id_to is not None else [])
   example = "squid_qwen2.gin" if None not in configs else "dodo_llama2_7b.gin"
   imports = (["from decal_jax.data import hf_vocabularies"] if zero_id_to is not None else [])
-  return "\n".join([f"# Written by tools/import_hf.py: the DecoderConfig sizes of {source}.",
+  return "\n".join([f"# Written by decal_jax/tools/import_hf.py: the DecoderConfig sizes of {source}.",
                     f"# Pass it after the model gin file (e.g. models/{example}).",
                     "from __gin__ import dynamic_registration", "",
                     *imports, "from decal_jax.networks import decoder", "",

@@ -1,16 +1,17 @@
 # python -m decal_jax.retrieve --gin_file=runs/retrieve_builtin.gin --gin.MODEL_DIR="'runs/decal_tiny_retrieval'"
-"""Entry point: index a BEIR corpus with a trained dual encoder, search, and score
-(`retrieval.pipeline.evaluate_retrieval` configured by gin; see decal_jax/gin_utils.py)."""
-from decal_jax import console
+"""Indexes a BEIR corpus with MODEL_DIR's trained dual encoder, searches and scores
+(`retrieval.pipeline.evaluate_retrieval` configured by gin); T5X's flags (decal_jax/cli.py).
+JAX and TensorFlow load only after the command line and the gin files have been checked."""
+import os
 
-console.setup()  # TF (only the input pipeline) imported quietly, off the accelerators
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only our input pipeline: quiet it
 
-from decal_jax import gin_utils  # noqa: E402
-from decal_jax.retrieval import pipeline  # noqa: E402
+from decal_jax import cli  # noqa: E402
 
 
 def main(argv=None):
-  gin_utils.run(pipeline.evaluate_retrieval, argv)
+  cli.main("decal_jax.retrieval.pipeline:evaluate_retrieval", argv, prog="decal_jax.retrieve",
+           about=__doc__)
 
 
 if __name__ == "__main__":

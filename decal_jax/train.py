@@ -1,14 +1,17 @@
 # python -m decal_jax.train --gin_file=runs/pretrain_builtin.gin --gin.MODEL_DIR="'runs/decal_tiny'"
-"""Entry point: `trainer.train` configured by gin (see decal_jax/gin_utils.py for flags)."""
-from decal_jax import console
+"""Trains the gin-configured model (`trainer.train`) in MODEL_DIR, continuing from its latest
+checkpoint; T5X's flags (decal_jax/cli.py). JAX and TensorFlow load only after the command
+line and the gin files have been checked."""
+import os
 
-console.setup()  # TF (only the input pipeline) imported quietly, off the accelerators
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only our input pipeline: quiet it
 
-from decal_jax import gin_utils, trainer  # noqa: E402
+from decal_jax import cli  # noqa: E402
 
 
 def main(argv=None):
-  gin_utils.run(trainer.train, argv, pass_config=True)
+  cli.main("decal_jax.trainer:train", argv, prog="decal_jax.train", about=__doc__,
+           pass_config=True)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
   def run(state, batch, rng):
     with partitioner.activate(), resilience.explain_out_of_memory(batch):
       return jitted(state, batch, rng)
-  run.jitted = jitted  # for ahead-of-time lowering (tools/bench_train.py)
+  run.jitted = jitted  # for ahead-of-time lowering (decal_jax/tools/bench_train.py)
   return run
 
 
@@ -82,7 +82,9 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
           nonfinite_policy: str = "raise",
           checkpoint_input: bool = True) -> Dict[str, float]:
   """Trains to `total_steps`, resuming from MODEL_DIR; returns the final eval metrics
-  (and, with `show_example`, prints one validation example decoded by the model).
+  (and, with `show_example`, prints one validation example decoded by the model). A run
+  already at `total_steps` prints "already at step N = TRAIN_STEPS; nothing to train",
+  writes nothing to MODEL_DIR and returns the held-out metrics of its last checkpoint.
 
   Resuming is exact: a checkpoint holds params, optimizer state, step, the dropout RNG and
   the number of batches consumed, so a run killed at any point and started again with the
@@ -140,6 +142,14 @@ def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   state, shardings = train_state.init_state(model, optimizer, partitioner, train_dataset_cfg, seed)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
   state, position = train_state.restore_latest(ckpt, state, train_dataset_cfg, seed)
+  start = int(jax.device_get(state["step"]))
+  eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
+  if start >= total_steps:  # a finished run: nothing is written, the metrics are returned
+    ckpt.close()
+    relation = "=" if start == total_steps else f"> {total_steps} ="
+    print(f"already at step {start} {relation} TRAIN_STEPS; nothing to train")
+    return evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
+                                      eval_batches)
   if initial_checkpoint_path and ckpt.latest_step() is None:
     state = dict(state, params=train_state.start_from(initial_checkpoint_path, state["params"],
                                                       allow_partial_restore))
@@ -149,7 +159,6 @@ def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
     vocabulary_record.write(model_dir, new_record)
   writer = metrics.MetricsWriter(model_dir)
   step_fn = make_train_step(model, optimizer, partitioner, shardings)
-  start = int(jax.device_get(state["step"]))
   writer.write_config(start, gin_config_text,
                       metrics.run_hparams(model, train_dataset_cfg, total_steps, seed))
   model_info.write(model_dir, model, train_dataset_cfg, partitioner)  # T5X's model-info.txt
@@ -157,7 +166,6 @@ def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
   position.pop("seed_changed", None)  # not part of what a checkpoint stores
   rng = jnp.asarray(position["rng"], jnp.uint32)
-  eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
   window = metrics.Window(model.summarize)
   bar = tqdm.tqdm(range(start, total_steps), initial=start, total=total_steps, desc="train",
                   dynamic_ncols=True, disable=jax.process_index() != 0)

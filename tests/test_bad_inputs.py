@@ -2,6 +2,7 @@
 checks the message names the culprit and the fix, and that nothing on disk was changed or
 lost."""
 import hashlib
+import importlib
 import importlib.util
 import json
 import logging
@@ -35,10 +36,7 @@ from test_trainer import LENGTHS, _cfg, _model, _optimizer
 
 
 def _load_tool(name):
-  spec = importlib.util.spec_from_file_location(name, paths.REPO / "tools" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(f"decal_jax.tools.{name}")
 
 
 def _files_under(folder):

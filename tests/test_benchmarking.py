@@ -44,8 +44,8 @@ def test_weights_that_exceed_half_the_free_memory_are_refused():
 def test_markdown_table_and_header():
   assert benchmarking.table(["a", "b"], [(1, "x"), (2.5, "y")]) == [
       "| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
-  lines = benchmarking.header("Title", "tools/t.py --n 1", "setting one", "", None)
-  assert lines[:3] == ["# Title", "", "- command: `python tools/t.py --n 1`"]
+  lines = benchmarking.header("Title", "-m decal_jax.tools.t --n 1", "setting one", "", None)
+  assert lines[:3] == ["# Title", "", "- command: `python -m decal_jax.tools.t --n 1`"]
   assert lines[-1] == "- setting one" and len(lines) == 6  # empty settings are left out
   assert f"jax {jax.__version__}" in lines[4]
 

@@ -53,6 +53,23 @@ def test_rerunning_the_same_command_continues(trained):
   assert (model_dir / "checkpoint_4").is_dir()
 
 
+def _snapshot(folder):
+  """Every path under `folder` with its modification time and size."""
+  return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size)
+          for p in folder.rglob("*")}
+
+
+def test_rerunning_a_finished_run_says_so_and_writes_nothing(trained):
+  model_dir, _ = trained
+  latest = max(int(p.name.split("_")[1]) for p in model_dir.glob("checkpoint_*"))
+  before = _snapshot(model_dir)
+  proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
+              f"--gin.TRAIN_STEPS={latest}", "--gin.EVAL_BATCHES=1", *SMALL)
+  assert f"already at step {latest} = TRAIN_STEPS; nothing to train" in proc.stdout
+  assert "Held-out" not in proc.stdout and "train:" not in proc.stderr  # no bar, no report
+  assert _snapshot(model_dir) == before
+
+
 def test_eval_and_infer_use_the_checkpoint(trained):
   model_dir, _ = trained
   proc = _run("eval", "--gin_file=runs/eval_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",

@@ -3,7 +3,8 @@
 Tiny random LLaMA / Qwen2 models are built and saved here (no hub access), imported with
 `decal_jax.hf_import`, and our `Decoder`'s logits and cached greedy tokens compared with
 the PyTorch model's: float32 to 1e-4; a bf16 checkpoint exactly (its bf16 weights in
-float32) and, more loosely, against PyTorch's bf16 forward pass.
+float32) and, more loosely, against PyTorch's bf16 forward pass. Needs the `[test-hf]`
+extra (torch + transformers): without it the file is skipped, saying so.
 """
 import copy
 import dataclasses
@@ -20,9 +21,11 @@ import numpy as np
 import pytest
 
 # (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
+            "and -e '.[test-hf]'")
+torch = pytest.importorskip("torch", reason=NEEDS_HF)
+transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
+safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
 
 import flax  # noqa: E402
 import gin  # noqa: E402
@@ -335,15 +338,12 @@ def test_sentencepiece_vocabulary_reads_a_checkpoint_file_or_says_what_is_missin
 # ------------------------------------------------------------------------------ the tool
 def _run_tool(*args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, str(REPO / "tools" / "import_hf.py"), *args],
+  return subprocess.run([sys.executable, "-m", "decal_jax.tools.import_hf", *args],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _tool_module():
-  spec = importlib.util.spec_from_file_location("import_hf_tool", REPO / "tools" / "import_hf.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module("decal_jax.tools.import_hf")
 
 
 def test_import_tool_writes_a_checkpoint_the_trainer_starts_from(llama, tmp_path):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import paths
 from decal_jax import checkpoints, gin_utils, train
 from decal_jax.networks.squid import Squid
 
@@ -41,7 +42,7 @@ def _params(model_dir):
 def _fresh_params():
   """A Squid built from the same gin files and bindings (the checkpoint's structure)."""
   gin.clear_config()
-  gin.add_config_file_search_path(str(gin_utils.REPO_GIN_DIR))
+  gin.add_config_file_search_path(str(gin_utils.GIN_DIR))
   gin.parse_config_files_and_bindings(["runs/squid_restore_builtin.gin"],
                                       SMALLER + ["MODEL_DIR = 'unused'"],
                                       finalize_config=False)
@@ -92,13 +93,10 @@ def test_each_stage_starts_from_the_previous_one(stages):
 
 
 def test_answer_tool_reuses_a_saved_compression(stages, tmp_path):
-  """tools/squid_answer.py: answers from a saved .npz equal answers from the context, and
+  """decal_jax/tools/squid_answer.py: answers from a saved .npz equal answers from the context, and
   both equal the model's own predict_batch on [context; question] (which recompresses)."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "squid_answer", gin_utils.REPO_GIN_DIR.parent / "tools" / "squid_answer.py")
-  squid_answer = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(squid_answer)
+  import importlib
+  squid_answer = importlib.import_module("decal_jax.tools.squid_answer")
   context = ("The assignment statement binds names to objects. Targets may be attribute "
              "references, subscriptions or slicings.")
   (tmp_path / "ctx.txt").write_text(context)

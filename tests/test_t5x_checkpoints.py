@@ -186,7 +186,7 @@ def test_export_tool_writes_what_restore_reads_back(tmp_path):
   ckpt.close()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(paths.REPO))
   run = lambda *args: subprocess.run(  # noqa: E731
-      [sys.executable, str(paths.REPO / "tools" / "export_t5x.py"), *args], env=env,
+      [sys.executable, "-m", "decal_jax.tools.export_t5x", *args], env=env,
       capture_output=True, text=True, timeout=300)
   done = run("--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "t5x"),
              "--t5x_names")

@@ -83,7 +83,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
   TensorFlow paths too). R must be an id the tokenizer never produces (checked on first
   use: a ValueError names the token R already is) and a row of every embedding table the
   ids index; import the checkpoint with `hf_import.remap_zero_row(params, R)`
-  (tools/import_hf.py does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's
+  (decal_jax/tools/import_hf.py does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's
   tokenizer ends at id 151645 (Qwen2.5's at 151664) and its tables have 151,936 (0.5B) and
   152,064 (7B) rows: R = 151935 (gin/models/squid_qwen2.gin); vocab_size is then R + 1.
   The default zero_id_to=None keeps the tokenizer's ids, '!' = 0 included (and lost

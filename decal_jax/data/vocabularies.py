@@ -6,7 +6,7 @@ The built-in vocabulary is trained on first use (under a second) and cached unde
 docs differ, or a changed training recipe, gets its own file. Training holds a file lock
 (one process trains, the others wait and reuse) and writes atomically
 (`fileio.write_bytes_atomic`), so readers never see a partial model.
-`python tools/make_vocab.py` builds it ahead of time.
+`python -m decal_jax.tools.make_vocab` builds it ahead of time.
 
 Recipes (`BUILTIN_RECIPES`): 'bytes' (the default) falls back to UTF-8 byte pieces, so no
 input byte is ever unknown ('$', '£', 'é', 'ж', '中', emoji all round-trip); 'chars' is the
@@ -82,7 +82,7 @@ class NamedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
   the error (seqio raises protobuf's DecodeError or a bare RuntimeError, without it)."""
 
   FIX = ("Give a binary SentencePiece model (e.g. T5's spiece.model, or one written by "
-         "tools/make_vocab.py); a Hugging Face tokenizer.json goes to "
+         "decal_jax/tools/make_vocab.py); a Hugging Face tokenizer.json goes to "
          "hf_vocabularies.HfTokenizerVocabulary instead")
 
   def _model_context(self):
@@ -204,7 +204,7 @@ class T5Vocabulary(NamedSentencePieceVocabulary):
   """The T5 vocabulary; a missing local file is reported clearly when first used."""
 
   FIX = ("Point DECAL_T5_VOCAB (or gin `vocabularies.t5_vocabulary.path`) at a binary "
-         "SentencePiece model, e.g. T5's spiece.model or one written by tools/make_vocab.py")
+         "SentencePiece model, e.g. T5's spiece.model or one written by decal_jax/tools/make_vocab.py")
 
   def _model_context(self):
     if not self._model:

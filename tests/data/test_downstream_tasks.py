@@ -254,8 +254,7 @@ def test_squad_release_converts_and_feeds_decal_squad(tmp_path, monkeypatch, bui
     pytest.skip(f"{source} not found: set DECAL_DATA_DIR to the shared data folder")
   import subprocess
   import sys
-  repo = paths.REPO
-  proc = subprocess.run([sys.executable, str(repo / "tools" / "prepare_jsonl.py"), "squad",
+  proc = subprocess.run([sys.executable, "-m", "decal_jax.tools.prepare_jsonl", "squad",
                          str(source), "--split", "validation", "--out", str(tmp_path)],
                         capture_output=True, text=True, check=True)
   assert "10570 records" in proc.stdout  # every question of the official dev set

@@ -151,12 +151,8 @@ def test_unwritable_cache_dir_names_the_fix(tmp_path, monkeypatch):
 
 
 def _load_make_vocab():
-  import importlib.util
-  path = paths.REPO / "tools" / "make_vocab.py"
-  spec = importlib.util.spec_from_file_location("make_vocab", path)
-  tool = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tool)
-  return tool
+  import importlib
+  return importlib.import_module("decal_jax.tools.make_vocab")
 
 
 def test_make_vocab_trains_from_a_jsonl_file(tmp_path, capsys):

@@ -68,7 +68,7 @@ def _flat(tree):
 
 
 def _export(params, tmp_path, t5x_names: bool):
-  """params saved as a decal_jax run at step 9, exported as tools/export_t5x.py does."""
+  """params saved as a decal_jax run at step 9, exported as decal_jax/tools/export_t5x.py does."""
   run = checkpoints.Checkpointer(str(tmp_path / "run"), keep=1)
   run.save(9, {"params": params}, {}, force=True)
   run.close()

@@ -1,8 +1,8 @@
-"""tools/bench_gpthf.py on its tiny preset: a row per (n, k, batch), ratios that are the
+"""decal_jax/tools/bench_gpthf.py on its tiny preset: a row per (n, k, batch), ratios that are the
 quotients of the recorded medians and FLOPs, sentence counts as a numpy scan gives them, and
 every side's tokens equal to its own network's uncached reference (GPTHF and GPT are
 different networks, so each is checked against itself)."""
-import importlib.util
+import importlib
 import statistics
 import time
 
@@ -20,9 +20,7 @@ from decal_jax.networks.decoder import Decoder
 import paths
 
 REPO = paths.REPO
-_spec = importlib.util.spec_from_file_location("bench_gpthf", REPO / "tools" / "bench_gpthf.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = importlib.import_module("decal_jax.tools.bench_gpthf")
 
 PROMPTS, NEW, BATCH, REPEATS = (10, 20), 6, 2, 2
 WORK = BATCH * NEW * (PROMPTS[0] + NEW)  # --max_batch_work: n = 10 runs, n = 20 is skipped
@@ -75,7 +73,7 @@ def _cells(text, header):
 
 def test_markdown_has_a_row_per_grid_point_and_says_what_ran(real):
   rows, _, text, *_ = real
-  assert "- command: `python tools/bench_gpthf.py --preset tiny" in text
+  assert "- command: `python -m decal_jax.tools.bench_gpthf --preset tiny" in text
   assert f"jax {jax.__version__}" in text and "![speedups" in text
   times = _cells(text, "Wall clock")
   assert set(times) == {(n, NEW, BATCH) for n in PROMPTS}

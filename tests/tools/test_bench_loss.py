@@ -1,7 +1,7 @@
-"""tools/bench_loss.py: the one-hot reference and our loss agree in value and gradient with
+"""decal_jax/tools/bench_loss.py: the one-hot reference and our loss agree in value and gradient with
 a numpy derivation, and ours holds no [batch, length, vocab] temporary while the one-hot
 form does (the property the tool measures)."""
-import importlib.util
+import importlib
 
 import numpy as np
 import pytest
@@ -11,9 +11,7 @@ import tolerances
 import paths
 
 REPO = paths.REPO
-_spec = importlib.util.spec_from_file_location("bench_loss", REPO / "tools" / "bench_loss.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = importlib.import_module("decal_jax.tools.bench_loss")
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

@@ -1,6 +1,6 @@
-"""tools/bench_nuggets.py at a tiny size: cache bytes computed by hand from the shapes, and
+"""decal_jax/tools/bench_nuggets.py at a tiny size: cache bytes computed by hand from the shapes, and
 the tokens each cached path decodes checked against an uncached greedy reference."""
-import importlib.util
+import importlib
 import math
 import time
 
@@ -16,9 +16,7 @@ from decal_jax.networks.decoder import DecoderConfig
 import paths
 
 REPO = paths.REPO
-_spec = importlib.util.spec_from_file_location("bench_nuggets", REPO / "tools" / "bench_nuggets.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = importlib.import_module("decal_jax.tools.bench_nuggets")
 
 VOCAB_SIZE, EOS = 61, 1
 CFG = DecoderConfig(vocab_size=VOCAB_SIZE, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,

@@ -1,8 +1,8 @@
-"""tools/bench_retrieval_scale.py on tiny shapes (a BEIR folder written here, a small
+"""decal_jax/tools/bench_retrieval_scale.py on tiny shapes (a BEIR folder written here, a small
 synthetic corpus): exact rows are the reference (recall 1, no loss), an uncompressed
 residual index probing every centroid and reranking every document equals exact, bytes per
 passage are what the codes and vector counts give, and the results file holds every row."""
-import importlib.util
+import importlib
 import json
 import math
 
@@ -11,12 +11,8 @@ import pytest
 
 from decal_jax.retrieval import beir, bm25
 
-import paths
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_retrieval_scale", paths.REPO / "tools" / "bench_retrieval_scale.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = importlib.import_module("decal_jax.tools.bench_retrieval_scale")
 
 WORDS = ("river stone light garden winter engine paper signal forest market copper cloud "
          "harbor violin planet orchard lantern meadow compass thunder").split()

@@ -1,7 +1,7 @@
-"""tools/bench_squid.py on its tiny preset: the Markdown has a row per (L, ρ) whose ratios
+"""decal_jax/tools/bench_squid.py on its tiny preset: the Markdown has a row per (L, ρ) whose ratios
 are the measured medians' and the analytical FLOPs' quotients, and both sides decode what an
 uncached greedy loop over the same weights decodes."""
-import importlib.util
+import importlib
 import math
 import re
 import time
@@ -18,9 +18,7 @@ from decal_jax import flops
 import paths
 
 REPO = paths.REPO
-_spec = importlib.util.spec_from_file_location("bench_squid", REPO / "tools" / "bench_squid.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = importlib.import_module("decal_jax.tools.bench_squid")
 
 CONTEXT, RATIOS, QUERY, ANSWER, REPEATS = 24, (4, 8), 3, 4, 2
 PARAM_SCALE = 10.0  # weights of std 0.2: peaked logits, so greedy decoding is not degenerate

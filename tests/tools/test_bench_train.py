@@ -1,7 +1,7 @@
-"""tools/bench_train.py without compiling anything: the peak table's device matching, the
+"""decal_jax/tools/bench_train.py without compiling anything: the peak table's device matching, the
 step's jitted program exposed by trainer.make_train_step, and the summary arithmetic
 (median, throughput, analytical FLOPs, MFU) on hand-made timings."""
-import importlib.util
+import importlib
 import types
 
 import jax
@@ -13,9 +13,7 @@ from decal_jax.networks.t5 import T5Config, Transformer
 import paths
 
 REPO = paths.REPO
-_spec = importlib.util.spec_from_file_location("bench_train", REPO / "tools" / "bench_train.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = importlib.import_module("decal_jax.tools.bench_train")
 
 CFG = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                num_encoder_layers=1, num_decoder_layers=1, compression_ratio=4)

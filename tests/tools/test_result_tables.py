@@ -1,6 +1,6 @@
-"""The results tables of tools/downstream_table.py and tools/lm_table.py, rendered from
+"""The results tables of decal_jax/tools/downstream_table.py and decal_jax/tools/lm_table.py, rendered from
 hand-made rows: each cell is the number given, formatted as the header says."""
-import importlib.util
+import importlib
 import types
 
 import paths
@@ -9,10 +9,7 @@ REPO = paths.REPO
 
 
 def _tool(name):
-  spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(f"decal_jax.tools.{name}")
 
 
 def _cells(text):

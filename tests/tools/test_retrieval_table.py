@@ -1,9 +1,9 @@
-"""tools/retrieval_table.py without training (that is the end-to-end retrieval test's job):
+"""decal_jax/tools/retrieval_table.py without training (that is the end-to-end retrieval test's job):
 its per-query spread of NDCG@10 against pytrec_eval's per-query values and numpy, its random
 floor against the expectation worked out by hand, the refusals of bad arguments and changed
 settings, and the person-written reading surviving a rewrite of the results file."""
 import argparse
-import importlib.util
+import importlib
 import json
 import math
 
@@ -16,10 +16,7 @@ from decal_jax.retrieval import beir, bm25, ir_metrics
 import paths
 
 REPO = paths.REPO
-_spec = importlib.util.spec_from_file_location("retrieval_table",
-                                               REPO / "tools" / "retrieval_table.py")
-table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table)
+table = importlib.import_module("decal_jax.tools.retrieval_table")
 
 
 def _folder(tmp_path, num_docs=400, num_queries=60):

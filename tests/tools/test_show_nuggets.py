@@ -1,8 +1,8 @@
-"""tools/show_nuggets.py on a tiny random Dodo checkpoint, checked against references made
+"""decal_jax/tools/show_nuggets.py on a tiny random Dodo checkpoint, checked against references made
 here: the model applied by the test, a numpy top-k, collections.Counter and html.unescape."""
 import collections
 import html
-import importlib.util
+import importlib
 import math
 import re
 
@@ -35,10 +35,7 @@ TEXTS = ["The with statement wraps the execution of a block with methods defined
 
 
 def _load_tool():
-  spec = importlib.util.spec_from_file_location("show_nuggets", REPO / "tools" / "show_nuggets.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module("decal_jax.tools.show_nuggets")
 
 
 @pytest.fixture(scope="module")

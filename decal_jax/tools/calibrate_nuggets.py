@@ -1,7 +1,7 @@
 """Calibrate Dodo's nugget threshold Λ for a trained compressed-history LM, so that about
 1 / r of the tokens become nuggets; cached generation needs it.
 
-  python tools/calibrate_nuggets.py --gin_file=models/decoder_tiny.gin \
+  python -m decal_jax.tools.calibrate_nuggets --gin_file=models/decoder_tiny.gin \
     --gin_file=models/dodo_lm.gin --gin_file=runs/lm_builtin.gin \
     --gin.MODEL_DIR="'runs/dodo_lm_tiny'" [--batches 8]
 

@@ -1,5 +1,5 @@
-# python tools/export_t5x.py --checkpoint runs/decal_tiny --out /ckpt/decal_tiny_t5x
-# python tools/export_t5x.py --checkpoint runs/t5_tiny/checkpoint_2000 --out /ckpt/t5_t5x \
+# python -m decal_jax.tools.export_t5x --checkpoint runs/decal_tiny --out /ckpt/decal_tiny_t5x
+# python -m decal_jax.tools.export_t5x --checkpoint runs/t5_tiny/checkpoint_2000 --out /ckpt/t5_t5x \
 #     --t5x_names
 """Writes the params of a decal_jax checkpoint as a T5X checkpoint (`--out/checkpoint_<step>`,
 msgpack + TensorStore: `t5x.eval`, `t5x.infer` and `t5x.checkpoints` restore it).

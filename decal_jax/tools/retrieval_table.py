@@ -16,7 +16,7 @@ A BEIR folder outside the built-in one becomes a task through DECAL_LOCAL_DATA_D
 (`<dir>/beir/<name>/` -> `decal_beir_<name>`), e.g. SciFact (train / test qrels; with no
 validation qrels the fine-tune's held-out in-batch loss is read on --eval_split):
 
-  DECAL_LOCAL_DATA_DIR=../shared/data python tools/retrieval_table.py --init runs/decal_tiny \
+  DECAL_LOCAL_DATA_DIR=../shared/data python -m decal_jax.tools.retrieval_table --init runs/decal_tiny \
     --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 --steps 150 \
     --learning_rate 0.01 --query_length 32 --passage_length 256 \
     --out docs/results/retrieval_scifact.md
@@ -37,7 +37,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF only reads the task dat
 from decal_jax import benchmarking, fileio  # noqa: E402
 from decal_jax.benchmarking import run_entry_point as run  # noqa: E402  (python -m decal_jax.X)
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 MODEL_GINS = ["--gin_file=models/decal_tiny.gin", "--gin_file=models/dual_encoder.gin"]
 SETTINGS = ("init", "task", "validation_split", "eval_split", "steps", "batch_size",
@@ -241,9 +240,9 @@ def check_settings(a, work: pathlib.Path) -> None:
 
 
 def display(path: str) -> str:
-  """`path` relative to the repository when it lies inside it."""
-  p = pathlib.Path(path)
-  return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else path
+  """`path` relative to the working directory when it lies inside it."""
+  p, here = pathlib.Path(path).absolute(), pathlib.Path.cwd()
+  return str(p.relative_to(here)) if p.is_relative_to(here) else path
 
 
 def heldout_queries(rows) -> str:
@@ -335,7 +334,7 @@ def parse_args(argv):
 def main(argv=None):
   a = parse_args(argv)
   resolve_splits(a)
-  work = pathlib.Path(a.work or REPO / "runs" / "retrieval_table" / a.task).absolute()
+  work = pathlib.Path(a.work or pathlib.Path("runs", "retrieval_table", a.task)).absolute()
   work.mkdir(parents=True, exist_ok=True)
   check_settings(a, work)
   rows = []
@@ -343,7 +342,7 @@ def main(argv=None):
   for i, variant in enumerate(todo, start=1):
     print(f"[{i}/{len(todo)}] ", end="", flush=True)
     rows.append(one_variant(*variant, a, work))
-  command = benchmarking.command("tools/retrieval_table.py", argv)
+  command = benchmarking.command("decal_jax.tools.retrieval_table", argv)
   paired_to_base(rows, a, work)
   text = report(a, rows, command)
   print("\n" + table(rows))

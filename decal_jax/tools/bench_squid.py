@@ -1,8 +1,8 @@
 """Squid against its large decoder reading the whole context: latency and FLOPs, side by side.
 
-  python tools/bench_squid.py --contexts 512,2048,8192 --ratios 4,8,16 \
+  python -m decal_jax.tools.bench_squid --contexts 512,2048,8192 --ratios 4,8,16 \
       --out docs/results/squid_latency_cpu.md --plot docs/results/squid_latency_cpu.png
-  python tools/bench_squid.py --preset qwen2 --out docs/results/squid_latency_gpu.md  # a GPU
+  python -m decal_jax.tools.bench_squid --preset qwen2 --out docs/results/squid_latency_gpu.md  # a GPU
 
 For every context length L and compression ratio ρ (N = L / ρ memory tokens, fixed-N mode),
 with one query of --query_length tokens and --answer_length greedy answer tokens:
@@ -41,9 +41,7 @@ from decal_jax.benchmarking import (DoesNotFit, Run, Side, available_bytes, chec
 from decal_jax.networks.decoder import Decoder, DecoderConfig, causal_bias
 from decal_jax.networks.squid import Squid, SquidConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-QWEN2_GIN = REPO / "gin" / "models" / "squid_qwen2.gin"
+QWEN2_GIN = "models/squid_qwen2.gin"  # under the package's gin files (gin_utils.GIN_DIR)
 
 
 # ----------------------------------------------------------------------------- presets
@@ -64,7 +62,7 @@ def _cpu_preset() -> Preset:
                     num_layers=2, tie_embeddings=True, **common),
       DecoderConfig(emb_dim=512, num_heads=4, num_kv_heads=2, head_dim=128, mlp_dim=2048,
                     num_layers=4, **common),
-      "float32", "the `cpu` preset (shapes in tools/bench_squid.py)")
+      "float32", "the `cpu` preset (shapes in decal_jax/tools/bench_squid.py)")
 
 
 def _tiny_preset() -> Preset:
@@ -98,15 +96,17 @@ def decoders_from_gin(path: pathlib.Path) -> Tuple[DecoderConfig, DecoderConfig]
 
 
 def _qwen2_preset() -> Preset:
-  if QWEN2_GIN.exists():
+  from decal_jax import gin_utils
+  path = gin_utils.GIN_DIR / QWEN2_GIN
+  if path.exists():
     try:
-      small, large = decoders_from_gin(QWEN2_GIN)
-      return Preset(small, large, "bfloat16", f"{QWEN2_GIN.relative_to(REPO)}")
+      small, large = decoders_from_gin(path)
+      return Preset(small, large, "bfloat16", f"gin/{QWEN2_GIN}")
     except (Exception, SystemExit) as e:  # pylint: disable=broad-except
-      tqdm.tqdm.write(f"could not read {QWEN2_GIN} ({e}); using the hard-coded Qwen2 shapes")
+      tqdm.tqdm.write(f"could not read {path} ({e}); using the hard-coded Qwen2 shapes")
   small, large = _qwen2_hard_coded()
   return Preset(small, large, "bfloat16", "Qwen2-0.5B / Qwen2-7B config.json values "
-                "(hard-coded in tools/bench_squid.py)")
+                "(hard-coded in decal_jax/tools/bench_squid.py)")
 
 
 PRESETS: Dict[str, Callable[[], Preset]] = {"cpu": _cpu_preset, "qwen2": _qwen2_preset,
@@ -447,7 +447,7 @@ def parse_args(argv=None):
   if args.warmup < 0:
     parser.error(f"--warmup must be >= 0, got {args.warmup}.")
   args.preset_value = PRESETS[args.preset]()
-  args.command = benchmarking.command("tools/bench_squid.py", argv)
+  args.command = benchmarking.command("decal_jax.tools.bench_squid", argv)
   return args
 
 

@@ -3,9 +3,9 @@
 a Markdown table (printed, and saved to --out) plus a plot of the fine-tune metric against the
 compression ratio (--out with .png).
 
-  python tools/ablate.py --budget smoke                  # every variant the budget lists
-  python tools/ablate.py --budget smoke --variants baseline decal_2x ccproxy_2x
-  python tools/ablate.py --list                          # known budgets and variants
+  python -m decal_jax.tools.ablate --budget smoke                  # every variant the budget lists
+  python -m decal_jax.tools.ablate --budget smoke --variants baseline decal_2x ccproxy_2x
+  python -m decal_jax.tools.ablate --list                          # known budgets and variants
 
 Runs live under --work (default runs/ablate/<budget>); rerunning the command skips finished
 variants and resumes unfinished ones from their checkpoints. A --work folder made under a
@@ -23,7 +23,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from decal_jax import ablation, benchmarking, fileio  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
@@ -49,11 +48,11 @@ def main(argv=None):
     budget = ablation.load_budget(a.budget)
     variants = ablation.load_variants(a.variants or budget.variants)
     ablation.check(budget, variants)
-    work = a.work or REPO / "runs" / "ablate" / budget.name
+    work = a.work or pathlib.Path("runs", "ablate", budget.name)
     ablation.claim(work, budget)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  out = a.out or REPO / "docs" / "results" / f"ablation_{budget.name}.md"
+  out = a.out or pathlib.Path("docs", "results", f"ablation_{budget.name}.md")
   start = time.time()
   results = []
   for i, v in enumerate(variants, 1):
@@ -73,7 +72,7 @@ def main(argv=None):
 
 
 def report(a, budget, table: str, total_minutes: float, png: str) -> str:
-  cmd = "tools/ablate.py --budget " + budget.name + (
+  cmd = "-m decal_jax.tools.ablate --budget " + budget.name + (
       " --variants " + " ".join(a.variants) if a.variants else "")
   lines = benchmarking.header(
       f"Ablations, budget '{budget.name}'", cmd,

@@ -1,11 +1,11 @@
 """Compress a context once with a trained Squid, then answer any number of questions from
 the kept memory vectors, without reading the context again.
 
-  python tools/squid_answer.py --gin_file=runs/squid_instruct_builtin.gin \
+  python -m decal_jax.tools.squid_answer --gin_file=runs/squid_instruct_builtin.gin \
       --model_dir=runs/squid_3 --context_file=doc.txt \
       --question="Which section of the Python language reference is this from?" \
       --question="What is this about?" --save_compressed=doc.squid.npz
-  python tools/squid_answer.py --gin_file=runs/squid_instruct_builtin.gin \
+  python -m decal_jax.tools.squid_answer --gin_file=runs/squid_instruct_builtin.gin \
       --model_dir=runs/squid_3 --compressed=doc.squid.npz --question="Another question?"
 
 The model comes from gin (--gin_file, --gin.NAME=VALUE, --gin_bindings as in

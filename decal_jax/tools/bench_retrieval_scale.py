@@ -1,12 +1,12 @@
 """Exact vs approximate multi-vector search at passage ratios C and residual bit widths:
 index bytes per passage, NDCG@10 and its loss against exact, recall of the exact top-100,
-queries/s. (`tools/bench_retrieval.py` measures the encoder and exact scan; this one the
+queries/s. (`decal_jax/tools/bench_retrieval.py` measures the encoder and exact scan; this one the
 index and search that scale past one small corpus, issue 24.)
 
-  python tools/bench_retrieval_scale.py --beir_folder ../shared/data/beir/scifact \
+  python -m decal_jax.tools.bench_retrieval_scale --beir_folder ../shared/data/beir/scifact \
       --ratios 1 2 4 8 --bits 1 2 4 none --out docs/results/retrieval_scale_cpu.md \
       --plot docs/results/retrieval_scale_cpu.png
-  python tools/bench_retrieval_scale.py --synthetic_passages 1000000  # the 1M target
+  python -m decal_jax.tools.bench_retrieval_scale --synthetic_passages 1000000  # the 1M target
 
 Two corpora, both searched by the library's `index.Index.search` (exact, the reference) and
 `residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector,
@@ -39,8 +39,7 @@ import numpy as np
 from decal_jax import benchmarking
 from decal_jax.retrieval import beir, bm25, index, ir_metrics, residual
 
-DATA = os.environ.get("DECAL_DATA_DIR", os.path.join(os.path.dirname(__file__), "..", "..",
-                                                     "shared", "data"))
+DATA = os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))  # from a checkout
 
 
 @dataclasses.dataclass
@@ -223,7 +222,7 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       args.command,
       "corpora: " + "; ".join(f"{c.name} ({len(c.doc_ids)} passages, {len(c.qids)} queries)"
                               for c in corpora),
-      f"encoder: the training-free stand-in of tools/bench_retrieval_scale.py (d = "
+      f"encoder: the training-free stand-in of decal_jax/tools/bench_retrieval_scale.py (d = "
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
       f"approximate: nprobe {args.nprobe}, candidates {args.candidates}, centroids "
@@ -305,7 +304,7 @@ def parse_args(argv=None):
     parser.error(f"--bits: {e}")
   if min(args.ratios) < 1:
     parser.error(f"--ratios must be >= 1, got {args.ratios}.")
-  args.command = benchmarking.command("tools/bench_retrieval_scale.py", argv)
+  args.command = benchmarking.command("decal_jax.tools.bench_retrieval_scale", argv)
   return args
 
 

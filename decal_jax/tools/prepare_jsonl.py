@@ -1,7 +1,7 @@
 """Converts dataset releases into the local JSONL layout the downstream tasks read
 (`<out>/<name>/<split>.jsonl`); then `export DECAL_LOCAL_DATA_DIR=<out>`.
 
-  python tools/prepare_jsonl.py squad ../shared/data/squad/dev-v1.1.json --split validation \
+  python -m decal_jax.tools.prepare_jsonl squad ../shared/data/squad/dev-v1.1.json --split validation \
       --out data/local
 
   squad     SQuAD v1.1 / v2.0 JSON file, or HF squad rows  -> <out>/squad/<split>.jsonl

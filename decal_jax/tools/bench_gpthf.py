@@ -1,8 +1,8 @@
 """GPTHF (cached) against an equally sized GPT without and with a KV cache: FLOPs and time.
 
-  python tools/bench_gpthf.py --out docs/results/gpthf_efficiency_cpu.md \
+  python -m decal_jax.tools.bench_gpthf --out docs/results/gpthf_efficiency_cpu.md \
       --plot docs/results/gpthf_efficiency_cpu.png
-  python tools/bench_gpthf.py --preset paper --out docs/results/gpthf_efficiency_gpu.md \
+  python -m decal_jax.tools.bench_gpthf --preset paper --out docs/results/gpthf_efficiency_gpu.md \
       --plot docs/results/gpthf_efficiency_gpu.png  # GPTHF-16-8 vs Baseline-24: a GPU
 
 For every prompt length n, generation length k and batch size, on one set of random weights
@@ -76,7 +76,7 @@ def _cpu_preset() -> Preset:
   tied embeddings over the built-in vocabulary (4,224 ids as in gin/models/*_tiny.gin)."""
   return Preset(DecoderConfig(vocab_size=4224, emb_dim=128, num_heads=4, head_dim=32,
                               mlp_dim=512, num_layers=6, tie_embeddings=True),
-                4, 64, "float32", 0.02, 200_000, "the `cpu` preset (tools/bench_gpthf.py)")
+                4, 64, "float32", 0.02, 200_000, "the `cpu` preset (decal_jax/tools/bench_gpthf.py)")
 
 
 def _paper_preset() -> Preset:
@@ -84,7 +84,7 @@ def _paper_preset() -> Preset:
   return Preset(DecoderConfig(vocab_size=50304, emb_dim=1024, num_heads=16, head_dim=64,
                               mlp_dim=4096, num_layers=24, tie_embeddings=True),
                 16, 64, "bfloat16", 0.02, None,
-                "the `paper` preset: GPTHF-16-8 / Baseline-24 shapes (tools/bench_gpthf.py)")
+                "the `paper` preset: GPTHF-16-8 / Baseline-24 shapes (decal_jax/tools/bench_gpthf.py)")
 
 
 def _tiny_preset() -> Preset:
@@ -449,7 +449,7 @@ def parse_args(argv=None):
   if args.end_id >= args.preset_value.decoder.vocab_size:
     parser.error(f"the built-in vocabulary's end id {args.end_id} is outside the preset's "
                  f"{args.preset_value.decoder.vocab_size}-id vocabulary.")
-  args.command = benchmarking.command("tools/bench_gpthf.py", argv)
+  args.command = benchmarking.command("decal_jax.tools.bench_gpthf", argv)
   return args
 
 

@@ -1,6 +1,6 @@
 """Dodo's compressed KV cache vs a plain decoder's full cache: bytes, decode step, context cost.
 
-  python tools/bench_nuggets.py --contexts 1024,4096,16384 \
+  python -m decal_jax.tools.bench_nuggets --contexts 1024,4096,16384 \
       --out docs/results/nuggets_cache_cpu.md
 
 For every context length n, in one process and one run, with one fixed model:
@@ -23,9 +23,7 @@ import argparse
 import dataclasses
 import functools
 import math
-import shlex
 import statistics
-import sys
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import flax
@@ -272,7 +270,8 @@ def _summary(row: Row, warmup: int) -> str:
 def markdown(args, rows: Sequence[Row]) -> str:
   cfg = decoder_config(args)
   lines = benchmarking.header(
-      "Dodo's nugget KV cache vs the full KV cache", shlex.join(sys.argv),
+      "Dodo's nugget KV cache vs the full KV cache",
+      benchmarking.command("decal_jax.tools.bench_nuggets", None),
       f"model (both): {cfg.num_layers} layers, emb {cfg.emb_dim}, {cfg.num_heads} heads / "
       f"{cfg.kv_heads} kv heads x {cfg.head_dim}, mlp {cfg.mlp_dim}, vocab {cfg.vocab_size}, "
       f"{jnp.dtype(cfg.dtype).name}; Dodo r = {args.ratio:g} (k = ceil(n / r)), "

@@ -1,7 +1,7 @@
 """Trains a SentencePiece vocabulary with T5's special ids (pad 0, eos 1, unk 2, no bos).
 
-  python tools/make_vocab.py                      # build + cache the built-in vocabulary
-  python tools/make_vocab.py --input ../shared/data/text/c4_en_train_sample1000.jsonl --field \
+  python -m decal_jax.tools.make_vocab                      # build + cache the built-in vocabulary
+  python -m decal_jax.tools.make_vocab --input ../shared/data/text/c4_en_train_sample1000.jsonl --field \
       text --vocab_size 8000 --output /tmp/c4_8k.model
 
 Without --input it builds (or finds) the cached vocabulary of the built-in corpus that the

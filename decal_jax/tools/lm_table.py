@@ -12,21 +12,19 @@ at CPU scale): the same tiny decoder trained on the built-in corpus as
 
 and reports validation perplexity per subword:
 
-  python tools/lm_table.py --out docs/results/dodo_lm_builtin.md
+  python -m decal_jax.tools.lm_table --out docs/results/dodo_lm_builtin.md
 
 Options: --steps (300), --batch (8), --length (256 tokens per sequence), --work
 (runs/lm_table: one model dir per variant; finished variants are reused), --variants.
 """
 import argparse
 import json
-import os
 import pathlib
 import sys
 import time
 
 from decal_jax import fileio
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 RATIO, WINDOW, CHUNK = 10, 32, 16
 VARIANTS = {
     "window-32": ["SELECTION = 'window'", f"WINDOW = {WINDOW}"],
@@ -119,7 +117,7 @@ def header(args) -> str:
   from decal_jax import benchmarking
   return "\n".join(benchmarking.header(
       "Compressed-history language modelling at a fixed state budget (built-in corpus)",
-      f"tools/lm_table.py --steps {args.steps} --batch {args.batch} --length {args.length} "
+      f"-m decal_jax.tools.lm_table --steps {args.steps} --batch {args.batch} --length {args.length} "
       f"--out {args.out}",
       f"model: models/decoder_tiny.gin (4 layers, emb 128, GQA 4/2 heads), trained from "
       f"scratch for {args.steps} steps of batch {args.batch} x {args.length} tokens "
@@ -153,14 +151,13 @@ def main(argv=None):
     sys.exit(f"Unknown variants {unknown}; choose from {list(VARIANTS)}.")
   if args.length <= 2 * WINDOW:
     sys.exit(f"--length must exceed {2 * WINDOW} tokens, or nothing is ever compressed.")
-  work = (REPO / args.work).resolve() if not os.path.isabs(args.work) else pathlib.Path(args.work)
+  work = pathlib.Path(args.work).resolve()
   work = work / f"steps{args.steps}_batch{args.batch}_len{args.length}"
   results = [run(name, args, work) for name in names]
   text = header(args) + "\n" + table(results, args)
   print(text)
   if args.out:
-    out = pathlib.Path(args.out)
-    out = out if out.is_absolute() else REPO / out
+    out = pathlib.Path(args.out).resolve()
     fileio.write_text_atomic(out, text + "\n")
     print(f"table written to {out}")
 

@@ -1,6 +1,6 @@
 """Encoder / decoder cost of DeCAL at compression ratios C, as ratios to C = 1.
 
-  python tools/bench_encoder.py --size small --lengths 512 2048 --ratios 1 2 4 8 --out \
+  python -m decal_jax.tools.bench_encoder --size small --lengths 512 2048 --ratios 1 2 4 8 --out \
       docs/results/bench_encoder_cpu.md --plot docs/results/bench_encoder_cpu.png
 
 For every input length n and ratio C this measures, in one process and one run:
@@ -15,7 +15,6 @@ Times are the median of --repeats runs after a warm-up. The table is printed and
 import argparse
 import dataclasses
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -106,7 +105,7 @@ def run(args) -> str:
 def _markdown(args, rows) -> str:
   lines = benchmarking.header(
       f"DeCAL encoder / decoder cost vs compression ratio (T5.1.1 {args.size})",
-      " ".join(sys.argv),
+      benchmarking.command("decal_jax.tools.bench_encoder", None),
       f"batch {args.batch}; decoder step = one cached token with a {args.decode_len}-slot "
       f"cache; times are medians of {args.repeats} runs after warm-up; FLOPs from XLA "
       "`compiled.cost_analysis()`; ratios are to C = 1 at the same n, measured in this run.")

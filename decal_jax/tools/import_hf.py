@@ -1,7 +1,7 @@
-# python tools/import_hf.py --hf_dir /ckpt/Llama-2-7b-hf --out /ckpt/dodo_llama2_7b \
+# python -m decal_jax.tools.import_hf --hf_dir /ckpt/Llama-2-7b-hf --out /ckpt/dodo_llama2_7b \
 #     --gin_file=models/dodo_llama2_7b.gin
-# python tools/import_hf.py --hf_dir /ckpt/Qwen2-0.5B --out /ckpt/qwen2_05b --model decoder
-# python tools/import_hf.py --model squid --hf_dir /ckpt/Qwen2-0.5B \
+# python -m decal_jax.tools.import_hf --hf_dir /ckpt/Qwen2-0.5B --out /ckpt/qwen2_05b --model decoder
+# python -m decal_jax.tools.import_hf --model squid --hf_dir /ckpt/Qwen2-0.5B \
 #     --large_hf_dir /ckpt/Qwen2-7B --out /ckpt/squid_qwen2 --gin_file=models/squid_qwen2.gin
 """Writes a Hugging Face LLaMA / Qwen2 / Mistral checkpoint as an Orbax checkpoint to start
 training from (`INITIAL_CHECKPOINT_PATH`, gin/runs/finetune.gin).
@@ -99,7 +99,7 @@ def parsed_gin(files: List[str], bindings: List[str], what: str):
   """The gin files and bindings parsed (not finalised) for the `with` body, then cleared;
   a missing file or a ValueError in parsing or in the body exits naming `what`."""
   gin.clear_config()
-  for path in (str(pathlib.Path.cwd()), str(gin_utils.REPO_GIN_DIR)):
+  for path in (str(pathlib.Path.cwd()), str(gin_utils.GIN_DIR)):
     gin.add_config_file_search_path(path)
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)

@@ -1,9 +1,9 @@
 """Compressed multi-vector retrieval at passage ratios C: index bytes, corpus encoding time
 and query scoring time, as ratios to C = 1, measured side by side in one process.
 
-  python tools/bench_retrieval.py --beir_folder ../shared/data/beir/scifact \
+  python -m decal_jax.tools.bench_retrieval --beir_folder ../shared/data/beir/scifact \
       --ratios 1 2 4 8 --encode_repeats 3 --out docs/results/retrieval_bench_cpu.md
-  python tools/bench_retrieval.py --max_docs 500 --ratios 1 4  # the built-in BEIR folder
+  python -m decal_jax.tools.bench_retrieval --max_docs 500 --ratios 1 4  # the built-in BEIR folder
 
 One dual encoder (`models/t5_1_1_<size>.gin` + `decal.gin` + `dual_encoder.gin`), one set
 of weights: random (the cost does not depend on the values) or, with --model_dir, the
@@ -482,7 +482,7 @@ def parse_args(argv=None):
                "encode_repeats", "max_docs", "projection_dim"):
     if getattr(args, name) is not None and getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
-  args.command = benchmarking.command("tools/bench_retrieval.py", argv)
+  args.command = benchmarking.command("decal_jax.tools.bench_retrieval", argv)
   return args
 
 

@@ -3,7 +3,7 @@ built-in corpus (span corruption), fine-tune it on the task, and evaluate it wit
 `python -m decal_jax.eval` (which writes seqio's MODEL_DIR/inference_eval/<task>-metrics.jsonl
 and <task>-<step:06>.jsonl); the table is built from those files. Every run uses the same budget, seed and data.
 
-  python tools/downstream_table.py --ratios 1 2 4 --pretrain-steps 400 --finetune-steps 200 \
+  python -m decal_jax.tools.downstream_table --ratios 1 2 4 --pretrain-steps 400 --finetune-steps 200 \
       --out docs/results/downstream_builtin_qa.md
 
 Runs live under --work (default runs/downstream/<task>); rerunning the command resumes
@@ -16,7 +16,6 @@ import pathlib
 from decal_jax import benchmarking, inference_eval
 from decal_jax.benchmarking import run_entry_point as run  # python -m decal_jax.<module>
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def one_ratio(ratio: int, a, work: pathlib.Path) -> dict:
@@ -66,10 +65,10 @@ def main(argv=None):
   a = parser.parse_args(argv)
   if any(r < 1 for r in a.ratios):
     parser.error("ratios must be integers >= 1")
-  work = pathlib.Path(a.work or REPO / "runs" / "downstream" / a.task).absolute()
+  work = pathlib.Path(a.work or pathlib.Path("runs", "downstream", a.task)).absolute()
   work.mkdir(parents=True, exist_ok=True)
   rows = [one_ratio(r, a, work) for r in a.ratios]
-  command = benchmarking.command("tools/downstream_table.py", argv)
+  command = benchmarking.command("decal_jax.tools.downstream_table", argv)
   text = "\n".join(benchmarking.header(
       f"{a.task} ({a.split}) by compression ratio", command,
       f"model: tiny T5.1.1 (models/decal_tiny.gin with COMPRESSION_RATIO=C), "

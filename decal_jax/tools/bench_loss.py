@@ -2,7 +2,7 @@
 a `[batch, length, vocab]` target tensor) against the one-hot formulation T5X uses
 (`jax.nn.one_hot` of the targets, smoothed, times the log-softmax), side by side.
 
-  python tools/bench_loss.py --batch_size=8 --length=128 --vocab=32128 --label_smoothing=0.1
+  python -m decal_jax.tools.bench_loss --batch_size=8 --length=128 --vocab=32128 --label_smoothing=0.1
 
 Both compute the value and the gradient with respect to the logits (what a train step
 does), compiled for the default device. Reported per formulation: XLA's temporary bytes

@@ -2,8 +2,8 @@
 Figures 5 and 7): every token shaded by its score, the kept ones outlined, and a table of the
 token types kept most often next to how common they are in the text.
 
-  python tools/show_nuggets.py --model_dir=runs/dodo_tiny_ae --text="Some text." --out=/tmp/nug
-  python tools/show_nuggets.py --gin_file=models/dodo_tiny.gin --gin.COMPRESSION_RATIO=5 \
+  python -m decal_jax.tools.show_nuggets --model_dir=runs/dodo_tiny_ae --text="Some text." --out=/tmp/nug
+  python -m decal_jax.tools.show_nuggets --gin_file=models/dodo_tiny.gin --gin.COMPRESSION_RATIO=5 \
       --model_dir=runs/dodo_tiny_ae --task=decal_builtin_autoencode --split=validation \
       --num_examples=20 --ratio=5 --max_length=256 --out=/tmp/nug
 
@@ -24,7 +24,6 @@ import html
 import os
 import pathlib
 import re
-import shlex
 import sys
 import unicodedata
 from typing import Dict, List, Optional, Sequence
@@ -420,7 +419,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
   args.out.mkdir(parents=True, exist_ok=True)
   paths = {name: args.out / name for name in
            ("nuggets.html", "nuggets.png", "selected_tokens.md", "selected_tokens.png")}
-  command = "python tools/show_nuggets.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+  command = "python " + benchmarking.command("decal_jax.tools.show_nuggets", argv)
   meta = {"command": command,
           "written": f"{datetime.date.today()} on {benchmarking.machine()}",
           "model": "; ".join([" ".join(args.gin_files) or DEFAULT_GIN] + args.gin_bindings),

@@ -1,6 +1,6 @@
 """Training-step speed of a gin-configured model: compile time, step time, throughput, MFU.
 
-  python tools/bench_train.py --gin_file=models/t5_1_1_small.gin --gin_file=models/decal.gin \
+  python -m decal_jax.tools.bench_train --gin_file=models/t5_1_1_small.gin --gin_file=models/decal.gin \
       --batch_size=8 --inputs_length=512 --targets_length=128 --compare="COMPRESSION_RATIO = 1"
 
 The model, optimizer and partitioner come from the gin files and bindings a train run uses

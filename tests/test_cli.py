@@ -1,0 +1,179 @@
+"""The entry points' command line (decal_jax/cli.py): T5X's flags on every entry point,
+--help, and errors that come before JAX / TensorFlow load.
+
+"Before the heavy imports" is checked as a property rather than a wall-clock race: each
+command runs in a subprocess whose exit hook reports which of jax / tensorflow / seqio were
+imported, and what the flags set (the DECAL_* variables, seqio's TFDS and cache settings).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import paths
+
+REPO = paths.REPO
+HEAVY = ("jax", "tensorflow", "seqio")
+ENTRY_POINTS = {"train": "runs/pretrain_builtin.gin", "eval": "runs/eval_builtin.gin",
+                "infer": "runs/infer_builtin.gin", "retrieve": "runs/retrieve_builtin.gin"}
+# Runs `python -m decal_jax.<module> ARGS...`; at exit (after any error message) prints
+# REPORT {...} on stderr: the heavy modules imported and the settings the flags made.
+WRAPPER = """
+import atexit, json, os, runpy, sys
+def report():
+  seqio = sys.modules.get("seqio")
+  print("REPORT " + json.dumps({
+      "heavy": [m for m in %r if m in sys.modules],
+      "env": {k: v for k, v in os.environ.items() if k.startswith("DECAL_")},
+      "tfds_override": seqio and seqio.utils._TFDS_DATA_DIR_OVERRIDE,
+      "cache_dirs": seqio and list(seqio.utils._GLOBAL_CACHE_DIRECTORIES)}), file=sys.stderr)
+atexit.register(report)
+module = sys.argv.pop(1)
+sys.argv[0] = module
+runpy.run_module(module, run_name="__main__")
+""" % (HEAVY,)
+
+
+class Result:
+  def __init__(self, proc, seconds):
+    self.returncode, self.stdout, self.seconds = proc.returncode, proc.stdout, seconds
+    self.stderr, _, report = proc.stderr.rpartition("REPORT ")
+    self.report = json.loads(report)
+
+
+def _cli(module, *args, cwd=REPO):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("DECAL_") or k.endswith("DIR")}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-c", WRAPPER, f"decal_jax.{module}", *args], cwd=cwd,
+                        env=env, capture_output=True, text=True, timeout=600)
+  return Result(proc, time.monotonic() - start)
+
+
+def _early_error(result, *fragments):
+  """The command failed with `fragments` in its message, no traceback, before any of
+  jax / tensorflow / seqio was imported (so in interpreter start-up time; 30 s is a bound
+  for a loaded CI machine, the property is the empty import list)."""
+  assert result.returncode != 0, result.stdout
+  assert all(f in result.stderr for f in fragments), result.stderr
+  assert "Traceback" not in result.stderr, result.stderr
+  assert result.report["heavy"] == [] and result.seconds < 30
+
+
+@pytest.mark.parametrize("module", sorted(ENTRY_POINTS))
+def test_help_shows_the_flags_the_gin_form_and_the_required_macros(module):
+  result = _cli(module, "--help", f"--gin_file={ENTRY_POINTS[module]}")
+  assert result.returncode == 0 and result.report["heavy"] == []
+  out = result.stdout
+  assert out.startswith(f"usage: python -m decal_jax.{module} --gin_file=FILE")
+  for flag in ("gin_file", "gin_bindings", "gin_search_paths", "tfds_data_dir",
+               "seqio_additional_cache_dirs", "[no]multiprocess_gpu", "coordinator_address",
+               "process_count", "process_index", "initialization_timeout"):
+    assert f"  --{flag}: " in out, flag  # each flag with its help text after the colon
+  assert "--gin.NAME=VALUE" in out and "--gin.MODEL_DIR=\"'runs/decal_tiny'\"" in out
+  required = out.split("leave %gin.REQUIRED (bind each with --gin.NAME=VALUE): ")[1]
+  assert required.split(", ")[0].strip() == "MODEL_DIR"
+
+
+def test_help_without_gin_files_lists_the_shipped_run_files():
+  result = _cli("train", "-h")
+  assert result.returncode == 0 and "pretrain_builtin.gin" in result.stdout
+  assert "Give --gin_file=FILE with --help" in result.stdout
+
+
+def test_help_lists_what_the_bindings_leave_required(tmp_path):
+  (tmp_path / "two.gin").write_text("A_MACRO = %gin.REQUIRED\nB_MACRO = %gin.REQUIRED\n"
+                                    "C_MACRO = 3\n")
+  result = _cli("train", "--help", f"--gin_file={tmp_path / 'two.gin'}", "--gin.A_MACRO=1")
+  assert result.stdout.rstrip().endswith("(bind each with --gin.NAME=VALUE): B_MACRO")
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--bogus=1"], ["Unknown command line flag 'bogus'", "--help lists the flags"]),
+    (["--process_count=0"], ["--process_count=0: 0 is not a positive integer"]),
+    (["--gin.MODEL_DIR"], ["'--gin.MODEL_DIR' has no value"]),
+    (["stray"], ["unexpected argument 'stray'"]),
+    (["--process_count=2"], ["--process_count takes effect only with --multiprocess_gpu"]),
+    (["--multiprocess_gpu", "--process_count=2", "--process_index=0"],
+     ["also needs --coordinator_address"]),
+    (["--multiprocess_gpu", "--coordinator_address=h:1", "--process_count=2",
+      "--process_index=2"], ["--process_index=2 must be below --process_count=2"]),
+])
+def test_flag_errors_come_before_the_heavy_imports(args, fragments):
+  _early_error(_cli("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='m'",
+                    *args), "error: ", *fragments)
+
+
+def test_gin_file_errors_come_before_the_heavy_imports(tmp_path):
+  _early_error(_cli("eval"), "give at least one --gin_file")
+  _early_error(_cli("train", "--gin_file=runs/no_such.gin", "--gin.MODEL_DIR='m'"),
+               "gin file not found: runs/no_such.gin", str(REPO / "gin"))
+  (tmp_path / "broken.gin").write_text("include 'runs/pretrain_builtin.gin'\nTRAIN_STEPS = (\n")
+  _early_error(_cli("train", f"--gin_file={tmp_path / 'broken.gin'}", "--gin.MODEL_DIR='m'"),
+               "bad gin file", "broken.gin")
+  (tmp_path / "includes.gin").write_text("include 'runs/no_such_include.gin'\n")
+  _early_error(_cli("train", f"--gin_file={tmp_path / 'includes.gin'}"),
+               "gin file not found: runs/no_such_include.gin")
+  _early_error(_cli("infer", "--gin_file=runs/infer_builtin.gin"),
+               "leave MODEL_DIR %gin.REQUIRED", "--gin.MODEL_DIR=")
+  assert not (tmp_path / "m").exists() and not (REPO / "m").exists()
+
+
+def _t5x_flags(tmp_path, model_dir):
+  """Every T5X flag, single-process (process_count 1 joins no job, as in JAX); the gin file
+  small.gin is found on the second search path."""
+  (tmp_path / "b").mkdir(exist_ok=True)
+  (tmp_path / "b" / "small.gin").write_text(
+      "BATCH_SIZE = 4\nTASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 12}\n")
+  return ["--gin_file=small.gin", f"--gin_search_paths={tmp_path / 'a'},{tmp_path / 'b'}",
+          f"--gin_bindings=MODEL_DIR = '{model_dir}'", f"--tfds_data_dir={tmp_path / 'tfds'}",
+          f"--seqio_additional_cache_dirs={tmp_path / 'c1'},{tmp_path / 'c2'}",
+          "--multiprocess_gpu", "--coordinator_address=localhost:12355", "--process_count=1",
+          "--process_index=0", "--initialization_timeout=30"]
+
+
+def _settings_applied(result, tmp_path):
+  assert result.report["env"]["DECAL_TFDS_DATA_DIR"] == str(tmp_path / "tfds")
+  assert result.report["tfds_override"] == str(tmp_path / "tfds")
+  assert result.report["cache_dirs"][-2:] == [str(tmp_path / "c1"), str(tmp_path / "c2")]
+  assert {k: result.report["env"][k] for k in ("DECAL_COORDINATOR_ADDRESS",
+                                               "DECAL_NUM_PROCESSES", "DECAL_PROCESS_ID")} == {
+      "DECAL_COORDINATOR_ADDRESS": "localhost:12355", "DECAL_NUM_PROCESSES": "1",
+      "DECAL_PROCESS_ID": "0"}
+
+
+def test_train_with_every_t5x_flag(tmp_path):
+  model_dir = tmp_path / "m"
+  result = _cli("train", f"--gin_file={ENTRY_POINTS['train']}", *_t5x_flags(tmp_path, model_dir),
+                "--gin.TRAIN_STEPS=1", "--gin.EVAL_BATCHES=1")
+  assert result.returncode == 0, result.stderr
+  _settings_applied(result, tmp_path)
+  config = (model_dir / "config.gin").read_text()
+  assert "BATCH_SIZE = 4" in config  # small.gin, found on the second search path
+  assert (model_dir / "checkpoint_1").is_dir()  # MODEL_DIR from --gin_bindings
+
+
+@pytest.mark.parametrize("module", ["eval", "infer", "retrieve"])
+def test_every_t5x_flag_reaches_the_job(module, tmp_path):
+  """With every flag given, the job itself starts (and stops at the empty MODEL_DIR)."""
+  (tmp_path / "m").mkdir()
+  inputs = ["--gin.INFER_INPUTS=['some text']"] if module == "infer" else []
+  result = _cli(module, f"--gin_file={ENTRY_POINTS[module]}", *_t5x_flags(tmp_path, tmp_path / "m"),
+                *inputs)
+  assert result.returncode != 0 and f"No checkpoint in {tmp_path / 'm'}" in result.stderr, (
+      result.stderr)
+  _settings_applied(result, tmp_path)
+
+
+def test_multiprocess_gpu_alone_asks_jax_to_detect_the_cluster(monkeypatch):
+  from decal_jax import cli
+  monkeypatch.setenv("DECAL_DISTRIBUTED", "")  # restored after the test
+  cli.parse_flags(["--multiprocess_gpu"], "decal_jax.train")
+  try:
+    cli.apply_settings()
+  finally:
+    cli.FLAGS.unparse_flags()
+  assert os.environ["DECAL_DISTRIBUTED"] == "auto"
