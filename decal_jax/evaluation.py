@@ -12,6 +12,7 @@ MODEL_DIR. `infer(...)` decodes input texts. The trainer uses
 import dataclasses
 import functools
 import json
+import logging
 import os
 import pathlib
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
@@ -25,6 +26,8 @@ from decal_jax import fileio, inference_eval, metrics, partitioning, train_state
 from decal_jax.data import local_files, pipeline, text_to_text
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
+
+log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ loss
@@ -171,7 +174,8 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
   Inputs: `inputs` (texts), and/or `input_file` (JSONL: each line's `input_field`, or with
   `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
   as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
-  note. `output_file` gets one JSON line per input: {"inputs", "prediction"}."""
+  WARNING naming the longest. `output_file` gets one JSON line per input: {"inputs",
+  "prediction"}."""
   train_state.check_model_dir(model_dir, "evaluation.infer.model_dir")
   texts = list(inputs)
   if input_file:
@@ -211,12 +215,16 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
 
 
 def _input_ids(vocab: seqio.Vocabulary, texts: Sequence[str], max_len: int) -> List[List[int]]:
-  """Each text's ids cut to `max_len - 1`, then EOS (a note says how many were cut)."""
+  """Each text's ids cut to `max_len - 1`, then EOS (a WARNING says how many were cut)."""
   encoded = [list(vocab.encode(t)) for t in texts]
-  cut = sum(len(x) > max_len - 1 for x in encoded)
+  cut = [i for i, x in enumerate(encoded) if len(x) > max_len - 1]
   if cut:
-    print(f"note: {cut} of {len(texts)} inputs were longer than {max_len - 1} tokens and were "
-          "cut; raise TASK_FEATURE_LENGTHS['inputs'] to keep more.")
+    longest = max(cut, key=lambda i: len(encoded[i]))
+    log.warning(
+        "%d of %d inputs are longer than TASK_FEATURE_LENGTHS['inputs'] = %d tokens (EOS "
+        "included) and were cut to it; the longest, input %d (from 1: INFER_INPUTS, then "
+        "the file's lines), has %d. Raise TASK_FEATURE_LENGTHS['inputs'] to keep more.",
+        len(cut), len(texts), max_len, longest + 1, len(encoded[longest]) + 1)
   return [x[:max_len - 1] + [vocab.eos_id] for x in encoded]
 
 
