@@ -37,7 +37,6 @@ setuptools.setup(
                  "pytrec-eval-terrier>=0.5.6,<0.6"],  # NDCG / recall reference
         "hf": ["torch>=2.4,<3", "transformers>=4.45,<6"],
         "plot": ["matplotlib>=3.8,<4"],
-        # T5X is not on the package index; users with network access can add it from git.
-        "t5x": ["t5x @ git+https://github.com/google-research/t5x"],
+        # T5X is not on the package index and its pins clash with ours: docs/t5x.md installs it.
     },
 )
