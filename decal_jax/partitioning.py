@@ -42,10 +42,11 @@ FSDP_EXCLUDED = ("layers",)
 def standard_logical_axis_rules() -> LogicalRules:
   """The vocabulary of every logical axis name in decal_jax, mapped onto the mesh.
 
-  Parameters: `vocab, embed, mlp, heads, kv, joined_kv, relpos_buckets, kv_heads,
-  lora_rank, embed_in, embed_out, length` (the memory-token table), `layers` (scanned
-  stacks), `stack` (fused q/k/v kernels). Activations: `batch, length, embed, mlp, heads, kv, vocab`. Names that map
-  to None are replicated by the rules; FSDP may still split a parameter along one of them.
+  Parameters: `vocab` (token and memory-token tables), `embed, mlp, heads, kv, joined_kv,
+  relpos_buckets, kv_heads, lora_rank, embed_in, embed_out`, `layers` (scanned stacks),
+  `stack` (fused q/k/v kernels). Activations: `batch, length, embed, mlp, heads, kv,
+  vocab`. Names that map to None are replicated by the rules; FSDP may still split a
+  parameter along one of them.
   """
   return (
       ("batch", BATCH_MESH_AXES),
@@ -64,6 +65,18 @@ def standard_logical_axis_rules() -> LogicalRules:
       ("layers", None),     # the stacked-layer axis of nn.scan'ed blocks
       ("stack", None),      # fused q/k/v (3) or k/v (2) kernels' projection axis
   )
+
+
+def adafactor_factor_rules() -> Dict[str, str]:
+  """T5X Adafactor's `logical_factor_rules` for every parameter axis name above, as the
+  strings T5X reads ('row', 'column', 'batch', 'none'): T5X's own names factored as its
+  `standard_logical_factor_rules` does, and the decoder families' extra names (grouped K/V
+  heads like heads; LoRA factors, which are matrices and so factored by T5X's heuristic).
+  Bind it as `adafactor.Adafactor.logical_factor_rules` where a network uses those names."""
+  return {"vocab": "column", "embed": "row", "mlp": "column", "heads": "column",
+          "kv": "column", "joined_kv": "column", "relpos_buckets": "none", "layers": "batch",
+          "stack": "batch", "kv_heads": "column", "embed_in": "row", "lora_rank": "column",
+          "embed_out": "column"}
 
 
 def log(message: str) -> None:

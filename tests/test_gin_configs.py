@@ -41,7 +41,7 @@ def _build_model():
 
 
 def test_all_gin_files_are_covered_here():
-  covered = (set(MODEL_FILES) | {"models/t5_1_1.gin", "models/decal.gin"} | set(T5X_FILES) |
+  covered = (set(MODEL_FILES) | {"models/t5_1_1.gin", "models/decal.gin"} | T5X_COVERED |
              {"runs/pretrain_builtin.gin", "runs/eval_builtin.gin", "runs/infer_builtin.gin",
               "runs/pretrain.gin", "runs/eval.gin", "runs/infer.gin",
               "runs/finetune.gin", "runs/finetune_builtin.gin"} |
@@ -146,7 +146,26 @@ def test_baselines_are_one_binding_away(compressor, scope):
 
 
 # --------------------------------------------------------------------------- T5X configs
-T5X_FILES = ["t5x/decal_t5_1_1_base.gin", "t5x/decal_t5_1_1_large.gin"]
+# The drop-in files for T5X users (gin/t5x/): family file -> (T5X model class, our network).
+# t5x/runs/*.gin include T5X's own run files, so only tests/t5x (real T5X) parses them.
+T5X_FILES = {"t5x/decal_t5_1_1_tiny.gin": ("EncoderDecoderModel", "Transformer"),
+             "t5x/decal_t5_1_1_small.gin": ("EncoderDecoderModel", "Transformer"),
+             "t5x/decal_t5_1_1_base.gin": ("EncoderDecoderModel", "Transformer"),
+             "t5x/decal_t5_1_1_large.gin": ("EncoderDecoderModel", "Transformer"),
+             "t5x/dodo_tiny.gin": ("EncoderDecoderModel", "Dodo"),
+             "t5x/dodo_llama2_7b.gin": ("EncoderDecoderModel", "Dodo"),
+             "t5x/decoder_tiny.gin": ("DecoderOnlyModel", "Decoder"),
+             "t5x/gpthf_tiny.gin": ("DecoderOnlyModel", "Gpthf"),
+             "t5x/gpthf_8_4.gin": ("DecoderOnlyModel", "Gpthf"),
+             "t5x/gpthf_16_8.gin": ("DecoderOnlyModel", "Gpthf"),
+             "t5x/dodo_lm_tiny.gin": ("DecoderOnlyModel", "DodoLM")}
+T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin"} | {
+    f"t5x/runs/{run}.gin" for run in ("pretrain", "finetune", "eval", "infer")}  # tests/t5x
+# T5X's Adafactor factor rules know these parameter axis names (t5x/adafactor.py
+# standard_logical_factor_rules at cc342d41, re-listed here).
+T5X_FACTOR_NAMES = {"vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets",
+                    "layers", "stack", "q_wi_fused", "o_wo_fused", "multiquery_heads",
+                    "kv_fused", "layer_norm_scale", "mlp_activations"}
 
 
 class _Recorder:
@@ -162,11 +181,15 @@ def _fake_t5x_modules():
   t5x = types.ModuleType("t5x")
   t5x_models = types.ModuleType("t5x.models")
   t5x_adafactor = types.ModuleType("t5x.adafactor")
+  t5x_decoding = types.ModuleType("t5x.decoding")
   t5x_models.EncoderDecoderModel = type("EncoderDecoderModel", (_Recorder,), {})
+  t5x_models.DecoderOnlyModel = type("DecoderOnlyModel", (_Recorder,), {})
   t5x_adafactor.Adafactor = type("Adafactor", (_Recorder,), {})
   t5x_adafactor.standard_logical_factor_rules = lambda: {"embed": "row"}
-  t5x.models, t5x.adafactor = t5x_models, t5x_adafactor
-  return {"t5x": t5x, "t5x.models": t5x_models, "t5x.adafactor": t5x_adafactor}
+  t5x_decoding.temperature_sample = lambda **kwargs: kwargs
+  t5x.models, t5x.adafactor, t5x.decoding = t5x_models, t5x_adafactor, t5x_decoding
+  return {"t5x": t5x, "t5x.models": t5x_models, "t5x.adafactor": t5x_adafactor,
+          "t5x.decoding": t5x_decoding}
 
 
 FAKE_T5X = _fake_t5x_modules()
@@ -180,9 +203,78 @@ def fake_t5x(monkeypatch):
   gin.clear_config()
 
 
-@pytest.mark.parametrize("name,emb,layers", [("t5x/decal_t5_1_1_base.gin", 768, 12),
+def _param_axes(module, decoder_only: bool):
+  """Every parameter's logical axis names (eval_shape: nothing is materialised)."""
+  from flax.linen import partitioning as nn_partitioning
+  ones = jnp.ones((1, 8), jnp.int32)
+  args = (ones, ones) if decoder_only else (ones, ones, ones)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *args,
+                                              enable_dropout=False))
+  axes = nn_partitioning.get_axis_names(shapes["params_axes"])
+  return {name for spec in jax.tree_util.tree_leaves(
+      axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)) for name in spec}
+
+
+def _shared_t5_vocab(monkeypatch):
+  """GPTHF's paper sizes read their end-of-sentence id from the T5 vocabulary's size."""
+  import os
+  data = pathlib.Path(os.environ.get("DECAL_DATA_DIR", REPO.parent / "shared" / "data"))
+  t5_vocab = data / "vocab" / "t5_spiece.model"
+  if not t5_vocab.exists():
+    pytest.skip(f"{t5_vocab} not found: set DECAL_DATA_DIR to the shared data folder")
+  monkeypatch.setenv("DECAL_T5_VOCAB", str(t5_vocab))
+
+
+@pytest.mark.parametrize("name", sorted(T5X_FILES))
+def test_t5x_gin_files_put_our_network_into_t5x_models(fake_t5x, monkeypatch, name):
+  """Each family file builds T5X's model class around our network, with T5X's OPTIMIZER
+  macro and the model file's vocabulary, which decal_jax's tasks then tokenize with."""
+  from decal_jax.data import vocabularies
+  model_class, network = T5X_FILES[name]
+  if name.startswith("t5x/gpthf_") and "tiny" not in name:
+    _shared_t5_vocab(monkeypatch)
+  _parse(name)
+  model = _build_model()
+  assert type(model).__name__ == model_class
+  assert type(model.kwargs["module"]).__name__ == network
+  assert str(gin.query_parameter(f"t5x.models.{model_class}.optimizer_def")) == "%OPTIMIZER"
+  assert type(model.kwargs["optimizer_def"]).__name__ == "Adafactor"
+  vocab_key = "vocabulary" if model_class == "DecoderOnlyModel" else "output_vocabulary"
+  assert str(gin.query_parameter(f"t5x.models.{model_class}.{vocab_key}")) == "%VOCABULARY"
+  assert str(gin.query_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary")
+             ) == "%VOCABULARY"
+  if name.endswith("_tiny.gin"):  # the built-in vocabulary: offline, the tasks' own
+    assert vocabularies.task_vocabulary() == vocabularies.builtin_vocabulary()
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(T5X_FILES) if "tiny" in n])
+def test_t5x_families_name_axes_the_factor_rules_know(fake_t5x, name):
+  """T5X's Adafactor looks up every parameter axis name in its factor rules (a missing
+  one is a KeyError at the first step): encoder-decoder families use only T5X's names
+  (CCProxy's memory table included); the LLaMA-based ones (decoder-only, Dodo) bind
+  decal_jax's rules (FACTOR_RULES), which cover their extra names."""
+  from decal_jax import partitioning
+  model_class, _ = T5X_FILES[name]
+  decoder_only = model_class == "DecoderOnlyModel"
+  compressors = ["latents"] if decoder_only or "dodo" in name else [
+      "latents", "attn_pool", "memory_tokens"]
+  for compressor in compressors:
+    _parse(name, bindings=[] if decoder_only or "dodo" in name else
+           [f"COMPRESSOR = '{compressor}'"])
+    names = _param_axes(_build_model().kwargs["module"], decoder_only)
+    ours = "adafactor_factor_rules" in str(gin.query_parameter("%FACTOR_RULES"))
+    known = set(partitioning.adafactor_factor_rules()) if ours else T5X_FACTOR_NAMES
+    assert ours == (decoder_only or "dodo" in name)  # T5's families: T5X's own rules
+    assert names <= known, (compressor, names - known)
+  rules = partitioning.adafactor_factor_rules()
+  assert {k: rules[k] for k in ("vocab", "embed", "mlp", "heads", "kv")} == {
+      "vocab": "column", "embed": "row", "mlp": "column", "heads": "column", "kv": "column"}
+
+
+@pytest.mark.parametrize("name,emb,layers", [("t5x/decal_t5_1_1_small.gin", 512, 8),
+                                             ("t5x/decal_t5_1_1_base.gin", 768, 12),
                                              ("t5x/decal_t5_1_1_large.gin", 1024, 24)])
-def test_t5x_gin_files_put_our_module_into_t5x_models(fake_t5x, name, emb, layers):
+def test_t5x_decal_sizes_are_t5_1_1s(fake_t5x, name, emb, layers):
   from decal_jax.networks import t5
   _parse(name, bindings=["DROPOUT_RATE = 0.1"])
   model = _build_model()

@@ -43,8 +43,10 @@ class MemoryTokens(nn.Module):
       raise ValueError(f"{n} input tokens at compression ratio {self.ratio} need {m} memory "
                        f"tokens but the model has {self.max_tokens}; bind "
                        f"{self.limit_name} >= {m}.")
+    # A small embedding table (rows are memory-token ids), named as T5X names its token
+    # embedding so that T5X's standard Adafactor factor rules and partitioning rules apply.
     table = param_with_axes("memory_embeddings", nn.initializers.normal(self.init_stddev),
-                            (self.max_tokens, embed_dim), jnp.float32, axes=("length", "embed"))
+                            (self.max_tokens, embed_dim), jnp.float32, axes=("vocab", "embed"))
     memory = jnp.broadcast_to(jnp.asarray(table[:m], self.dtype), (batch, m, embed_dim))
     length = jnp.sum(tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
     positions = length[:, None] + jnp.arange(m, dtype=jnp.int32)[None, :]  # [batch, m]

@@ -11,7 +11,8 @@ They differ in where a new token's keys/values go, and so in what they keep:
 - `SentenceCache`: slot = the token's place in its sentence, per row (GPTHF's word-level
   encoder: only the current sentence).
 - `SegmentCache`: the mean of each finished fixed-length segment (Compressive baseline).
-- `StepCounter`: the scalar `cache_index` step shared by a whole network's caches.
+- `StepCounter`: the `cache_index` step shared by a whole network's caches: a scalar, or
+  one per row `[batch]` after T5X's prompt prefill with per-row `prefill_lengths`.
 
 `KVCache` is created, as in T5X, by a first call on full-length dummy inputs. The others
 declare their variables from `batch` alone, so the creation pass calls them with just that
@@ -28,15 +29,17 @@ from decal_jax.layers.core import Array
 
 class StepCounter(nn.Module):
   """The shared `cache_index` of cached decoding (T5X's decoders leave leaves of that name
-  alone when they expand or reorder beams)."""
+  alone when they expand or reorder beams, and expand them with the batch once they are
+  per row, as after T5X's `DecoderOnlyModel` prefill)."""
 
   @nn.compact
-  def __call__(self, batch: int, advance: int = 1):
-    """-> (this step's offset `[batch, 1]`, the index before advancing)."""
+  def __call__(self, batch: int, advance: int = 1, start: Optional[Array] = None):
+    """-> (this step's offset `[batch, 1]`, the index before advancing: a scalar or `[batch]`).
+    `start` `[batch]` (per-row prompt lengths) sets the index instead of advancing it."""
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     current = index.value
-    index.value = current + advance
-    return jnp.full((batch, 1), current, jnp.int32), current
+    index.value = current + advance if start is None else start.astype(jnp.int32)
+    return jnp.broadcast_to(jnp.reshape(current, (-1, 1)), (batch, 1)), current
 
 
 class KVCache(nn.Module):
@@ -46,7 +49,7 @@ class KVCache(nn.Module):
   The first call creates the cache. Without `prefill` it is T5X's creation pass: the slots
   are the dummy inputs' length and attention runs plainly over them. With `prefill`
   (decoder-only prompts) there are `max_length` slots and the prompt fills `[0, length)`.
-  Every later call takes one token and writes it at `index`.
+  Every later call takes one token and writes it at `index` (a scalar, or one per row).
   """
   max_length: Optional[int] = None  # slots of a cache created by a prefill
 
@@ -74,11 +77,15 @@ class KVCache(nn.Module):
     if index is None:
       raise ValueError("A cached decoding step needs the write index (the network's "
                        "StepCounter) as `index`.")
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, keys, (0, index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, values,
-                                                      (0, index, 0, 0))
     slots = cached_key.value.shape[1]
-    filled = (jnp.arange(slots) <= index)[None, None, None, :]  # [1, 1, 1, slots]
+    if jnp.ndim(index) == 0:  # every row at the same step
+      cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, keys, (0, index, 0, 0))
+      cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, values,
+                                                        (0, index, 0, 0))
+    else:  # per-row steps [batch] (after a prefill of per-row prompt lengths)
+      _write(cached_key, cached_value, jax.nn.one_hot(index, slots, dtype=bool), keys, values)
+    index = jnp.reshape(index, (-1, 1))  # [1 | batch, 1]
+    filled = (jnp.arange(slots)[None, :] <= index)[:, None, None, :]  # [1 | b, 1, 1, slots]
     return cached_key.value, cached_value.value, filled
 
 
@@ -108,14 +115,15 @@ class RingCache(_SlotCache):
 
   @nn.compact
   def __call__(self, batch: int, keys=None, values=None, position=None, split=None):
-    """keys/values `[b, 1, kv, d]` of the token at scalar `position` -> ring keys, values
-    and validity `[b, slots]` for a query that reads tokens from position `split` on."""
+    """keys/values `[b, 1, kv, d]` of the token at `position` (scalar or `[b, 1]`) -> ring
+    keys, values and validity `[b, slots]` for a query that reads tokens from `split` on."""
     cache_k, cache_v = self._declare(batch)
     ring_pos = self.variable("cache", "positions",
                              lambda: jnp.full((batch, self.slots), -1, jnp.int32))
     if keys is None:
       return None
-    write = (jnp.arange(self.slots) == position % self.slots)[None]  # [1, slots]
+    position = jnp.reshape(position, (-1, 1))  # [1 | b, 1]
+    write = jnp.arange(self.slots)[None, :] == position % self.slots  # [1 | b, slots]
     _write(cache_k, cache_v, write, keys, values)
     ring_pos.value = jnp.where(write, position, ring_pos.value)
     valid = (ring_pos.value >= split) & (ring_pos.value <= position)  # [b, slots]
@@ -175,9 +183,10 @@ class SegmentCache(nn.Module):
   @nn.compact
   def __call__(self, batch: int, x=None, position=None, split=None,
                to_kv: Optional[Callable] = None):
-    """x `[b, 1, embed]`: the layer input of the token at scalar `position`; `to_kv` maps
-    states `[b, 1, embed]` at positions `[b, 1]` to their keys/values `[b, 1, kv, d]`.
-    -> pooled keys, values and validity `[b, slots]`: segments finished before `split`."""
+    """x `[b, 1, embed]`: the layer input of the token at `position` (scalar or `[b, 1]`);
+    `to_kv` maps states `[b, 1, embed]` at positions `[b, 1]` to their keys/values
+    `[b, 1, kv, d]`. -> pooled keys, values and validity `[b, slots]`: segments finished
+    before `split` (scalar or `[b, 1]`)."""
     shape = (batch, self.slots, self.kv_heads, self.head_dim)
     running = self.variable("cache", "running_sum", jnp.zeros, (batch, self.emb_dim),
                             jnp.float32)
@@ -185,13 +194,13 @@ class SegmentCache(nn.Module):
     pooled_v = self.variable("cache", "values", jnp.zeros, shape, self.dtype)
     if x is None:
       return None
+    position = jnp.broadcast_to(jnp.reshape(position, (-1, 1)), (batch, 1)).astype(jnp.int32)
     total = running.value + x[:, 0].astype(jnp.float32)  # [b, embed]
-    finished = (position + 1) % self.ratio == 0
+    finished = (position + 1) % self.ratio == 0  # [b, 1]
     mean = (total / self.ratio).astype(x.dtype)[:, None]  # [b, 1, embed]
-    keys, values = to_kv(mean, jnp.full((batch, 1), position, jnp.int32))
-    write = (jnp.arange(self.slots) == position // self.ratio)[None, :, None, None] & finished
-    pooled_k.value = jnp.where(write, keys, pooled_k.value)
-    pooled_v.value = jnp.where(write, values, pooled_v.value)
+    keys, values = to_kv(mean, position)
+    write = (jnp.arange(self.slots)[None, :] == position // self.ratio) & finished  # [b, slots]
+    _write(pooled_k, pooled_v, write, keys, values)
     running.value = jnp.where(finished, 0.0, total)
-    valid = (jnp.arange(self.slots) + 1) * self.ratio <= split  # [slots]
+    valid = (jnp.arange(self.slots)[None, :] + 1) * self.ratio <= jnp.reshape(split, (-1, 1))
     return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (batch, self.slots))

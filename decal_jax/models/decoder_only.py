@@ -51,7 +51,7 @@ class DecoderOnlyModel(base.TokenModel):
     `max_new_tokens` tokens -> `[batch, max_new_tokens]` (0 after EOS).
 
     The fed prompt (BOS + all but its last token) goes into the KV cache one token at a
-    time or, with `prefill`, in one causal pass (networks that take `prefill=True`:
+    time or, with `prefill`, through the network's `prefill_cache` (one causal pass for
     `networks.decoder.Decoder`); the decode function's first step then feeds the prompt's
     last token. Both fill the same cache, so both give the same tokens."""
     prompt = jnp.asarray(prompt, jnp.int32)

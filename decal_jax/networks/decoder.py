@@ -246,22 +246,20 @@ class Decoder(DecoderOnlyNetwork):
   """A plain LLaMA-style LM with T5X `DecoderOnlyModel`'s call signature."""
   config: DecoderConfig
   takes_packed_inputs = True
-  takes_prefill = True  # equal-length prompts: pad them on the left
 
   def setup(self):
     self.stack = DecoderStack(self.config)
     self.step_counter = StepCounter()
 
   def forward(self, tokens: Array, targets: Optional[Array], segment_ids: Optional[Array],
-              positions: Optional[Array], *, deterministic: bool, decode: bool,
-              prefill: bool) -> Array:
-    """Logits `[batch, t, vocab]`. decode=True: a cached step (or, with prefill, a prefix)."""
+              positions: Optional[Array], *, deterministic: bool, decode: bool) -> Array:
+    """Logits `[batch, t, vocab]`. decode=True: cache creation, then a cached step."""
     del targets
     cfg = self.config
     batch, length = tokens.shape
     x = self.stack.embed(tokens)
-    if decode and self.has_variable("cache", "step_counter") and not prefill:
-      positions, index = self.step_counter(batch)
+    if decode and self.has_variable("cache", "step_counter"):
+      positions, index = self.step_counter(batch)  # [b, 1]; index scalar or per row [b]
       bias = jnp.zeros((batch, 1, 1, 1), cfg.dtype)  # the cache masks unwritten slots
       x = self.stack(x, positions, bias, decode=True, cache_index=index)
       return self.stack.logits(x)
@@ -271,7 +269,19 @@ class Decoder(DecoderOnlyNetwork):
     segments = None if decode else segment_ids
     bias = causal_bias(positions, segments, cfg.dtype)
     if decode:
-      self.step_counter(batch, advance=length if prefill else 0)
-    x = self.stack(x, positions, bias, decode=decode, prefill=prefill,
-                   deterministic=deterministic)
+      self.step_counter(batch, advance=0)
+    x = self.stack(x, positions, bias, decode=decode, deterministic=deterministic)
+    return self.stack.logits(x)
+
+  def prefill_cache(self, tokens: Array, lengths: Optional[Array]) -> Array:
+    """The prompt `[batch, t]` in one causal pass: cache slots [0, t) are written, the step
+    index moves to each row's length (t when None); a slot at or past a row's length is
+    hidden from its steps and overwritten by them. -> logits `[batch, t, vocab]`."""
+    cfg = self.config
+    batch, length = tokens.shape
+    check_positions(cfg, length, "the prompt")
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    self.step_counter(batch, advance=length, start=lengths)
+    x = self.stack(self.stack.embed(tokens), positions, causal_bias(positions, None, cfg.dtype),
+                   decode=True, prefill=True)
     return self.stack.logits(x)

@@ -143,13 +143,9 @@ class Dodo(EncoderDecoderNetwork):
   def decode(self, encoded: Nuggets, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
              decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
-             max_decode_length: Optional[int] = None, prefill: bool = False,
-             prefill_lengths: Optional[Array] = None) -> Array:
+             max_decode_length: Optional[int] = None) -> Array:
     """Logits `[batch, t, vocab]` of the targets given the nuggets from `encode`."""
     del decoder_target_tokens, decoder_positions, max_decode_length
-    if prefill or prefill_lengths is not None:
-      raise ValueError("Dodo decodes from the nuggets and an empty target prefix; prefill "
-                       "belongs to decoder-only models.")
     if decoder_segment_ids is not None and not decode:
       raise ValueError("Packed targets (decoder_segment_ids) are not supported; pack=False.")
     cfg = self.config

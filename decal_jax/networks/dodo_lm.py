@@ -143,9 +143,9 @@ class DodoLM(DecoderOnlyNetwork):
     return jax.lax.stop_gradient(jnp.nanquantile(masked, 1.0 - 1.0 / self.config.compression_ratio))
 
   def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
-              deterministic: bool, decode: bool, prefill: bool) -> Array:
+              deterministic: bool, decode: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True: one cached step)."""
-    del segment_ids, positions, prefill  # refused by DecoderOnlyNetwork; positions: 0..n-1
+    del segment_ids, positions  # refused by DecoderOnlyNetwork; positions: 0..n-1
     if decode and self.has_variable("cache", "step_counter"):
       return self._step(tokens)
     check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")
@@ -209,8 +209,9 @@ class DodoLM(DecoderOnlyNetwork):
     batch = tokens.shape[0]
     if tokens.shape[1] != 1:
       raise ValueError(f"Cached decoding takes one token per step, got {tokens.shape[1]}.")
-    offsets, position = self.step_counter(batch)  # [b, 1], scalar
-    split = split_points(position, cfg)
+    offsets, _ = self.step_counter(batch)  # [b, 1]: rows may differ after a T5X prefill
+    position = offsets
+    split = split_points(position, cfg)  # [b, 1]
     x = self.stack.embed(tokens)
     no_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
 

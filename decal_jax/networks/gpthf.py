@@ -126,9 +126,9 @@ class Gpthf(DecoderOnlyNetwork):
                                     name=f"body_cache_{i}") for i in range(body)]
 
   def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
-              deterministic: bool, decode: bool, prefill: bool) -> Array:
+              deterministic: bool, decode: bool) -> Array:
     """Next-token logits `[batch, n, vocab]` (decode=True after cache creation: one step)."""
-    del targets, segment_ids, positions, prefill  # positions: the sentence layout's
+    del targets, segment_ids, positions  # positions: the sentence layout's
     if decode and self.has_variable("cache", "position"):
       return self._step(tokens)
     check_positions(self.config.decoder, tokens.shape[1], "decoder_input_tokens")

@@ -201,12 +201,9 @@ class Squid(nn.Module):
   def decode(self, encoded: Prefix, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
              decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
-             max_decode_length: Optional[int] = None, prefill: bool = False,
-             prefill_lengths: Optional[Array] = None) -> Array:
+             max_decode_length: Optional[int] = None) -> Array:
     """Logits `[batch, t, vocab]` of the answer given the prefix from `encode`/`read`."""
     del encoder_input_tokens, decoder_target_tokens, decoder_positions, max_decode_length
-    if prefill or prefill_lengths is not None:
-      raise ValueError("Squid's prompt is the prefix from `read`; prefill is not used.")
     if decoder_segment_ids is not None and not decode:
       raise ValueError("Packed targets (decoder_segment_ids) are not supported; pack=False.")
     cfg = self.config.large
@@ -229,14 +226,12 @@ class Squid(nn.Module):
   def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
                encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
                decoder_positions=None, query_tokens=None, *, enable_dropout: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None,
-               prefill: bool = False, prefill_lengths: Optional[Array] = None) -> Array:
+               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
     """Teacher-forced answer logits `[batch, t, vocab]`."""
     encoded = self.encode(encoder_input_tokens, query_tokens, encoder_segment_ids,
                           encoder_positions, enable_dropout=enable_dropout)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
                        decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
                        decoder_positions, enable_dropout=enable_dropout, decode=decode,
-                       max_decode_length=max_decode_length, prefill=prefill,
-                       prefill_lengths=prefill_lengths)
+                       max_decode_length=max_decode_length)
 

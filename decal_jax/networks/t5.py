@@ -440,14 +440,9 @@ class Transformer(EncoderDecoderNetwork):
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
              encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
              enable_dropout: bool = True, decode: bool = False,
-             max_decode_length: Optional[int] = None, prefill: bool = False,
-             prefill_lengths: Optional[Array] = None) -> Array:
+             max_decode_length: Optional[int] = None) -> Array:
     """Decoder logits `[batch, t, vocab]` given the encoding from `encode`."""
     del decoder_target_tokens, max_decode_length  # T5X passes them; the causal mask suffices
-    if prefill or prefill_lengths is not None:
-      raise ValueError("prefill / prefill_lengths belong to decoder-only models "
-                       "(t5x DecoderOnlyModel); an encoder-decoder decodes from an empty "
-                       "prefix. Drop these arguments.")
     encoded_valid, encoded_segments = encoded_validity(self.config, encoder_input_tokens,
                                                        encoder_segment_ids)
     if encoded_valid.shape[1] != encoded.shape[1]:
