@@ -23,17 +23,13 @@ recorded as such while the next part runs:
                ablation_gpu_runs.json (ablate.py --record): the next run, on any machine,
                restores them and continues with the variants not yet done.
 
-Everything lands in --out_dir (default docs/results): bench_train_probe_gpu.jsonl,
-bench_train_gpu.jsonl, nuggets_cache_gpu.md, squid_latency_gpu.{md,png},
-gpthf_efficiency_gpu.{md,png}, retrieval_bench_gpu.{md,png}, ablation_gpu.{md,png},
-ablation_gpu_runs.json, and gpu_suite_summary.md (with .json): per part its status, wall
-time, limit, commands, device (jax.devices()[0].device_kind) and date, the MFU of each C,
-the probe's step times and, below the goal, the top ops. Logs go to --log_dir. A run of some
---parts keeps the other parts' rows of an earlier summary. --archive FILE also packs every
-file written into one .tar.gz (for machines that return only a few files).
-
---dry_run: every part at tiny shapes on CPU (cuDNN sets left out of the probe, a tiny
-ablation budget), into a temporary folder unless --out_dir is given: a few minutes, for CI.
+Results land in --out_dir (default docs/results; each part's files are in PARTS), with
+gpu_suite_summary.md (and .json): per part its status, wall time, limit, commands, device
+(jax.devices()[0].device_kind) and date; the MFU of each C, the probe's step times and,
+below the goal, the top ops. A run of some --parts keeps the other parts' rows. --archive
+packs every file written into one .tar.gz (for machines that return only a few files).
+--dry_run: every part at tiny shapes on CPU (no cuDNN sets, C = 1 and 4, a one-variant
+ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI.
 """
 import argparse
 import dataclasses
@@ -221,18 +217,22 @@ def _jsonl_rows(path: pathlib.Path) -> List[dict]:
   return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def bench_train_argv(s: Scale, bindings: Sequence[str], steps: int, label: str,
+                     out: pathlib.Path) -> List[str]:
+  """tools/bench_train.py's arguments: the scale's model in bf16 plus `bindings`."""
+  return ["tools/bench_train.py", *s.model, "--gin.ACTIVATION_DTYPE='bfloat16'",
+          *[f"--gin.{b}" for b in bindings], f"--batch_size={s.batch}",
+          f"--inputs_length={s.lengths[0]}", f"--targets_length={s.lengths[1]}",
+          f"--steps={steps}", f"--warmup={s.warmup}", f"--label={label}", f"--out={out}"]
+
+
 def _bench_train(suite: Suite, out: str, label: str, bindings: Sequence[str],
                  steps: int, extra: Sequence[str] = (), limit_s: Optional[float] = None,
                  check: bool = True) -> Optional[dict]:
-  """One tools/bench_train.py run (bf16); the JSON line it appended, or None."""
+  """One tools/bench_train.py run; the JSON line it appended, or None."""
   path = suite.out / out
   before = len(_jsonl_rows(path))
-  s = suite.scale
-  argv = ["tools/bench_train.py", *s.model, "--gin.ACTIVATION_DTYPE='bfloat16'",
-          *[f"--gin.{b}" for b in bindings], f"--batch_size={s.batch}",
-          f"--inputs_length={s.lengths[0]}", f"--targets_length={s.lengths[1]}",
-          f"--steps={steps}", f"--warmup={s.warmup}", f"--label={label}", f"--out={path}",
-          *extra]
+  argv = bench_train_argv(suite.scale, bindings, steps, label, path) + list(extra)
   rc, _ = suite.call(argv, limit_s, check)
   rows = _jsonl_rows(path)[before:]
   return rows[-1] if rc == 0 and rows else None

@@ -120,3 +120,43 @@ def test_the_ablation_continues_from_its_record_on_a_fresh_machine(result, tmp_p
   assert json.loads((out / "ablation_gpu_runs.json").read_text())["results"] == \
       record["results"]
   assert summary["parts"]["train"]["status"] == "ok"  # the earlier parts' rows are kept
+
+
+def _tool(name):
+  spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("option_set", list(gpu_suite.OPTION_SETS))
+def test_the_gpu_train_commands_build_their_model(option_set):
+  """What the dry run cannot run (cuDNN, T5.1.1-small at batch 128): every GPU option set's
+  bench_train arguments parse, and gin builds the model they name with those options."""
+  from decal_jax import gin_utils
+  scale = gpu_suite.gpu_scale(None)
+  argv = gpu_suite.bench_train_argv(scale, ["COMPRESSION_RATIO=4",
+                                            *gpu_suite.OPTION_SETS[option_set]],
+                                    scale.steps, "label", REPO / "out.jsonl")
+  args, (files, paths_, bindings) = _tool("bench_train").parse_args(argv[1:])
+  assert (args.batch_size, args.inputs_length, args.targets_length) == (128, 512, 128)
+  config = gin_utils.load_model(files, search_paths=paths_, bindings=bindings).model.module.config
+  assert config.compression_ratio == 4 and config.dtype == "bfloat16"
+  assert config.emb_dim == 512 and config.num_encoder_layers == 8  # T5.1.1-small
+  for binding in gpu_suite.OPTION_SETS[option_set]:
+    name, value = binding.split("=")
+    field = {"ATTENTION_KERNEL": "attention_kernel", "FUSED_QKV": "fused_qkv",
+             "SCAN_LAYERS": "scan_layers", "REMAT_POLICY": "remat_policy"}[name]
+    assert str(getattr(config, field)) == value.strip("'")
+
+
+@pytest.mark.parametrize("part,tool", [("nuggets", "bench_nuggets"), ("squid", "bench_squid"),
+                                       ("gpthf", "bench_gpthf"), ("retrieval", "bench_retrieval")])
+def test_the_gpu_benchmark_flags_exist(part, tool):
+  argv = gpu_suite.gpu_scale("beir/folder").tools[part] + ["--out", "x.md"]
+  args = _tool(tool).parse_args(argv + ([] if part == "nuggets" else ["--plot", "x.png"]))
+  assert args.out == "x.md"
+  assert {"nuggets": lambda: args.contexts == [16384, 65536] and args.dtype == "bfloat16",
+          "squid": lambda: args.preset == "qwen2", "gpthf": lambda: args.preset == "paper",
+          "retrieval": lambda: args.size == "small" and args.beir_folder == "beir/folder"
+          }[part]()
