@@ -242,9 +242,44 @@ def claim(work: pathlib.Path, budget: Budget) -> None:
   fileio.write_text_atomic(record, json.dumps(mine, indent=1))
 
 
+def restore_record(record: pathlib.Path, work: pathlib.Path,
+                   variants: Sequence[Variant]) -> List[str]:
+  """Puts the finished variants kept in `record` (`save_record`, on this or another machine)
+  into WORK, with the budget they ran under (`claim` then refuses another budget), so
+  `run_variant` skips them. A variant still to run that starts or fine-tunes from a
+  restored one needs that one's pretrained checkpoint: where it is not in WORK, that one is
+  left to run again. Returns the names restored."""
+  if not record.exists():
+    return []
+  kept = json.loads(record.read_text())
+  if not (work / "budget.json").exists():
+    fileio.write_text_atomic(work / "budget.json", json.dumps(kept["budget"], indent=1))
+  needed = {d for v in variants if v.name not in kept["results"]
+            for d in (v.start_from, v.finetune_from) if d}
+  restored = []
+  for name, result in kept["results"].items():
+    done = work / name / "result.json"
+    if not done.exists() and (name not in needed or (work / name / "pretrain").exists()):
+      fileio.write_text_atomic(done, json.dumps(result, indent=1))
+      restored.append(name)
+  return restored
+
+
+def save_record(record: pathlib.Path, work: pathlib.Path) -> int:
+  """Keeps WORK's budget and every finished variant's result.json in one JSON file (small:
+  no checkpoints) that `restore_record` reads back. Returns the number of variants kept."""
+  kept = json.loads(record.read_text()) if record.exists() else {"results": {}}
+  kept["budget"] = json.loads((work / "budget.json").read_text())
+  for done in sorted(work.glob("*/result.json")):
+    kept["results"][done.parent.name] = json.loads(done.read_text())
+  fileio.write_text_atomic(record, json.dumps(kept, indent=1))
+  return len(kept["results"])
+
+
 def run_variant(budget: Budget, v: Variant, work: pathlib.Path,
-                log=print) -> Dict[str, object]:
+                log=print) -> Optional[Dict[str, object]]:
   """Runs (or resumes) one variant's stages; returns and writes WORK/<name>/result.json.
+  None when a stage was preempted (SIGTERM: it saved a checkpoint; a rerun resumes it).
   Call `claim(work, budget)` first."""
   done = work / v.name / "result.json"
   if done.exists():
@@ -257,6 +292,9 @@ def run_variant(budget: Budget, v: Variant, work: pathlib.Path,
     log(f"{v.label}: {stage} ...\n  = {command_line(stage, files, bindings)}")
     start = time.time()
     metrics, config = _run_stage(stage, files, bindings)
+    if "preempted_at_step" in metrics:
+      log(f"{v.label}: {stage} stopped at step {int(metrics['preempted_at_step'])} (saved).")
+      return None
     result["seconds"][stage] = round(time.time() - start, 1)
     if stage == "pretrain":
       result["pretrain_accuracy"] = float(metrics["accuracy"])

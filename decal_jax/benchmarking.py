@@ -10,6 +10,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -120,6 +121,42 @@ def greedy_steps(step_fn: Callable, params, count: int, tokens: list, *extra) ->
 def zeros_like_tree(shapes) -> Callable[[], Any]:
   """A function making a fresh zero tree of these shapes (a donated cache is used up)."""
   return lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def profile_top_ops(step: Callable[[], Any], steps: int, trace_dir: str, hlo_text: str = "",
+                    count: int = 15) -> List[Dict[str, Any]]:
+  """Runs `step()` `steps` times under `jax.profiler` (the trace written to `trace_dir`,
+  readable by TensorBoard / XProf) and returns the `count` ops that took the most time:
+  [{'op', 'jax_op', 'ms_per_step', 'share'}] (share of all op time; 'jax_op': the JAX
+  operation an op came from, from the metadata of `hlo_text`, the compiled program's
+  `as_text()`). GPU / TPU: the device planes' "XLA Ops" lines (kernels as they ran);
+  CPU: the events of the XLA thread pools."""
+  jax.profiler.start_trace(trace_dir)
+  try:
+    for _ in range(steps):
+      jax.block_until_ready(step())
+  finally:
+    jax.profiler.stop_trace()
+  totals: Dict[str, float] = {}
+  for path in pathlib.Path(trace_dir).rglob("*.xplane.pb"):
+    for name, nanoseconds in _op_events(jax.profiler.ProfileData.from_file(str(path))):
+      totals[name] = totals.get(name, 0.0) + nanoseconds
+  origin = dict(re.findall(r'%?([\w.\-]+) = [^\n]*?metadata=\{op_name="([^"]*)"', hlo_text))
+  everything = sum(totals.values()) or 1.0
+  ranked = sorted(totals.items(), key=lambda item: -item[1])[:count]
+  return [{"op": name, "jax_op": origin.get(name, ""), "ms_per_step": ns / 1e6 / steps,
+           "share": ns / everything} for name, ns in ranked]
+
+
+def _op_events(profile):
+  """(op name, duration ns) of every op event in a profile: the device planes' "XLA Ops"
+  lines where there are device planes, else the host's events that name an HLO op (CPU)."""
+  devices = [p for p in profile.planes if p.name.startswith("/device:")]
+  for plane in devices or [p for p in profile.planes if p.name == "/host:CPU"]:
+    for line in plane.lines:
+      for event in line.events:
+        if (line.name == "XLA Ops") if devices else any(k == "hlo_op" for k, _ in event.stats):
+          yield event.name, event.duration_ns
 
 
 # ----------------------------------------------------------------------------- memory

@@ -25,8 +25,9 @@ dev pair gets as negative the positive passage of another dev query (a random ne
 
 decal_beir_builtin reads `beir.builtin_beir_folder()` (written on first read under
 `$DECAL_CACHE_DIR`): the corpus is every paragraph of the built-in corpus (no titles), the
-queries are section titles, and a title's relevant passages are its paragraphs in the same
-split; validation and test share out the built-in corpus's validation paragraphs.
+queries are section titles, and a title's relevant passages are all of its section's
+paragraphs. Whole sections are split (by a hash of the title: 42 train, 6 validation, 20
+test), so no paragraph of a query's section sits unjudged in the corpus.
 
 BEIR: a task yields one (query, passage) example per qrels row with score > 0 (a query with
 three relevant passages gives three); the passage text is `title. text`. `beir_folder(task)`

@@ -134,3 +134,24 @@ def test_plot_draws_the_results_given(tmp_path, monkeypatch):
   baseline, decal = ax.lines  # the baseline's level, then the DeCAL family's line
   assert list(baseline.get_ydata()) == [40.0, 40.0]
   assert list(decal.get_xdata()) == [2, 4] and list(decal.get_ydata()) == [30.04, 20.0]
+
+
+def test_a_record_restores_finished_variants_but_reruns_a_needed_one_without_checkpoint(tmp_path):
+  """save_record keeps WORK's results; restore_record puts them into a fresh WORK, except a
+  finished variant that one still to run starts from while its checkpoint is not there."""
+  budget = dataclasses.replace(ablation.load_budget("smoke"), variants=())
+  old, record = tmp_path / "old", tmp_path / "record.json"
+  ablation.claim(old, budget)
+  for name in ("baseline", "decal_2x"):
+    (old / name).mkdir()
+    (old / name / "result.json").write_text(json.dumps({"name": name}))
+  assert ablation.save_record(record, old) == 2
+  variants = ablation.load_variants(["baseline", "decal_2x", "ccproxy_2x"])  # from baseline
+  fresh = tmp_path / "fresh"
+  assert ablation.restore_record(record, fresh, variants) == ["decal_2x"]
+  ablation.claim(fresh, budget)  # the recorded budget is this one
+  (fresh / "baseline" / "pretrain").mkdir(parents=True)  # its checkpoint is here now
+  assert ablation.restore_record(record, fresh, variants) == ["baseline"]
+  assert json.loads((fresh / "baseline" / "result.json").read_text()) == {"name": "baseline"}
+  with pytest.raises(ValueError, match="another budget"):
+    ablation.claim(fresh, dataclasses.replace(budget, seed=1))

@@ -7,9 +7,10 @@ compression ratio (--out with .png).
   python -m decal_jax.tools.ablate --budget smoke --variants baseline decal_2x ccproxy_2x
   python -m decal_jax.tools.ablate --list                          # known budgets and variants
 
-Runs live under --work (default runs/ablate/<budget>); rerunning the command skips finished
-variants and resumes unfinished ones from their checkpoints. A --work folder made under a
-different budget is refused (its results would not be comparable). A new variant is a new gin
+Runs live under --work (default runs/ablate/<budget>); the table is rewritten after every
+variant, and rerunning the command skips finished variants (WORK/<variant>/result.json) and
+resumes unfinished ones from their checkpoints (SIGTERM saves one and stops). A --work
+folder made under a different budget is refused (its results would not be comparable). A new variant is a new gin
 file under gin/experiments/variants/, not new code (see decal_jax/ablation.py).
 """
 import argparse
@@ -34,6 +35,10 @@ def main(argv=None):
   p.add_argument("--out", type=pathlib.Path,
                  help="Markdown table path (default docs/results/ablation_<budget>.md); the "
                       "plot goes next to it as .png")
+  p.add_argument("--record", type=pathlib.Path,
+                 help="a JSON file keeping the finished variants' results (no checkpoints): "
+                      "restored into --work first, updated after every variant, so a run on "
+                      "another machine continues where this one stopped")
   p.add_argument("--list", action="store_true", help="list budgets and variants, then exit")
   p.add_argument("--no-plot", action="store_true", help="write the table only (no matplotlib)")
   a = p.parse_args(argv)
@@ -49,6 +54,8 @@ def main(argv=None):
     variants = ablation.load_variants(a.variants or budget.variants)
     ablation.check(budget, variants)
     work = a.work or pathlib.Path("runs", "ablate", budget.name)
+    if a.record:
+      print(f"restored from {a.record}: {ablation.restore_record(a.record, work, variants)}")
     ablation.claim(work, budget)
   except ValueError as e:
     sys.exit(f"error: {e}")
@@ -57,8 +64,19 @@ def main(argv=None):
   results = []
   for i, v in enumerate(variants, 1):
     print(f"\n=== [{i}/{len(variants)}] {v.label} ({v.name}) ===", flush=True)
-    results.append(ablation.run_variant(budget, v, work))
-  minutes = (time.time() - start) / 60
+    result = ablation.run_variant(budget, v, work)
+    if result is None:
+      print("\nstopped (preempted); the same command continues where this one stopped.")
+      break
+    results.append(result)
+    write_results(a, budget, results, len(variants), out)  # after each: a stop keeps them
+    if a.record:
+      ablation.save_record(a.record, work)
+  print(f"({(time.time() - start) / 60:.1f} min this invocation)")
+
+
+def write_results(a, budget, results, planned: int, out: pathlib.Path) -> None:
+  """The table (printed) and the Markdown report, with the plot next to it (.png)."""
   table = ablation.table(budget, results)
   print("\n" + table)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -66,9 +84,12 @@ def main(argv=None):
   if png:
     ablation.plot(budget, results, png)
   total = sum(sum(r["seconds"].values()) for r in results) / 60
-  fileio.write_text_atomic(out, report(a, budget, table, total, png.name if png else None))
-  print(f"\nwrote {out}" + (f" and {png}" if png else "") +
-        f" ({minutes:.1f} min this invocation)")
+  text = report(a, budget, table, total, png.name if png else None)
+  if len(results) < planned:
+    text += (f"\n{len(results)} of {planned} variants done so far: the same command "
+             "continues with the rest.\n")
+  fileio.write_text_atomic(out, text)
+  print(f"wrote {out}" + (f" and {png}" if png else ""))
 
 
 def report(a, budget, table: str, total_minutes: float, png: str) -> str:

@@ -23,13 +23,12 @@ Reported per configuration:
             (not reported on CPU or an unknown device: no peak to divide by);
   memory    XLA's `compiled.memory_analysis()`: temporary (activation) bytes of the step.
 
-Batches are synthetic: random token ids of exactly the given shapes, no padding, no
-packing, placed on the mesh before timing, so no input-pipeline cost is included.
-`--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
-configuration (the first plus those) and times both in one process, alternating their
-steps, and prints B / A. `--breakdown` times the parts of a T5 step on their own (attention,
-MLP, DeCAL pooling + concat, cross-attention, embeddings + logits + loss, optimizer).
-Every run appends one JSON line per configuration to --out.
+Batches are synthetic (random ids, exact shapes, on the mesh before timing: no input
+pipeline). `--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
+configuration (the first plus those), times both in one process, alternating their steps,
+and prints B / A. `--breakdown` times the parts of a T5 step on their own; `--profile_steps`
+traces steps with jax.profiler and records the top ops. Appends a JSON line per
+configuration to --out.
 """
 import argparse
 import dataclasses
@@ -52,7 +51,7 @@ from decal_jax import (flops, gin_utils, losses, optimizers, partitioning,  # no
                        train_state, trainer)
 from decal_jax.data import pipeline  # noqa: E402
 from decal_jax.benchmarking import (device_peak, machine_record, median_seconds,  # noqa: E402
-                                    write_jsonl, xla_cost)
+                                    profile_top_ops, write_jsonl, xla_cost)
 from decal_jax.compress.latents import DecalLatents  # noqa: E402
 from decal_jax.layers import attention as attn  # noqa: E402
 from decal_jax.layers.core import DenseGeneral, Embed, MlpBlock, RMSNorm  # noqa: E402
@@ -87,7 +86,7 @@ def _bound(name: str):
 
 
 def _macro(name: str):
-  try:
+  try:  # a gin macro's value, or None
     return gin.query_parameter(f"%{name}")
   except ValueError:
     return None
@@ -152,7 +151,7 @@ class Runner:
     self.state, shardings = train_state.init_state(setup.model, setup.optimizer,
                                                setup.partitioner, cfg, seed)
     step = trainer.make_train_step(setup.model, setup.optimizer, setup.partitioner, shardings)
-    self.batch = trainer.to_global(synthetic_batch(setup, seed), setup.partitioner)
+    self.batch = pipeline.to_global(synthetic_batch(setup, seed), setup.partitioner)
     self.rng = jax.random.PRNGKey(seed)
     self.info: Dict[str, Any] = {}
     self.times: List[float] = []
@@ -439,8 +438,7 @@ def parse_args(argv):
   parser.add_argument("--batch_size", type=int, default=None)
   parser.add_argument("--inputs_length", type=int, default=None)
   parser.add_argument("--targets_length", type=int, default=None)
-  parser.add_argument("--steps", type=int, default=20, help="timed steps (>= 20 for the "
-                      "issue's protocol)")
+  parser.add_argument("--steps", type=int, default=20, help="timed steps (protocol: >= 20)")
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--label", default=None, help="name of configuration A")
@@ -448,8 +446,10 @@ def parse_args(argv):
                       help="configuration B = A plus this gin binding (repeatable)")
   parser.add_argument("--compare_gin_file", action="append", default=[])
   parser.add_argument("--compare_label", default=None)
-  parser.add_argument("--breakdown", action="store_true",
-                      help="also time the parts of a T5 step on their own")
+  parser.add_argument("--breakdown", action="store_true", help="time a T5 step's parts alone")
+  parser.add_argument("--profile_steps", type=int, default=0, help="then trace this many "
+                      "steps of the last configuration into --profile_dir; record top ops")
+  parser.add_argument("--profile_dir", default="/tmp/bench_train_trace")
   parser.add_argument("--out", default=None, help="JSONL file to append to (default "
                       "docs/results/bench_train_<platform>.jsonl)")
   args, gin_argv = parser.parse_known_args(argv)
@@ -480,6 +480,14 @@ def main(argv=None):
   if args.breakdown:
     for row, setup in zip(rows, setups):
       row["breakdown"] = breakdown(setup, row["step_s_median"], args.seed)
+  if args.profile_steps:
+    rows[-1]["profile_top_ops"] = top = profile_top_ops(
+        lambda: runners[-1].step(timed=False), args.profile_steps, args.profile_dir,
+        runners[-1].fn.as_text())
+    print(f"\nops taking the most time ({args.profile_steps} steps, {args.profile_dir}):")
+    for op in top:
+      print(f"  {100 * op['share']:5.1f}% {op['ms_per_step']:9.3f} ms/step  {op['op']}: "
+            f"{op['jax_op'][-90:]}")
   write_jsonl(args.out or f"docs/results/bench_train_{device.platform}.jsonl", rows)
 
 

@@ -432,22 +432,25 @@ def test_builtin_folder_judges_paragraphs_by_their_section_title(tmp_path, monke
   folder = beir.builtin_beir_folder()
   titled = builtin_corpus.titled_documents()
   title_of = {r["text"]: r["title"] for records in titled.values() for r in records}
-  corpus_split = {r["text"]: split for split, records in titled.items() for r in records}
-  judged = collections.Counter()
+  section = collections.defaultdict(set)  # title -> every paragraph of that section
+  for text, title in title_of.items():
+    section[title].add(text)
+  judged, titles_of_split = collections.Counter(), {}
   for split in ("train", "validation", "test"):
     data = beir.load_beir(folder, split)
     assert data.qrels, split
     for query_id, docs in data.qrels.items():
       assert query_id.startswith(f"{split}-q")
-      for doc_id, score in docs.items():
-        text = data.corpus[doc_id].text  # every judged doc is in the corpus
-        assert score == 1 and title_of[text] == data.queries[query_id]
-        assert corpus_split[text] == ("train" if split == "train" else "validation")
-        judged[text] += 1
-    assert len(set(data.queries.values())) == len(data.queries)  # one query per title
+      texts = {data.corpus[doc_id].text for doc_id in docs}  # every judged doc is in the corpus
+      assert set(docs.values()) == {1}
+      # the whole section is judged: no paragraph of it sits unjudged in the corpus
+      assert texts == section[data.queries[query_id]]
+      judged.update(texts)
+    titles_of_split[split] = set(data.queries.values())
+    assert len(titles_of_split[split]) == len(data.queries)  # one query per title
   assert sorted(p.text for p in data.corpus.values()) == sorted(title_of)
   assert all(p.title == "" for p in data.corpus.values())  # the title is the query
-  # Each paragraph is judged exactly once, so each query's judgements are all the paragraphs
-  # of its split with its title.
+  # A section lies in one split, so each paragraph is judged exactly once.
   assert set(judged) == set(title_of) and set(judged.values()) == {1}
-
+  assert sum(len(t) for t in titles_of_split.values()) == len(section)
+  assert len(titles_of_split["test"]) >= 15 and len(titles_of_split["validation"]) >= 4

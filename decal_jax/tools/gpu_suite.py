@@ -1,0 +1,499 @@
+"""Every GPU measurement the docs promise, in one command, within 40 minutes of one H100.
+
+  python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
+  python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
+  python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
+
+Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
+SIGTERM, then SIGKILL after a grace period), and one that fails or runs out of time is
+recorded as such while the next part runs:
+  train_probe  decal_jax/tools/bench_train.py, T5.1.1-small DeCAL-4x, bf16, batch 128, 512 / 128: a
+               short probe (a few steps) of every option set in OPTION_SETS (attention
+               kernel, fused QKV, scan, remat policy), one subprocess each;
+  train        the fastest probed set at C = 1, 2, 4, 8 (decal.gin, COMPRESSION_RATIO = C):
+               step time, seq/s, MFU; the C = 4 run also traces a few steps with
+               jax.profiler, and the summary lists the ops that took its time when its MFU
+               is under the 40 % goal (or unknown);
+  nuggets      decal_jax/tools/bench_nuggets.py in bf16 at 16k and 64k context;
+  squid        decal_jax/tools/bench_squid.py --preset qwen2;
+  gpthf        decal_jax/tools/bench_gpthf.py --preset paper;
+  retrieval    decal_jax/tools/bench_retrieval.py, T5.1.1-small at C = 1, 2, 4, 8 (SciFact when
+               --beir_folder or ../shared/data/beir/scifact exists, else the built-in folder);
+  ablation     decal_jax/tools/ablate.py --budget gpu for the time left. Finished variants are kept in
+               ablation_gpu_runs.json (ablate.py --record): the next run, on any machine,
+               restores them and continues with the variants not yet done.
+
+Results land in --out_dir (default docs/results; each part's files are in PARTS), with
+gpu_suite_summary.md (and .json): per part its status, wall time, limit, commands, device
+(jax.devices()[0].device_kind) and date; the MFU of each C, the probe's step times and,
+below the goal, the top ops. A run of some --parts keeps the other parts' rows. --archive
+packs every file written into one .tar.gz (for machines that return only a few files).
+--dry_run: every part at tiny shapes on CPU (no cuDNN sets, C = 1 and 4, a one-variant
+ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+REPO = pathlib.Path.cwd()  # run from the repository root: docs/results/, runs/, ../shared/data
+from decal_jax import fileio  # noqa: E402  (light: the suite itself never touches the GPU)
+
+GOAL_MFU = 0.40
+RATIOS = (1, 2, 4, 8)
+PROFILED_RATIO = 4
+CUDNN = "ATTENTION_KERNEL='cudnn'"
+# name -> gin bindings added to the bf16 DeCAL step; the probe times each, the fastest wins.
+OPTION_SETS: Dict[str, List[str]] = {
+    "einsum": [],
+    "cudnn": [CUDNN],
+    "cudnn+fused": [CUDNN, "FUSED_QKV=True"],
+    "cudnn+fused+scan": [CUDNN, "FUSED_QKV=True", "SCAN_LAYERS=True"],
+    "cudnn+fused+remat": [CUDNN, "FUSED_QKV=True",
+                          "REMAT_POLICY='dots_with_no_batch_dims_saveable'"],
+    "xla+fused": ["ATTENTION_KERNEL='xla'", "FUSED_QKV=True"],
+}
+DRY_RUN_BUDGET = """# the suite's --dry_run ablation budget: one variant, a few steps
+Budget.variants = ['decal_2x']
+Budget.model_gin = 'experiments/models/mini.gin'
+Budget.pretrain_steps = 2
+Budget.finetune_steps = 2
+Budget.batch_size = 2
+Budget.pretrain_lengths = {'inputs': 32, 'targets': 8}
+Budget.autoencode_lengths = {'inputs': 32, 'targets': 32}
+Budget.finetune_lengths = {'inputs': 64, 'targets': 8}
+Budget.warmup_steps = 1
+Budget.eval_batches = 1
+Budget.max_predict_examples = 2
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """The shapes and limits of a run: the GPU's, or tiny ones for --dry_run."""
+  model: Tuple[str, ...]  # bench_train's gin files and bindings
+  ratios: Tuple[int, ...]
+  batch: int
+  lengths: Tuple[int, int]  # inputs, targets
+  steps: int
+  probe_steps: int
+  warmup: int
+  profile_steps: int
+  option_sets: Tuple[str, ...]
+  minutes: Dict[str, float]  # each part's time limit
+  probe_minutes: float  # one option set's limit
+  grace_s: float  # SIGTERM -> SIGKILL
+  tools: Dict[str, List[str]]  # the other benchmarks' arguments
+
+
+def gpu_scale(beir_folder: Optional[str]) -> Scale:
+  return Scale(
+      model=("--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin"),
+      ratios=RATIOS, batch=128, lengths=(512, 128), steps=20, probe_steps=5, warmup=3,
+      profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
+      minutes=dict(train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
+                   ablation=40),
+      tools=dict(
+          nuggets=["--contexts", "16384,65536", "--dtype", "bfloat16"],
+          squid=["--preset", "qwen2"],
+          gpthf=["--preset", "paper"],
+          retrieval=["--size", "small", "--ratios", *map(str, RATIOS), "--encode_repeats", "3",
+                     "--repeats", "5"] + (["--beir_folder", beir_folder] if beir_folder else []),
+          ablation=["--budget", "gpu"]))
+
+
+def dry_run_scale(out: pathlib.Path) -> Scale:
+  budget = out / "gpu_dry_run_budget.gin"
+  fileio.write_text_atomic(budget, DRY_RUN_BUDGET)
+  return Scale(
+      model=("--gin_file=models/t5_1_1_tiny.gin", "--gin_file=models/decal.gin",
+             "--gin.t5.T5Config.num_encoder_layers=1", "--gin.t5.T5Config.num_decoder_layers=1"),
+      ratios=(1, PROFILED_RATIO), batch=2, lengths=(64, 16), steps=2, probe_steps=1, warmup=1,
+      profile_steps=1, probe_minutes=3, grace_s=20,
+      option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
+      minutes=dict(train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
+                   ablation=5),
+      tools=dict(
+          nuggets=["--contexts", "32,64", "--dtype", "bfloat16", "--emb_dim", "32", "--layers",
+                   "1", "--heads", "2", "--kv_heads", "1", "--head_dim", "16", "--mlp_dim", "64",
+                   "--vocab", "64", "--new_tokens", "3", "--warmup", "1"],
+          squid=["--preset", "tiny", "--contexts", "24", "--ratios", "4,8", "--query_length",
+                 "3", "--answer_length", "3", "--repeats", "1", "--warmup", "0"],
+          gpthf=["--preset", "tiny", "--prompts", "10", "--new_tokens", "3", "--batches", "1",
+                 "--repeats", "1", "--warmup", "0"],
+          retrieval=["--size", "tiny", "--gin_bindings", "t5.T5Config.num_encoder_layers = 1",
+                     "--projection_dim", "16", "--passage_length", "32", "--query_length", "8",
+                     "--ratios", "1", "2", "--max_docs", "40", "--batch_size", "16",
+                     "--repeats", "1"],
+          ablation=["--budget", str(budget)]))
+
+
+class PartFailed(Exception):
+  """A part's subprocess failed, or the part ran out of time (status 'timeout')."""
+  def __init__(self, message: str, status: str = "failed"):
+    super().__init__(message)
+    self.status = status
+
+
+@dataclasses.dataclass
+class Suite:
+  """The run's settings, clock and records; `call` runs one subprocess of a part."""
+  out: pathlib.Path
+  logs: pathlib.Path
+  work: pathlib.Path
+  scale: Scale
+  dry_run: bool
+  deadline: float
+  part: str = ""
+  part_deadline: float = 0.0
+  commands: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+  details: Dict[str, object] = dataclasses.field(default_factory=dict)
+
+  def left(self) -> float:
+    return self.deadline - time.time()
+
+  def call(self, argv: Sequence[str], limit_s: Optional[float] = None,
+           check: bool = True) -> Tuple[int, bool]:
+    """Runs `python argv` from the repository (output appended to the part's log) until
+    it ends or the part's deadline (or `limit_s`) passes; returns (exit code, timed out).
+    With `check`, a failure or a timeout raises PartFailed."""
+    self.commands.setdefault(self.part, []).append(shlex.join(["python", *argv]))
+    limit = self.part_deadline - time.time()
+    limit = limit if limit_s is None else min(limit, limit_s)
+    log = self.logs / f"{self.part}.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+               PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+    if self.dry_run:
+      env["JAX_PLATFORMS"] = "cpu"
+    with open(log, "a") as f:
+      f.write(f"\n$ {self.commands[self.part][-1]}\n")
+      f.flush()
+      proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=f,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+      timed_out = not _wait(proc, max(limit, 1.0), self.scale.grace_s)
+    if check and timed_out:
+      raise PartFailed(f"stopped at its time limit ({limit:.0f} s): {shlex.join(argv[:2])}", "timeout")
+    if check and proc.returncode:
+      raise PartFailed(f"{shlex.join(argv[:2])} exited with {proc.returncode}")
+    return proc.returncode, timed_out
+
+
+def _wait(proc: subprocess.Popen, limit: float, grace: float) -> bool:
+  """Waits for `proc`; past `limit` its process group gets SIGTERM (a training run saves a
+  checkpoint and stops), past `grace` more SIGKILL. True when it ended within `limit`."""
+  try:
+    proc.wait(timeout=limit)
+    return True
+  except subprocess.TimeoutExpired:
+    pass
+  for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+    try:
+      os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+      break
+    try:
+      proc.wait(timeout=wait)
+      break
+    except subprocess.TimeoutExpired:
+      continue
+  return False
+
+
+# ----------------------------------------------------------------------------- parts
+def _jsonl_rows(path: pathlib.Path) -> List[dict]:
+  return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def bench_train_argv(s: Scale, bindings: Sequence[str], steps: int, label: str,
+                     out: pathlib.Path) -> List[str]:
+  """decal_jax/tools/bench_train.py's arguments: the scale's model in bf16 plus `bindings`."""
+  return ["-m", "decal_jax.tools.bench_train", *s.model, "--gin.ACTIVATION_DTYPE='bfloat16'",
+          *[f"--gin.{b}" for b in bindings], f"--batch_size={s.batch}",
+          f"--inputs_length={s.lengths[0]}", f"--targets_length={s.lengths[1]}",
+          f"--steps={steps}", f"--warmup={s.warmup}", f"--label={label}", f"--out={out}"]
+
+
+def _bench_train(suite: Suite, out: str, label: str, bindings: Sequence[str],
+                 steps: int, extra: Sequence[str] = (), limit_s: Optional[float] = None,
+                 check: bool = True) -> Optional[dict]:
+  """One decal_jax/tools/bench_train.py run; the JSON line it appended, or None."""
+  path = suite.out / out
+  before = len(_jsonl_rows(path))
+  argv = bench_train_argv(suite.scale, bindings, steps, label, path) + list(extra)
+  rc, _ = suite.call(argv, limit_s, check)
+  rows = _jsonl_rows(path)[before:]
+  return rows[-1] if rc == 0 and rows else None
+
+
+def part_train_probe(suite: Suite) -> str:
+  """A short run of each option set on DeCAL-4x; the fastest is kept for `train`."""
+  probe = {}
+  for name in suite.scale.option_sets:
+    row = _bench_train(suite, "bench_train_probe_gpu.jsonl", f"probe {name} DeCAL-4x bf16",
+                       ["COMPRESSION_RATIO=4", *OPTION_SETS[name]], suite.scale.probe_steps,
+                       limit_s=60 * suite.scale.probe_minutes, check=False)
+    probe[name] = row and row["step_s_median"]
+  suite.details["probe"] = probe
+  timed = {k: v for k, v in probe.items() if v}
+  if not timed:
+    raise PartFailed("no option set ran")
+  suite.details["best_options"] = best = min(timed, key=timed.get)
+  failed = [k for k, v in probe.items() if not v]
+  return f"fastest: {best}" + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+def part_train(suite: Suite) -> str:
+  """Each C with the probe's fastest set; MFU; a profile of C = PROFILED_RATIO."""
+  best = suite.details.get("best_options") or "einsum"
+  rows, failed = {}, []
+  for ratio in suite.scale.ratios:
+    extra = ([f"--profile_steps={suite.scale.profile_steps}",
+              f"--profile_dir={suite.logs / 'profile'}"] if ratio == PROFILED_RATIO else [])
+    row = _bench_train(suite, "bench_train_gpu.jsonl", f"DeCAL-{ratio}x bf16 {best}",
+                       [f"COMPRESSION_RATIO={ratio}", *OPTION_SETS[best]], suite.scale.steps,
+                       extra, check=False)
+    if row is None:
+      failed.append(ratio)
+      continue
+    rows[str(ratio)] = {k: row.get(k) for k in (
+        "label", "step_s_median", "sequences_per_s", "tokens_per_s", "mfu", "temp_bytes",
+        "device_kind", "profile_top_ops")}
+  suite.details["train"] = rows
+  if failed:
+    raise PartFailed(f"options {best}; failed or out of time at C = {failed}")
+  mfu = rows[str(PROFILED_RATIO)]["mfu"]
+  return (f"options {best}; DeCAL-{PROFILED_RATIO}x MFU " +
+          ("not known (no peak for this device)" if mfu is None else
+           f"{100 * mfu:.1f} % ({'meets' if mfu >= GOAL_MFU else 'misses'} the 40 % goal)"))
+
+
+def _tool_part(tool: str, stem: str, plot: bool = True) -> Callable[[Suite], str]:
+  """A part running decal_jax.tools.<tool> with the scale's arguments, writing <stem>.md (+ .png)."""
+  key = tool.replace("bench_", "")
+
+  def run(suite: Suite) -> str:
+    outputs = ["--out", str(suite.out / f"{stem}.md")]
+    if plot:
+      outputs += ["--plot", str(suite.out / f"{stem}.png")]
+    suite.call(["-m", f"decal_jax.tools.{tool}", *suite.scale.tools[key], *outputs])
+    return ""
+  return run
+
+
+def part_ablation(suite: Suite) -> str:
+  """ablate.py for the time left (minus the grace for SIGTERM's checkpoint)."""
+  record = suite.out / "ablation_gpu_runs.json"
+  suite.part_deadline -= suite.scale.grace_s
+  _, stopped = suite.call(["-m", "decal_jax.tools.ablate", *suite.scale.tools["ablation"], "--work",
+                           str(suite.work), "--record", str(record), "--out",
+                           str(suite.out / "ablation_gpu.md")], check=False)
+  done = len(json.loads(record.read_text())["results"]) if record.exists() else 0
+  if not stopped and not (suite.out / "ablation_gpu.md").exists():
+    raise PartFailed(f"ablate.py failed with {done} variants done; see the log")
+  return (f"{done} variants done" + ("; stopped at the time limit: the same command "
+                                     "continues" if stopped else ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  name: str
+  run: Callable[[Suite], str]
+  outputs: Tuple[str, ...]  # files it must write (or update) in the output folder
+
+
+PARTS = [
+    Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",)),
+    Part("train", part_train, ("bench_train_gpu.jsonl",)),
+    Part("nuggets", _tool_part("bench_nuggets", "nuggets_cache_gpu", plot=False),
+         ("nuggets_cache_gpu.md",)),
+    Part("squid", _tool_part("bench_squid", "squid_latency_gpu"),
+         ("squid_latency_gpu.md", "squid_latency_gpu.png")),
+    Part("gpthf", _tool_part("bench_gpthf", "gpthf_efficiency_gpu"),
+         ("gpthf_efficiency_gpu.md", "gpthf_efficiency_gpu.png")),
+    Part("retrieval", _tool_part("bench_retrieval", "retrieval_bench_gpu"),
+         ("retrieval_bench_gpu.md", "retrieval_bench_gpu.png")),
+    Part("ablation", part_ablation, ("ablation_gpu.md", "ablation_gpu_runs.json")),
+]
+
+
+def run_part(suite: Suite, part: Part, device: str) -> dict:
+  """Runs one part within its limit; its summary row (status ok / failed / timeout /
+  skipped, wall time, note, commands)."""
+  start = time.time()
+  limit = min(60 * suite.scale.minutes[part.name], suite.left())
+  suite.part, suite.part_deadline = part.name, start + limit
+  row = dict(part=part.name, device=device, limit_s=round(limit),
+             date=datetime.datetime.now().isoformat(timespec="seconds"),
+             log=str(suite.logs / f"{part.name}.log"))
+  if limit < 30:
+    return dict(row, status="skipped", wall_s=0, note="no time left", commands=[])
+  print(f"[{time.strftime('%H:%M:%S')}] {part.name} (limit {limit / 60:.1f} min) ...", flush=True)
+  try:
+    note = part.run(suite)
+    stale = [o for o in part.outputs if not (suite.out / o).exists() or
+             (suite.out / o).stat().st_mtime < start - 1]
+    status = "failed" if stale else "ok"
+    note += f"; not written: {', '.join(stale)}" if stale else ""
+  except PartFailed as e:
+    status, note = e.status, str(e)
+  except Exception as e:  # pylint: disable=broad-except  (recorded; the next part runs)
+    status, note = "failed", f"{type(e).__name__}: {e}"
+  row.update(status=status, wall_s=round(time.time() - start, 1), note=note,
+             commands=suite.commands.get(part.name, []))
+  log = suite.logs / f"{part.name}.log"
+  if status != "ok" and log.exists():
+    row["log_tail"] = log.read_text(errors="replace").splitlines()[-12:]
+  print(f"  {status} in {row['wall_s']:.0f} s: {note}", flush=True)
+  return row
+
+
+# ----------------------------------------------------------------------------- summary
+def render(summary: dict) -> str:
+  """The Markdown summary: the parts' table, the training step per C, the probe, and the
+  profile when DeCAL-4x misses the MFU goal."""
+  lines = ["# GPU suite", "", f"- command: `{summary['command']}`", f"- date: {summary['date']}",
+           f"- device: {summary['device']}", f"- machine: {summary['machine']}",
+           f"- wall time: {summary['wall_s'] / 60:.1f} min of a {summary['minutes']:.0f}-minute "
+           "budget", "", "| part | status | wall s | limit s | device | date | note |",
+           "|---|---|---|---|---|---|---|"]
+  for r in summary["parts"].values():
+    lines.append(f"| {r['part']} | {r['status']} | {r['wall_s']:.0f} | {r['limit_s']} | "
+                 f"{r['device']} | {r['date']} | {r.get('note', '').replace('|', '/')} |")
+  details = summary.get("details", {})
+  if details.get("train"):
+    lines += ["", "## Training step (bench_train_gpu.jsonl)", "",
+              "| C | configuration | step ms | seq/s | tok/s | MFU | temp GiB |",
+              "|---|---|---|---|---|---|---|"]
+    for ratio, r in details["train"].items():
+      mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
+      lines.append(f"| {ratio} | {r['label']} | {1e3 * r['step_s_median']:.1f} | "
+                   f"{r['sequences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
+                   f"{(r.get('temp_bytes') or 0) / 2**30:.2f} |")
+    if str(PROFILED_RATIO) in details["train"]:
+      lines += _profile_lines(details["train"][str(PROFILED_RATIO)])
+  if details.get("probe"):
+    lines += ["", "## Option probe (bench_train_probe_gpu.jsonl, DeCAL-4x bf16)", "",
+              "| option set | bindings | step ms |", "|---|---|---|"]
+    for name, seconds in details["probe"].items():
+      lines.append(f"| {name} | {', '.join(OPTION_SETS[name]) or 'none'} | "
+                   f"{'failed' if not seconds else f'{1e3 * seconds:.1f}'} |")
+  for r in summary["parts"].values():
+    lines += ["", f"## Commands: {r['part']}", ""] + [f"    {c}" for c in r["commands"]]
+    if r.get("log_tail"):
+      lines += ["", f"Last lines of {r['log']}:", ""] + [f"    {t}" for t in r["log_tail"]]
+  return "\n".join(lines) + "\n"
+
+
+def _profile_lines(row: dict) -> List[str]:
+  mfu, top = row["mfu"], row.get("profile_top_ops") or []
+  if mfu is not None and mfu >= GOAL_MFU:
+    return ["", f"DeCAL-{PROFILED_RATIO}x meets the {100 * GOAL_MFU:.0f} % MFU goal."]
+  state = "not known" if mfu is None else f"{100 * mfu:.1f} %, under the goal"
+  lines = ["", f"## What takes DeCAL-{PROFILED_RATIO}x's time (MFU {state})", "",
+           "jax.profiler trace of the step; ops by time, share of all op time:", "",
+           "| share | ms / step | op | from (JAX) |", "|---|---|---|---|"]
+  return lines + [f"| {100 * op['share']:.1f} % | {op['ms_per_step']:.3f} | {op['op']} | "
+                  f"{op['jax_op'][-100:]} |" for op in top]
+
+
+def probe_device(dry_run: bool) -> Tuple[str, str]:
+  """(platform, device kind) from a subprocess: the suite itself never takes the GPU."""
+  env = dict(os.environ, **({"JAX_PLATFORMS": "cpu"} if dry_run else {}))
+  code = "import jax; d = jax.devices()[0]; print(d.platform); print(d.device_kind); " \
+         "print(jax.__version__)"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=True).stdout.split("\n")
+  return out[0], f"{out[1]} ({out[0]}; jax {out[2]})"
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--dry_run", action="store_true", help="tiny shapes on CPU (CI)")
+  p.add_argument("--parts", default=",".join(part.name for part in PARTS),
+                 help="comma-separated parts to run, in the suite's order")
+  p.add_argument("--minutes", type=float, default=None,
+                 help="the whole run's budget (default 40; --dry_run 20)")
+  p.add_argument("--out_dir", type=pathlib.Path, default=None,
+                 help="default docs/results (--dry_run: a temporary folder)")
+  p.add_argument("--log_dir", type=pathlib.Path, default=None,
+                 help="default runs/gpu_suite/logs (--dry_run: OUT_DIR/logs)")
+  p.add_argument("--work", type=pathlib.Path, default=None, help="the ablation's runs "
+                 "(default runs/ablate/gpu; --dry_run: OUT_DIR/ablate)")
+  p.add_argument("--beir_folder", default=None, help="the retrieval benchmark's corpus "
+                 "(default: ../shared/data/beir/scifact if present, else the built-in one)")
+  p.add_argument("--archive", type=pathlib.Path, default=None,
+                 help="also pack every file written into this .tar.gz")
+  a = p.parse_args(argv)
+  names = [n.strip() for n in a.parts.split(",") if n.strip()]
+  unknown = sorted(set(names) - {part.name for part in PARTS})
+  if unknown or not names:
+    p.error(f"unknown parts {unknown}; known: {', '.join(part.name for part in PARTS)}")
+  a.parts = [part for part in PARTS if part.name in names]
+  a.minutes = a.minutes or (20.0 if a.dry_run else 40.0)
+  if a.out_dir is None:
+    a.out_dir = (pathlib.Path(tempfile.mkdtemp(prefix="gpu_suite_")) if a.dry_run
+                 else REPO / "docs" / "results")
+  a.log_dir = a.log_dir or (a.out_dir / "logs" if a.dry_run else REPO / "runs/gpu_suite/logs")
+  a.work = a.work or (a.out_dir / "ablate" if a.dry_run else REPO / "runs/ablate/gpu")
+  scifact = REPO.parent / "shared" / "data" / "beir" / "scifact"
+  a.beir_folder = a.beir_folder or (str(scifact) if scifact.exists() else None)
+  return a
+
+
+def main(argv=None) -> dict:
+  a = parse_args(sys.argv[1:] if argv is None else argv)
+  start = time.time()
+  platform_name, device = probe_device(a.dry_run)
+  if platform_name == "cpu" and not a.dry_run:
+    sys.exit("error: no GPU visible to jax (jax.devices() is CPU): the GPU shapes would take "
+             "hours here. Run on a GPU machine, or pass --dry_run for the tiny CPU run.")
+  a.out_dir.mkdir(parents=True, exist_ok=True)
+  a.log_dir.mkdir(parents=True, exist_ok=True)
+  scale = dry_run_scale(a.out_dir) if a.dry_run else gpu_scale(a.beir_folder)
+  summary_path = a.out_dir / "gpu_suite_summary.json"
+  summary = json.loads(summary_path.read_text()) if summary_path.exists() else {
+      "parts": {}, "details": {}}  # an earlier run's: its probe serves a later `train`
+  suite = Suite(a.out_dir, a.log_dir, a.work, scale, a.dry_run, start + 60 * a.minutes,
+                details=summary["details"])
+  for part in a.parts:
+    summary["parts"][part.name] = run_part(suite, part, device)
+  summary["parts"] = {p.name: summary["parts"][p.name] for p in PARTS
+                      if p.name in summary["parts"]}  # the suite's order
+  given = sys.argv[1:] if argv is None else argv
+  summary.update(command=shlex.join(["python", "-m", "decal_jax.tools.gpu_suite", *given]),
+                 date=datetime.date.today().isoformat(), device=device, minutes=a.minutes,
+                 machine=f"{platform.node()}, {os.cpu_count()} CPU cores",
+                 wall_s=time.time() - start)
+  fileio.write_text_atomic(summary_path, json.dumps(summary, indent=1, default=str))
+  fileio.write_text_atomic(a.out_dir / "gpu_suite_summary.md", render(summary))
+  print(f"wrote {a.out_dir / 'gpu_suite_summary.md'} ({(time.time() - start) / 60:.1f} min)")
+  if a.archive:
+    _archive(a.archive, a.out_dir, start)
+  return summary
+
+
+def _archive(path: pathlib.Path, out: pathlib.Path, since: float) -> None:
+  """Every file under `out` written since `since`, in one .tar.gz (paths relative to out)."""
+  with tarfile.open(path, "w:gz") as tar:
+    for f in sorted(out.rglob("*")):
+      if f.is_file() and f.stat().st_mtime >= since - 1 and f.resolve() != path.resolve():
+        tar.add(f, arcname=str(f.relative_to(out)))
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,157 @@
+"""decal_jax/tools/gpu_suite.py --dry_run: every part runs at tiny shapes on CPU as the GPU run would
+(the same tools, flags and output names), and writes its results file with the fields a
+reader needs; a part forced to fail is recorded as failed while the parts after it still
+run; the ablation continues on another machine from its record."""
+import importlib
+import json
+
+import pytest
+
+import paths
+
+REPO = paths.REPO
+gpu_suite = importlib.import_module("decal_jax.tools.gpu_suite")
+
+FAILED_PART = "nuggets"  # runs its tool, then a command that exits 3
+MARKDOWN = {"nuggets": "nuggets_cache_gpu.md", "squid": "squid_latency_gpu.md",
+            "gpthf": "gpthf_efficiency_gpu.md", "retrieval": "retrieval_bench_gpu.md",
+            "ablation": "ablation_gpu.md"}
+PLOTS = ("squid_latency_gpu.png", "gpthf_efficiency_gpu.png", "retrieval_bench_gpu.png",
+         "ablation_gpu.png")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+  out = tmp_path_factory.mktemp("gpu_suite")
+  parts = []
+  for part in gpu_suite.PARTS:
+    if part.name == FAILED_PART:
+      def fails_after(suite, real=part.run):
+        real(suite)
+        suite.call(["-c", "import sys; sys.exit(3)"])
+        return ""
+      part = gpu_suite.Part(part.name, fails_after, part.outputs)
+    parts.append(part)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(gpu_suite, "PARTS", parts)
+    summary = gpu_suite.main(["--dry_run", "--out_dir", str(out)])
+  return summary, out
+
+
+def _rows(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_part_ran_and_the_forced_failure_is_recorded(result):
+  summary, out = result
+  parts = summary["parts"]
+  assert list(parts) == [part.name for part in gpu_suite.PARTS]
+  for name, row in parts.items():
+    assert row["device"].startswith("cpu (cpu; jax"), row
+    assert row["commands"] and row["wall_s"] > 0
+    if name == FAILED_PART:
+      assert row["status"] == "failed" and "exited with 3" in row["note"]
+      assert any("sys.exit(3)" in line for line in row["log_tail"])
+    else:
+      assert row["status"] == "ok", (name, row.get("note"), row.get("log_tail"))
+  text = (out / "gpu_suite_summary.md").read_text()
+  assert "- device: cpu (cpu; jax" in text and "- command: `python -m decal_jax.tools.gpu_suite" in text
+  for name, row in parts.items():
+    assert f"| {name} | {row['status']} |" in text
+  assert json.loads((out / "gpu_suite_summary.json").read_text())["parts"] == parts
+
+
+def test_the_probe_times_each_option_set_and_train_uses_the_fastest(result):
+  summary, out = result
+  probe = _rows(out / "bench_train_probe_gpu.jsonl")
+  names = [row["label"].split()[1] for row in probe]
+  assert names == ["einsum", "xla+fused"]  # no cuDNN on CPU
+  fastest = min(probe, key=lambda row: row["step_s_median"])["label"].split()[1]
+  assert summary["details"]["best_options"] == fastest
+  train = _rows(out / "bench_train_gpu.jsonl")
+  assert [row["config"]["compression_ratio"] for row in train] == [1, 4]
+  for row in probe + train:
+    assert row["device_kind"] == "cpu" and row["step_s_median"] > 0 and "mfu" in row
+    assert row["config"]["dtype"] == "bfloat16"
+    assert row["lengths"] == {"inputs": 64, "targets": 16} and row["batch_size"] == 2
+  for binding in gpu_suite.OPTION_SETS[fastest]:
+    assert binding.replace("=", " = ") in train[0]["gin_bindings"]
+
+
+def test_decal_4x_is_profiled_and_its_top_ops_are_in_the_summary(result):
+  _, out = result
+  row = _rows(out / "bench_train_gpu.jsonl")[-1]
+  top = row["profile_top_ops"]
+  assert top and all(op["ms_per_step"] > 0 and 0 < op["share"] <= 1 for op in top)
+  assert [op["share"] for op in top] == sorted((op["share"] for op in top), reverse=True)
+  assert sum(op["share"] for op in top) <= 1 + 1e-9
+  assert any("jit(step_fn)" in op["jax_op"] for op in top)  # mapped to the JAX operation
+  text = (out / "gpu_suite_summary.md").read_text()
+  assert "## What takes DeCAL-4x's time (MFU not known)" in text  # no peak on CPU
+  assert f"| {top[0]['op']} |" in text
+
+
+def test_each_benchmark_wrote_its_results_with_command_and_device(result):
+  _, out = result
+  for name, file in MARKDOWN.items():
+    text = (out / file).read_text()
+    tool = "ablate" if name == "ablation" else f"bench_{name}"
+    assert f"- command: `python -m decal_jax.tools.{tool}" in text, file
+    assert "JAX backend: cpu (cpu)" in text, file
+    assert "\n|---" in text, file  # a table
+  for file in PLOTS:
+    assert (out / file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
+
+
+def test_the_ablation_continues_from_its_record_on_a_fresh_machine(result, tmp_path):
+  _, out = result
+  record = json.loads((out / "ablation_gpu_runs.json").read_text())
+  assert list(record["results"]) == ["decal_2x"]
+  assert record["budget"]["pretrain_steps"] == 2
+  assert "DeCAL 2x" in (out / "ablation_gpu.md").read_text()
+  summary = gpu_suite.main(["--dry_run", "--out_dir", str(out), "--parts", "ablation",
+                            "--work", str(tmp_path / "fresh_work")])
+  row = summary["parts"]["ablation"]
+  assert row["status"] == "ok", row
+  log = (out / "logs" / "ablation.log").read_text()
+  assert "restored from" in log and "done before" in log  # nothing trained again
+  assert json.loads((out / "ablation_gpu_runs.json").read_text())["results"] == \
+      record["results"]
+  assert summary["parts"]["train"]["status"] == "ok"  # the earlier parts' rows are kept
+
+
+def _tool(name):
+  return importlib.import_module(f"decal_jax.tools.{name}")
+
+
+@pytest.mark.parametrize("option_set", list(gpu_suite.OPTION_SETS))
+def test_the_gpu_train_commands_build_their_model(option_set):
+  """What the dry run cannot run (cuDNN, T5.1.1-small at batch 128): every GPU option set's
+  bench_train arguments parse, and gin builds the model they name with those options."""
+  from decal_jax import gin_utils
+  scale = gpu_suite.gpu_scale(None)
+  argv = gpu_suite.bench_train_argv(scale, ["COMPRESSION_RATIO=4",
+                                            *gpu_suite.OPTION_SETS[option_set]],
+                                    scale.steps, "label", REPO / "out.jsonl")
+  args, (files, paths_, bindings) = _tool("bench_train").parse_args(argv[1:])
+  assert (args.batch_size, args.inputs_length, args.targets_length) == (128, 512, 128)
+  config = gin_utils.load_model(files, search_paths=paths_, bindings=bindings).model.module.config
+  assert config.compression_ratio == 4 and config.dtype == "bfloat16"
+  assert config.emb_dim == 512 and config.num_encoder_layers == 8  # T5.1.1-small
+  for binding in gpu_suite.OPTION_SETS[option_set]:
+    name, value = binding.split("=")
+    field = {"ATTENTION_KERNEL": "attention_kernel", "FUSED_QKV": "fused_qkv",
+             "SCAN_LAYERS": "scan_layers", "REMAT_POLICY": "remat_policy"}[name]
+    assert str(getattr(config, field)) == value.strip("'")
+
+
+@pytest.mark.parametrize("part,tool", [("nuggets", "bench_nuggets"), ("squid", "bench_squid"),
+                                       ("gpthf", "bench_gpthf"), ("retrieval", "bench_retrieval")])
+def test_the_gpu_benchmark_flags_exist(part, tool):
+  argv = gpu_suite.gpu_scale("beir/folder").tools[part] + ["--out", "x.md"]
+  args = _tool(tool).parse_args(argv + ([] if part == "nuggets" else ["--plot", "x.png"]))
+  assert args.out == "x.md"
+  assert {"nuggets": lambda: args.contexts == [16384, 65536] and args.dtype == "bfloat16",
+          "squid": lambda: args.preset == "qwen2", "gpthf": lambda: args.preset == "paper",
+          "retrieval": lambda: args.size == "small" and args.beir_folder == "beir/folder"
+          }[part]()
