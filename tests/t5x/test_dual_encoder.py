@@ -1,13 +1,15 @@
 """The compressed multi-vector dual encoder under the real T5X (models/t5x_dual_encoder.py).
 
 Skipped, with the reason, where `import t5x` fails (CI). `python -m t5x.train` trains the
-tiny drop-in (gin/t5x/de_decal_t5_1_1_tiny.gin) on the built-in BEIR task; in process, the
+tiny drop-in (gin/t5x/de_decal_t5_1_1_tiny.gin) on the built-in BEIR task and `t5x.infer`
+scores pairs from its checkpoint; in process, the
 T5X model's loss equals decal_jax's own DualEncoderModel's, 'similarity' equals a numpy
 MaxSim over the encodings, and hard negatives ([batch, n_neg, length]) change the loss as a
 numpy softmax cross entropy over [positives | negatives] says.
 
   PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x/test_dual_encoder.py
 """
+import json
 import math
 import os
 import re
@@ -37,27 +39,43 @@ DROP_IN = "t5x/de_decal_t5_1_1_tiny.gin"
 STEPS = 4
 
 
-def test_t5x_train_trains_the_dual_encoder(tmp_path):
-  model_dir = tmp_path / "model"
+def _t5x(entry: str, run_file: str, *args: str, cwd) -> str:
+  """Runs `python -m t5x.<entry>` with the tiny drop-in on the built-in BEIR task."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  command = [sys.executable, "-m", "t5x.train", f"--gin_search_paths={REPO / 'gin'}",
-             f"--gin_file={DROP_IN}", "--gin_file=t5x/runs/train_dual_encoder.gin",
+  command = [sys.executable, "-m", f"t5x.{entry}", f"--gin_search_paths={REPO / 'gin'}",
+             f"--gin_file={DROP_IN}", f"--gin_file=t5x/runs/{run_file}.gin",
              "--gin.MIXTURE_OR_TASK_NAME='decal_beir_builtin'",
-             "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 64}",
-             f"--gin.TRAIN_STEPS={STEPS}", "--gin.BATCH_SIZE=4",
-             f"--gin.MODEL_DIR='{model_dir}'", "--gin.train.eval_steps=1",
-             f"--gin.train.eval_period={STEPS}",
-             f"--gin.utils.SaveCheckpointConfig.period={STEPS}"]
-  done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 64}", *args]
+  done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                         timeout=1800)
   log = done.stdout + done.stderr
-  assert done.returncode == 0, log[-6000:]
-  assert (model_dir / f"checkpoint_{STEPS}" / "_CHECKPOINT_METADATA").exists()
+  assert done.returncode == 0, f"t5x.{entry} failed:\n{log[-6000:]}"
+  return log
+
+
+def test_t5x_train_and_infer_the_dual_encoder(tmp_path):
+  model_dir = tmp_path / "model"
+  log = _t5x("train", "train_dual_encoder", f"--gin.TRAIN_STEPS={STEPS}",
+             "--gin.BATCH_SIZE=4", f"--gin.MODEL_DIR='{model_dir}'",
+             "--gin.train.eval_steps=1", f"--gin.train.eval_period={STEPS}",
+             f"--gin.utils.SaveCheckpointConfig.period={STEPS}", cwd=tmp_path)
+  checkpoint = model_dir / f"checkpoint_{STEPS}"
+  assert (checkpoint / "_CHECKPOINT_METADATA").exists()
   losses = [float(v) for v in re.findall(r"collection=train .*?\bloss=([0-9.eE+-]+)", log)]
   assert losses and all(math.isfinite(v) and v > 0 for v in losses), log[-3000:]
   # the training evaluation ran T5X's eval_fn on the validation split
   assert re.search(r"collection=training_eval/decal_beir_builtin .*accuracy=", log)
+  # t5x.infer in 'score' mode: MaxSim of each (query, passage) pair
+  _t5x("infer", "infer", f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+       f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'infer'}'", "--gin.infer.mode='score'",
+       "--gin.utils.DatasetConfig.split='validation'", "--gin.utils.DatasetConfig.batch_size=4",
+       cwd=tmp_path)
+  rows = [json.loads(line)
+          for p in (tmp_path / "infer").glob("decal_beir_builtin-score.jsonl-*-of-*")
+          if not p.name.endswith("COMPLETED") for line in p.read_text().splitlines()]
+  assert rows and all(math.isfinite(r["score"]) for r in rows)
+  assert len({round(r["score"], 6) for r in rows}) > 1  # not one repeated score
 
 
 # ------------------------------------------------------------------- in process
