@@ -183,6 +183,13 @@ def test_hard_negatives_join_the_softmax_as_numpy_says(network_and_params):
   loss_without = float(without.loss_fn(params, batch, None)[0])
   np.testing.assert_allclose(loss_without, numpy_loss([positives]), rtol=1e-5)
   assert loss > loss_without  # more candidates, lower probability for the positive
+  # one negative per query, [b, n] (what decal_jax's triple tasks give) == [b, 1, n]
+  one = dict(batch, right_negative_encoder_input_tokens=batch[
+      "right_negative_encoder_input_tokens"][:, 0])  # [b, n]
+  np.testing.assert_allclose(
+      float(with_negatives.loss_fn(params, one, None)[0]),
+      float(with_negatives.loss_fn(params, dict(one, right_negative_encoder_input_tokens=one[
+          "right_negative_encoder_input_tokens"][:, None]), None)[0]), rtol=1e-6)
   logits = np.asarray(with_negatives._compute_logits(params, batch))
   assert logits.shape == (4, 4 + 8)
   with pytest.raises(ValueError, match="use_negatives"):
