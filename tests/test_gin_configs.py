@@ -5,6 +5,7 @@ Model sizes are checked against the published T5.1.1 parameter counts (the Huggi
 keep the LM head separate, as T5.1.1 does); shapes come from `jax.eval_shape`, so no
 full-size model is ever materialised.
 """
+import importlib
 import pathlib
 import sys
 import types
@@ -158,9 +159,19 @@ T5X_FILES = {"t5x/decal_t5_1_1_tiny.gin": ("EncoderDecoderModel", "Transformer")
              "t5x/gpthf_tiny.gin": ("DecoderOnlyModel", "Gpthf"),
              "t5x/gpthf_8_4.gin": ("DecoderOnlyModel", "Gpthf"),
              "t5x/gpthf_16_8.gin": ("DecoderOnlyModel", "Gpthf"),
-             "t5x/dodo_lm_tiny.gin": ("DecoderOnlyModel", "DodoLM")}
-T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin"} | {
-    f"t5x/runs/{run}.gin" for run in ("pretrain", "finetune", "eval", "infer")}  # tests/t5x
+             "t5x/dodo_lm_tiny.gin": ("DecoderOnlyModel", "DodoLM"),
+             "t5x/de_decal_t5_1_1_tiny.gin": ("DualEncoderModel", "DualEncoder"),
+             "t5x/de_decal_t5_1_1_small.gin": ("DualEncoderModel", "DualEncoder"),
+             "t5x/de_decal_t5_1_1_base.gin": ("DualEncoderModel", "DualEncoder")}
+T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin",
+                                "t5x/dual_encoder.gin"} | {
+    f"t5x/runs/{run}.gin" for run in ("pretrain", "finetune", "eval", "infer",
+                                      "train_dual_encoder")}  # tests/t5x
+# The gin configurable of each T5X model class (the dual encoder's is decal_jax's own).
+T5X_DUAL_ENCODER = "decal_jax.models.t5x_dual_encoder"
+T5X_CONFIGURABLES = {"EncoderDecoderModel": "t5x.models.EncoderDecoderModel",
+                     "DecoderOnlyModel": "t5x.models.DecoderOnlyModel",
+                     "DualEncoderModel": f"{T5X_DUAL_ENCODER}.DualEncoderModel"}
 # T5X's Adafactor factor rules know these parameter axis names (t5x/adafactor.py
 # standard_logical_factor_rules at cc342d41, re-listed here).
 T5X_FACTOR_NAMES = {"vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets",
@@ -182,14 +193,34 @@ def _fake_t5x_modules():
   t5x_models = types.ModuleType("t5x.models")
   t5x_adafactor = types.ModuleType("t5x.adafactor")
   t5x_decoding = types.ModuleType("t5x.decoding")
+  t5x_metrics = types.ModuleType("t5x.metrics")  # read only when a loss is computed
+  t5x_models.BaseTransformerModel = type("BaseTransformerModel", (_Recorder,), {})
   t5x_models.EncoderDecoderModel = type("EncoderDecoderModel", (_Recorder,), {})
   t5x_models.DecoderOnlyModel = type("DecoderOnlyModel", (_Recorder,), {})
   t5x_adafactor.Adafactor = type("Adafactor", (_Recorder,), {})
   t5x_adafactor.standard_logical_factor_rules = lambda: {"embed": "row"}
   t5x_decoding.temperature_sample = lambda **kwargs: kwargs
   t5x.models, t5x.adafactor, t5x.decoding = t5x_models, t5x_adafactor, t5x_decoding
-  return {"t5x": t5x, "t5x.models": t5x_models, "t5x.adafactor": t5x_adafactor,
-          "t5x.decoding": t5x_decoding}
+  t5x.metrics = t5x_metrics
+  fakes = {"t5x": t5x, "t5x.models": t5x_models, "t5x.adafactor": t5x_adafactor,
+           "t5x.decoding": t5x_decoding, "t5x.metrics": t5x_metrics}
+  fakes[T5X_DUAL_ENCODER] = _import_against(fakes, T5X_DUAL_ENCODER)
+  return fakes
+
+
+def _import_against(fakes, name):
+  """Imports module `name` with `fakes` in sys.modules, then restores sys.modules."""
+  saved = {k: sys.modules.get(k) for k in [*fakes, name]}
+  sys.modules.update(fakes)
+  sys.modules.pop(name, None)
+  try:
+    return importlib.import_module(name)
+  finally:
+    for k, module in saved.items():
+      if module is None:
+        sys.modules.pop(k, None)
+      else:
+        sys.modules[k] = module
 
 
 FAKE_T5X = _fake_t5x_modules()
@@ -237,10 +268,11 @@ def test_t5x_gin_files_put_our_network_into_t5x_models(fake_t5x, monkeypatch, na
   model = _build_model()
   assert type(model).__name__ == model_class
   assert type(model.kwargs["module"]).__name__ == network
-  assert str(gin.query_parameter(f"t5x.models.{model_class}.optimizer_def")) == "%OPTIMIZER"
+  configurable = T5X_CONFIGURABLES[model_class]
+  assert str(gin.query_parameter(f"{configurable}.optimizer_def")) == "%OPTIMIZER"
   assert type(model.kwargs["optimizer_def"]).__name__ == "Adafactor"
   vocab_key = "vocabulary" if model_class == "DecoderOnlyModel" else "output_vocabulary"
-  assert str(gin.query_parameter(f"t5x.models.{model_class}.{vocab_key}")) == "%VOCABULARY"
+  assert str(gin.query_parameter(f"{configurable}.{vocab_key}")) == "%VOCABULARY"
   assert str(gin.query_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary")
              ) == "%VOCABULARY"
   if name.endswith("_tiny.gin"):  # the built-in vocabulary: offline, the tasks' own
@@ -284,6 +316,21 @@ def test_t5x_decal_sizes_are_t5_1_1s(fake_t5x, name, emb, layers):
   assert module.config.compression_ratio == 4 and module.config.dropout_rate == 0.1
   assert model.kwargs["optimizer_def"].kwargs["decay_rate"] == 0.8
   assert module.config.dtype == "bfloat16" and not module.config.scan_layers  # T5X's default
+
+
+@pytest.mark.parametrize("name,emb,layers", [("t5x/de_decal_t5_1_1_small.gin", 512, 8),
+                                             ("t5x/de_decal_t5_1_1_base.gin", 768, 12)])
+def test_t5x_dual_encoder_sizes_are_t5_1_1s(fake_t5x, name, emb, layers):
+  """T5.1.1's encoder read at two ratios (queries 1, passages DeCAL's 4), T5X Retrieval's
+  defaults for the model class."""
+  _parse(name)
+  model = _build_model()
+  config = model.kwargs["module"].config
+  assert (config.encoder.emb_dim, config.encoder.num_encoder_layers) == (emb, layers)
+  assert config.encoder.compression_ratio == 1 and config.encoder.dtype == "bfloat16"
+  assert (config.query_compression_ratio, config.passage_compression_ratio) == (1, 4)
+  assert (model.inference_mode, model.use_negatives, model.logit_scale) == (
+      "encode", False, 1.0)
 
 
 def test_t5x_gin_files_pass_the_performance_options(fake_t5x):

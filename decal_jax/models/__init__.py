@@ -6,6 +6,7 @@ module and answers the trainer through `base.BaseModel`'s methods.
   decoder_only.py     DecoderOnlyModel (causal LMs: Decoder, DodoLM, GPTHF)
   squid.py            SquidModel and its feature converter
   dual_encoder.py     DualEncoderModel (multi-vector retrieval) and its feature converter
+  t5x_dual_encoder.py DualEncoderModel as a T5X model class (imports t5x; not imported here)
 
 Gin files name them `models.X` (`from decal_jax import models`).
 """

@@ -4,7 +4,8 @@ Task features (T5X Retrieval's names) -> model features:
 
     inputs            -> left_encoder_input_tokens            (the query)
     targets           -> right_encoder_input_tokens           (a relevant passage)
-    negative_targets  -> right_negative_encoder_input_tokens  (optional: a hard negative)
+    negative_targets  -> right_negative_encoder_input_tokens  (optional: hard negatives,
+                         one per query [batch, length] or several [batch, n_neg, length])
 
 The loss treats every other passage of the (global) batch as a negative for a query, plus
 the hard negatives when the task has them: softmax over MaxSim scores / temperature.
@@ -117,10 +118,14 @@ class DualEncoderModel(base.BaseModel):
     return self.module.init(rng, left, right, enable_dropout=False)
 
   # ------------------------------------------------------------------------- loss
-  def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
-    """(mean in-batch softmax loss, sums: loss_sum, correct, num_queries)."""
+  def encode_candidates(self, params, batch: Batch, dropout_rng: Optional[Array] = None):
+    """(queries `Encoded`, passages `[c, m, d]`, passage_valid `[c, m]`, candidates `[c]`):
+    the c candidates are the b positives in query order, then the hard negatives
+    (`[b, n]` one per query, or `[b, n_neg, n]` several, flattened row by row)."""
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     negatives = batch.get("right_negative_encoder_input_tokens")
+    if negatives is not None:
+      negatives = negatives.reshape(-1, negatives.shape[-1])  # [b * n_neg, n]
     queries, positives, negs = self.module.apply(
         {"params": params}, batch["left_encoder_input_tokens"],
         batch["right_encoder_input_tokens"], negatives, enable_dropout=rngs is not None,
@@ -129,7 +134,13 @@ class DualEncoderModel(base.BaseModel):
     candidates = maxsim.has_tokens(batch["right_encoder_input_tokens"])  # [b]
     if negs is not None:
       passages, passage_valid = _stack_ragged(positives, negs)
-      candidates = jnp.concatenate([candidates, maxsim.has_tokens(negatives)])  # [2b]
+      candidates = jnp.concatenate([candidates, maxsim.has_tokens(negatives)])  # [c]
+    return queries, passages, passage_valid, candidates
+
+  def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
+    """(mean in-batch softmax loss, sums: loss_sum, correct, num_queries)."""
+    queries, passages, passage_valid, candidates = self.encode_candidates(
+        params, batch, dropout_rng)
     query_weights = maxsim.has_tokens(batch["left_encoder_input_tokens"])
     return maxsim.in_batch_softmax_loss(queries.vectors, queries.valid, passages,
                                         passage_valid, query_weights, candidates,
@@ -168,4 +179,4 @@ def _stack_ragged(a, b):
             jnp.pad(e.valid, ((0, 0), (0, extra))))
 
   (av, am), (bv, bm) = pad(a), pad(b)
-  return jnp.concatenate([av, bv]), jnp.concatenate([am, bm])  # [2b, m, d], [2b, m]
+  return jnp.concatenate([av, bv]), jnp.concatenate([am, bm])  # [c, m, d], [c, m]
