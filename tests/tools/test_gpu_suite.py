@@ -133,7 +133,8 @@ def test_the_gpu_train_commands_build_their_model(option_set):
   argv = gpu_suite.bench_train_argv(scale, ["COMPRESSION_RATIO=4",
                                             *gpu_suite.OPTION_SETS[option_set]],
                                     scale.steps, "label", REPO / "out.jsonl")
-  args, (files, paths_, bindings) = _tool("bench_train").parse_args(argv[1:])
+  assert argv[:2] == ["-m", "decal_jax.tools.bench_train"]
+  args, (files, paths_, bindings) = _tool("bench_train").parse_args(argv[2:])
   assert (args.batch_size, args.inputs_length, args.targets_length) == (128, 512, 128)
   config = gin_utils.load_model(files, search_paths=paths_, bindings=bindings).model.module.config
   assert config.compression_ratio == 4 and config.dtype == "bfloat16"
