@@ -88,3 +88,22 @@ def test_the_main_job_runs_from_the_wheel_outside_the_checkout(venv, tmp_path):
                  "--gin.BATCH_SIZE=4"], cwd=tmp_path)
   assert (tmp_path / "m" / "checkpoint_2").is_dir()
   assert "Held-out (validation) at step 2" in proc.stdout
+
+
+def test_a_tool_script_runs_the_tool_its_name_gives_and_exits_by_int_only(monkeypatch):
+  """decal-<name> runs decal_jax.tools.<name>.main; results a tool returns for in-process
+  callers (rows, dicts) are not exit statuses (sys.exit(dict) would print it and exit 1)."""
+  import types
+  from decal_jax import tools
+  calls = []
+  fake = types.ModuleType("decal_jax.tools.fake_tool")
+  monkeypatch.setitem(sys.modules, "decal_jax.tools.fake_tool", fake)
+  monkeypatch.setattr(sys, "argv", ["/venv/bin/decal-fake-tool", "--x"])
+  for returned, status in (([{"row": 1}], 0), ({"parts": {}}, 0), (None, 0), (3, 3),
+                           (True, 0)):
+    fake.main = lambda r=returned: calls.append(sys.argv[1:]) or r
+    assert tools.script() == status
+  assert calls == [["--x"]] * 5
+  monkeypatch.setattr(sys, "argv", ["/usr/bin/python3"])
+  with pytest.raises(SystemExit, match="python -m decal_jax.tools"):
+    tools.script()

@@ -7,7 +7,7 @@ T5X model's loss equals decal_jax's own DualEncoderModel's, 'similarity' equals 
 MaxSim over the encodings, and hard negatives ([batch, n_neg, length]) change the loss as a
 numpy softmax cross entropy over [positives | negatives] says.
 
-  PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x/test_dual_encoder.py
+  PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x/test_t5x_dual_encoder.py
 """
 import json
 import math
