@@ -115,103 +115,85 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
                      eval_batches=eval_batches, log_period=log_period,
                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
   with run_lock.hold(model_dir):
-    return _train_locked(
-        model=model, train_dataset_cfg=train_dataset_cfg, eval_dataset_cfg=eval_dataset_cfg,
-        model_dir=model_dir, total_steps=total_steps, optimizer=optimizer,
-        partitioner=partitioner, seed=seed, eval_period=eval_period, eval_batches=eval_batches,
-        log_period=log_period, checkpoint_period=checkpoint_period,
-        keep_checkpoints=keep_checkpoints, show_example=show_example,
-        gin_config_text=gin_config_text, initial_checkpoint_path=initial_checkpoint_path,
-        allow_partial_restore=allow_partial_restore, nonfinite_policy=nonfinite_policy,
-        checkpoint_input=checkpoint_input)
+    new_record = vocabulary_record.check(model_dir, model)  # resuming with another: refused
+    optimizer = optimizer or optimizers.adafactor()
+    partitioner = partitioner or partitioning.Partitioner()
+    guard = resilience.NonFiniteGuard(nonfinite_policy)
+    pipeline.check_feature_lengths(train_dataset_cfg, model)
+    state, shardings = train_state.init_state(model, optimizer, partitioner, train_dataset_cfg,
+                                              seed)
+    ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
+    state, position = train_state.restore_latest(ckpt, state, train_dataset_cfg, seed)
+    start = int(jax.device_get(state["step"]))
+    eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
+    if start >= total_steps:  # a finished run: nothing is written, the metrics are returned
+      ckpt.close()
+      relation = "=" if start == total_steps else f"> {total_steps} ="
+      print(f"already at step {start} {relation} TRAIN_STEPS; nothing to train")
+      return evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
+                                        eval_batches)
+    if initial_checkpoint_path and ckpt.latest_step() is None:
+      state = dict(state, params=train_state.start_from(initial_checkpoint_path, state["params"],
+                                                        allow_partial_restore))
+    if gin_config_text:
+      checkpoints.write_config(model_dir, gin_config_text)
+    if new_record:
+      vocabulary_record.write(model_dir, new_record)
+    writer = metrics.MetricsWriter(model_dir)
+    step_fn = make_train_step(model, optimizer, partitioner, shardings)
+    writer.write_config(start, gin_config_text,
+                        metrics.run_hparams(model, train_dataset_cfg, total_steps, seed))
+    model_info.write(model_dir, model, train_dataset_cfg, partitioner)  # T5X's model-info.txt
+    schedule = optimizers.schedule_of(optimizer)
+    batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
+    position.pop("seed_changed", None)  # not part of what a checkpoint stores
+    rng = jnp.asarray(position["rng"], jnp.uint32)
+    window = metrics.Window(model.summarize)
+    bar = tqdm.tqdm(range(start, total_steps), initial=start, total=total_steps, desc="train",
+                    dynamic_ncols=True, disable=jax.process_index() != 0)
 
+    def save(step: int, force: bool = False):
+      if force or step % checkpoint_period == 0:
+        guard.check(ckpt.latest_step(), model_dir)  # never save after a non-finite step
+      ckpt.save(step, state, position, force=force,
+                batches=batches if checkpoint_input else None)
 
-def _train_locked(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
-                  eval_dataset_cfg: Optional[DatasetConfig], model_dir: str, total_steps: int,
-                  optimizer, partitioner, seed: int, eval_period: int, eval_batches: int,
-                  log_period: int, checkpoint_period: int, keep_checkpoints: int,
-                  show_example: bool, gin_config_text: str,
-                  initial_checkpoint_path: Optional[str], allow_partial_restore: bool,
-                  nonfinite_policy: str, checkpoint_input: bool) -> Dict[str, float]:
-  """`train` once its settings are checked and MODEL_DIR is locked."""
-  new_record = vocabulary_record.check(model_dir, model)  # resuming with another: refused
-  optimizer = optimizer or optimizers.adafactor()
-  partitioner = partitioner or partitioning.Partitioner()
-  guard = resilience.NonFiniteGuard(nonfinite_policy)
-  pipeline.check_feature_lengths(train_dataset_cfg, model)
-  state, shardings = train_state.init_state(model, optimizer, partitioner, train_dataset_cfg, seed)
-  ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
-  state, position = train_state.restore_latest(ckpt, state, train_dataset_cfg, seed)
-  start = int(jax.device_get(state["step"]))
-  eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
-  if start >= total_steps:  # a finished run: nothing is written, the metrics are returned
+    with resilience.PreemptionWatcher() as preemption:
+      for step in bar:
+        batch = next(batches)
+        model.check_batch(batch)  # host-side input checks, before any state changes
+        position["batches_consumed"] += 1
+        state, aux = step_fn(state, pipeline.to_global(batch, partitioner), rng)
+        guard.add(step + 1, aux.pop("nonfinite"))
+        window.add(aux, num_tokens=model.num_tokens(batch))
+        done = step + 1
+        if done % log_period == 0 or done == total_steps:
+          guard.check(ckpt.latest_step(), model_dir)
+          summary = window.flush()
+          if schedule is not None:  # the rate of the step just taken (optax counts from 0)
+            summary["learning_rate"] = float(schedule(done - 1))
+          bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
+                          tok_s=f"{summary['tokens_per_second']:.0f}")
+          writer.write("train", done, summary)
+        if done < total_steps and preemption.requested():
+          save(done, force=True)
+          return _stop_preempted(done, bar, writer, ckpt, preemption.signal_name)
+        save(done)
+        if done % eval_period == 0 and done != total_steps:
+          writer.write(evaluation.training_eval_dir(eval_cfg), done, evaluation.evaluate_params(
+              state["params"], model, eval_cfg, partitioner, eval_batches))
+    if start < total_steps or ckpt.latest_step() != total_steps:
+      save(total_steps, force=True)
+    result = evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
+                                        eval_batches)
+    writer.write(evaluation.training_eval_dir(eval_cfg), total_steps, result)
+    writer.close()
     ckpt.close()
-    relation = "=" if start == total_steps else f"> {total_steps} ="
-    print(f"already at step {start} {relation} TRAIN_STEPS; nothing to train")
-    return evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
-                                      eval_batches)
-  if initial_checkpoint_path and ckpt.latest_step() is None:
-    state = dict(state, params=train_state.start_from(initial_checkpoint_path, state["params"],
-                                                      allow_partial_restore))
-  if gin_config_text:
-    checkpoints.write_config(model_dir, gin_config_text)
-  if new_record:
-    vocabulary_record.write(model_dir, new_record)
-  writer = metrics.MetricsWriter(model_dir)
-  step_fn = make_train_step(model, optimizer, partitioner, shardings)
-  writer.write_config(start, gin_config_text,
-                      metrics.run_hparams(model, train_dataset_cfg, total_steps, seed))
-  model_info.write(model_dir, model, train_dataset_cfg, partitioner)  # T5X's model-info.txt
-  schedule = optimizers.schedule_of(optimizer)
-  batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
-  position.pop("seed_changed", None)  # not part of what a checkpoint stores
-  rng = jnp.asarray(position["rng"], jnp.uint32)
-  window = metrics.Window(model.summarize)
-  bar = tqdm.tqdm(range(start, total_steps), initial=start, total=total_steps, desc="train",
-                  dynamic_ncols=True, disable=jax.process_index() != 0)
-
-  def save(step: int, force: bool = False):
-    if force or step % checkpoint_period == 0:
-      guard.check(ckpt.latest_step(), model_dir)  # never save after a non-finite step
-    ckpt.save(step, state, position, force=force,
-              batches=batches if checkpoint_input else None)
-
-  with resilience.PreemptionWatcher() as preemption:
-    for step in bar:
-      batch = next(batches)
-      model.check_batch(batch)  # host-side input checks, before any state changes
-      position["batches_consumed"] += 1
-      state, aux = step_fn(state, pipeline.to_global(batch, partitioner), rng)
-      guard.add(step + 1, aux.pop("nonfinite"))
-      window.add(aux, num_tokens=model.num_tokens(batch))
-      done = step + 1
-      if done % log_period == 0 or done == total_steps:
-        guard.check(ckpt.latest_step(), model_dir)
-        summary = window.flush()
-        if schedule is not None:  # the rate of the step just taken (optax counts from 0)
-          summary["learning_rate"] = float(schedule(done - 1))
-        bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
-                        tok_s=f"{summary['tokens_per_second']:.0f}")
-        writer.write("train", done, summary)
-      if done < total_steps and preemption.requested():
-        save(done, force=True)
-        return _stop_preempted(done, bar, writer, ckpt, preemption.signal_name)
-      save(done)
-      if done % eval_period == 0 and done != total_steps:
-        writer.write(evaluation.training_eval_dir(eval_cfg), done, evaluation.evaluate_params(
-            state["params"], model, eval_cfg, partitioner, eval_batches))
-  if start < total_steps or ckpt.latest_step() != total_steps:
-    save(total_steps, force=True)
-  result = evaluation.evaluate_params(state["params"], model, eval_cfg, partitioner,
-                                      eval_batches)
-  writer.write(evaluation.training_eval_dir(eval_cfg), total_steps, result)
-  writer.close()
-  ckpt.close()
-  example = (evaluation.decode_example(state["params"], model, eval_cfg, partitioner)
-             if show_example and evaluation.can_decode_example(model) else None)
-  evaluation.report(result, example, total_steps)
-  pipeline.print_data_notes()
-  return result
+    example = (evaluation.decode_example(state["params"], model, eval_cfg, partitioner)
+               if show_example and evaluation.can_decode_example(model) else None)
+    evaluation.report(result, example, total_steps)
+    pipeline.print_data_notes()
+    return result
 
 
 def _stop_preempted(step: int, bar, writer, ckpt, signal_name: str) -> Dict[str, float]:
