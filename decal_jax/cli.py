@@ -172,10 +172,11 @@ def main(target: str, argv: Optional[Sequence[str]], *, prog: str, about: str,
         f"error: the gin files leave {', '.join(required)} %gin.REQUIRED: bind each with "
         f"--gin.NAME=VALUE (e.g. --gin.{required[0]}=...; strings in inner quotes).")
   apply_settings()
-  console.setup()  # TF (only the input pipeline) imported quietly, off the accelerators
+  console.import_tensorflow_quietly()  # TF is only the input pipeline: off the accelerators
   module_name, fn_name = target.split(":")
   fn = getattr(importlib.import_module(module_name), fn_name)
   _seqio_settings()
-  return gin_utils.call(fn, FLAGS.gin_file, search_paths(), FLAGS.gin_bindings,
-                        pass_config=pass_config,
-                        initialization_timeout=FLAGS.initialization_timeout)
+  with console.library_warnings_through_tqdm():
+    return gin_utils.call(fn, FLAGS.gin_file, search_paths(), FLAGS.gin_bindings,
+                          pass_config=pass_config,
+                          initialization_timeout=FLAGS.initialization_timeout)

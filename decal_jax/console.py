@@ -1,17 +1,18 @@
-"""A quiet console for the command-line entry points (`console.setup()`).
+"""A quiet console for the command-line entry points (`cli.main` uses both parts).
 
 TensorFlow is only the input pipeline here, but importing it prints its C++ start-up lines
 on stderr (oneDNN, "Could not find cuda drivers", once per TF library that loads them) and
 its first look for devices prints `failed call to cuInit ... (303)` on a machine without a
 GPU. These lines come from absl's C++ logging before it is initialised, which
-TF_CPP_MIN_LOG_LEVEL does not reach, so `setup` imports TensorFlow with the process's
+TF_CPP_MIN_LOG_LEVEL does not reach, so `import_tensorflow_quietly` imports TensorFlow with the process's
 stderr file descriptor pointed at /dev/null, and hides the accelerators from it (JAX keeps
 them; TF would otherwise reserve GPU memory). Python's own errors, warnings and tracebacks
 are untouched.
 
-It also routes the library's warnings (the `decal_jax.*` loggers, e.g. the counts of cut
-sequences, which the input pipeline logs from its threads mid-training) through
-`tqdm.write`, so they print above the progress bar instead of breaking it.
+`library_warnings_through_tqdm()` routes the library's warnings (the `decal_jax.*` loggers,
+e.g. the counts of cut sequences, which the input pipeline logs from its threads
+mid-training) through `tqdm.write` for the length of a run, so they print above the progress
+bar instead of breaking it.
 """
 import contextlib
 import logging
@@ -57,17 +58,20 @@ class TqdmHandler(logging.Handler):
       self.handleError(record)
 
 
-def route_library_warnings_through_tqdm() -> None:
-  """The `decal_jax` loggers' warnings go to stderr through `tqdm.write`, once."""
+@contextlib.contextmanager
+def library_warnings_through_tqdm():
+  """For the block (an entry point's run), the `decal_jax` loggers' warnings go to stderr
+  through `tqdm.write`, and only there: they do not also propagate to the root logger's
+  handlers, which would print them a second time, breaking the bar. Restored afterwards, so
+  a host program (or a test) that ran an entry point in-process keeps its own logging."""
   logger = logging.getLogger("decal_jax")
-  if not any(isinstance(h, TqdmHandler) for h in logger.handlers):
-    handler = TqdmHandler(logging.WARNING)
-    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    logger.addHandler(handler)
-    logger.propagate = False
-
-
-def setup() -> None:
-  """What every entry point calls before it imports the input pipeline (TensorFlow)."""
-  import_tensorflow_quietly()
-  route_library_warnings_through_tqdm()
+  handler = TqdmHandler(logging.WARNING)
+  handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+  propagate = logger.propagate
+  logger.addHandler(handler)
+  logger.propagate = False
+  try:
+    yield
+  finally:
+    logger.removeHandler(handler)
+    logger.propagate = propagate

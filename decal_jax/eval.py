@@ -2,7 +2,7 @@
 """Evaluates MODEL_DIR's checkpoint on the gin-configured task (`evaluation.evaluate`); T5X's
 flags (decal_jax/cli.py). JAX and TensorFlow load only after the command line and the gin
 files have been checked."""
-from decal_jax import cli  # console.setup() quiets TensorFlow once the checks pass
+from decal_jax import cli  # cli.main quiets TensorFlow once the checks pass
 
 
 def main(argv=None):

@@ -2,7 +2,7 @@
 """Indexes a BEIR corpus with MODEL_DIR's trained dual encoder, searches and scores
 (`retrieval.pipeline.evaluate_retrieval` configured by gin); T5X's flags (decal_jax/cli.py).
 JAX and TensorFlow load only after the command line and the gin files have been checked."""
-from decal_jax import cli  # console.setup() quiets TensorFlow once the checks pass
+from decal_jax import cli  # cli.main quiets TensorFlow once the checks pass
 
 
 def main(argv=None):

@@ -2,7 +2,7 @@
 """Trains the gin-configured model (`trainer.train`) in MODEL_DIR, continuing from its latest
 checkpoint; T5X's flags (decal_jax/cli.py). JAX and TensorFlow load only after the command
 line and the gin files have been checked."""
-from decal_jax import cli  # console.setup() quiets TensorFlow once the checks pass
+from decal_jax import cli  # cli.main quiets TensorFlow once the checks pass
 
 
 def main(argv=None):

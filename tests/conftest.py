@@ -65,14 +65,3 @@ def builtin_vocabulary(monkeypatch):
   yield vocab
   gin.clear_config()
 
-
-@pytest.fixture(autouse=True)
-def library_logs_reach_caplog():
-  """An entry point run in-process (`decal_jax.cli.main`) routes the `decal_jax` loggers'
-  warnings through tqdm and stops their propagation for the rest of the process; undo that
-  after each test so later tests' `caplog` still sees the library's warnings."""
-  yield
-  import logging  # pylint: disable=g-import-not-at-top
-  logger = logging.getLogger("decal_jax")
-  logger.handlers = [h for h in logger.handlers if type(h).__name__ != "TqdmHandler"]
-  logger.propagate = True

@@ -10,19 +10,20 @@ import tqdm
 from decal_jax import console
 
 
-def test_library_warnings_go_through_tqdm_write(monkeypatch):
+def test_library_warnings_go_through_tqdm_write_only_inside_the_block(monkeypatch, caplog):
   written = []
   monkeypatch.setattr(tqdm.tqdm, "write", lambda text, file=None: written.append(text))
   logger = logging.getLogger("decal_jax")
   handlers, propagate = list(logger.handlers), logger.propagate
-  try:
-    console.route_library_warnings_through_tqdm()
-    console.route_library_warnings_through_tqdm()  # twice: still one handler
-    logging.getLogger("decal_jax.data.text_to_text").warning("t: %d sequence(s) cut", 1)
-    logging.getLogger("decal_jax.data.text_to_text").info("not shown")
-  finally:
-    logger.handlers[:], logger.propagate = handlers, propagate
-  assert written == ["WARNING: t: 1 sequence(s) cut"]
+  source = logging.getLogger("decal_jax.data.text_to_text")
+  with caplog.at_level(logging.WARNING):
+    with console.library_warnings_through_tqdm():
+      source.warning("t: %d sequence(s) cut", 1)
+      source.info("not shown")
+    assert (logger.handlers, logger.propagate) == (handlers, propagate)  # restored
+    source.warning("after the run")
+  assert written == ["WARNING: t: 1 sequence(s) cut"]  # printed once, through tqdm
+  assert [r.getMessage() for r in caplog.records] == ["after the run"]  # not also via root
 
 
 def test_native_stderr_is_hidden_only_inside_the_block():
