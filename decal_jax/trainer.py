@@ -116,6 +116,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
   with run_lock.hold(model_dir):
     new_record = vocabulary_record.check(model_dir, model)  # resuming with another: refused
+    if initial_checkpoint_path:  # so is starting from a run of another same-size vocabulary
+      vocabulary_record.check_initial(initial_checkpoint_path, model)
     optimizer = optimizer or optimizers.adafactor()
     partitioner = partitioner or partitioning.Partitioner()
     guard = resilience.NonFiniteGuard(nonfinite_policy)

@@ -5,7 +5,8 @@ the same size (the built-in recipes 'chars' and 'bytes' both give 4224 rows), so
 with another vocabulary decodes wrong text without any error. The trainer records the
 identity of the model's input and output vocabularies (`vocabularies.vocabulary_identity`:
 class, file, sha256 of the SentencePiece model, size, built-in recipe) before its first
-checkpoint; resume, eval, infer and `gin_utils.load_model` compare the vocabulary they are
+checkpoint; resume, eval, infer, `gin_utils.load_model` and a run started from it
+(INITIAL_CHECKPOINT_PATH, `check_initial`) compare the vocabulary they are
 given with it and refuse another one, naming both and the fix. A MODEL_DIR with checkpoints
 but no record (a run from before the record) gets a WARNING and is left as it is: a record
 written then would only enshrine whichever vocabulary this run happens to be given.
@@ -65,6 +66,26 @@ def check(model_dir: str, model) -> Optional[Dict[str, Any]]:
           f"{_fix(recorded[feature], identity)}, or give another MODEL_DIR for a run of this "
           "vocabulary.")
   return None
+
+
+def check_initial(checkpoint_path: str, model) -> None:
+  """Refuses to start a run from INITIAL_CHECKPOINT_PATH (a decal_jax MODEL_DIR or one of its
+  checkpoint_<step> folders) recorded with other vocabularies than `model`'s: embedding
+  tables are padded to a multiple of 128 rows, so another vocabulary's table usually has the
+  same shape, is restored, and its rows read as other text. A checkpoint without a record
+  (a T5X checkpoint, an older run) is not checked."""
+  path = pathlib.Path(checkpoint_path)
+  run_dir = path.parent if re.fullmatch(r"checkpoint_\d+", path.name) else path
+  if not (run_dir / FILENAME).exists():
+    return
+  recorded = _read(run_dir / FILENAME)
+  for feature, identity in model_record(model)["features"].items():
+    if feature in recorded and _key(recorded[feature]) != _key(identity):
+      raise VocabularyMismatchError(
+          f"INITIAL_CHECKPOINT_PATH {checkpoint_path} was trained with another {feature} "
+          f"vocabulary than this run's: {FILENAME} records {_describe(recorded[feature])}, "
+          f"this run has {_describe(identity)}. Its embedding rows would be restored and read "
+          f"as other text. {_fix(recorded[feature], identity)}.")
 
 
 def _read(path: pathlib.Path) -> Dict[str, Any]:

@@ -795,6 +795,29 @@ def test_resuming_with_another_vocabulary_is_refused_naming_both_and_the_fix(
   assert _files(model_dir) == before
 
 
+def test_starting_from_a_checkpoint_of_another_vocabulary_is_refused(two_checkpoints, tmp_path):
+  """INITIAL_CHECKPOINT_PATH: the chars recipe's table has the same 4224 (padded) rows as the
+  bytes one the run was trained with, so every row would be restored and mean another piece."""
+  new_dir = tmp_path / "fine_tune"
+  with gin.unlock_config():  # the task tokenizes with the model's vocabulary, as gin binds it
+    gin.bind_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary",
+                       _chars_vocabulary())
+  try:
+    for start in (two_checkpoints, two_checkpoints / "checkpoint_2"):
+      with pytest.raises(vocabulary_record.VocabularyMismatchError) as err:
+        trainer.train(model=_model_of(_chars_vocabulary()), train_dataset_cfg=_cfg(),
+                      model_dir=str(new_dir), total_steps=3, optimizer=_optimizer(),
+                      initial_checkpoint_path=str(start), show_example=False)
+      message = str(err.value)
+      assert message.startswith(f"INITIAL_CHECKPOINT_PATH {start} was trained with another "
+                                "inputs vocabulary than this run's")
+      assert "Its embedding rows would be restored and read as other text" in message
+      assert "DECAL_BUILTIN_VOCAB=bytes" in message
+      assert not list(new_dir.glob("checkpoint_*"))
+  finally:
+    gin.clear_config()
+
+
 @pytest.mark.parametrize("entry", ["evaluate", "infer", "restore_params"])
 def test_eval_and_infer_of_a_run_trained_with_another_vocabulary_are_refused(
     two_checkpoints, tmp_path, entry):

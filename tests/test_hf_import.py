@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -439,6 +440,37 @@ def test_tokenizer_vocabulary_encodes_and_decodes_as_the_tokenizer_does(hf_token
   assert vocab != hf_vocabularies.HfTokenizerVocabulary(str(path), eos_token="!")
   copied = copy.deepcopy(vocab)  # seqio may copy vocabularies; the copy reads the same file
   assert copied == vocab and list(copied.encode(TEXTS[0])) == list(vocab.encode(TEXTS[0]))
+
+
+def test_tokenizer_vocabulary_is_recorded_by_its_file_contents(hf_tokenizer, tmp_path):
+  """MODEL_DIR/vocabulary.json names a tokenizer.json by sha256, so a run read with another
+  tokenizer of the same size is refused, and the same file elsewhere is accepted."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  from decal_jax import vocabulary_record  # pylint: disable=g-import-not-at-top
+  from decal_jax.data import vocabularies  # pylint: disable=g-import-not-at-top
+  tokenizer, path = hf_tokenizer
+  identity = vocabularies.vocabulary_identity(hf_vocabularies.HfTokenizerVocabulary(str(path)))
+  assert identity == {"class": "HfTokenizerVocabulary", "vocab_size": tokenizer.get_vocab_size(),
+                      "file": "tokenizer.json",
+                      "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+  elsewhere = tmp_path / "copy" / "tokenizer.json"
+  elsewhere.parent.mkdir()
+  shutil.copy(path, elsewhere)
+  other = tmp_path / "other" / "tokenizer.json"
+  other.parent.mkdir()
+  spec = json.loads(path.read_text())
+  vocab = spec["model"]["vocab"]
+  vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # two ids swapped: same size, other text
+  other.write_text(json.dumps(spec))
+  model = lambda p: types.SimpleNamespace(  # noqa: E731  (what the record reads of a model)
+      input_vocabulary=hf_vocabularies.HfTokenizerVocabulary(str(p)),
+      output_vocabulary=hf_vocabularies.HfTokenizerVocabulary(str(p)))
+  run = tmp_path / "run"
+  run.mkdir()
+  vocabulary_record.write(str(run), vocabulary_record.model_record(model(path)))
+  assert vocabulary_record.check(str(run), model(elsewhere)) is None
+  with pytest.raises(vocabulary_record.VocabularyMismatchError, match="sha256"):
+    vocabulary_record.check(str(run), model(other))
 
 
 def test_tokenizer_vocabulary_in_tensorflow_through_seqio(hf_tokenizer):

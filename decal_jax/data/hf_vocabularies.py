@@ -8,10 +8,11 @@ our padding (`zero_id_to`, matched in the weights by `hf_import.remap_zero_row`)
 Both take their file from the `path` argument, else from an environment variable, and
 report a missing file only when first used: gin files parse and models build without it.
 """
+import hashlib
 import json
 import os
 import pathlib
-from typing import List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import seqio
@@ -242,6 +243,14 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
     return text
 
   # -------------------------------------------------------------------- identity
+  def file_identity(self) -> Dict[str, str]:
+    """The tokenizer.json's basename and sha256 (`vocabularies.vocabulary_identity`, which
+    MODEL_DIR/vocabulary.json records): two runs read the same ids as the same text only
+    with the same file, wherever it lies."""
+    self._load()  # a missing file is named by its own error first
+    digest = hashlib.sha256(pathlib.Path(self._path).read_bytes()).hexdigest()
+    return {"file": os.path.basename(self._path), "sha256": digest}
+
   def _key(self):
     return (os.path.abspath(self._path) if self._path else "", self._eos_token,
             self._zero_id_to)

@@ -164,7 +164,7 @@ def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EX
 
 def vocabulary_identity(vocabulary: seqio.Vocabulary) -> Dict[str, Any]:
   """What fixes the text each id stands for: {'class', 'vocab_size'} and, for a SentencePiece
-  vocabulary, its model file's basename and sha256 (of the serialized model proto, as
+  vocabulary (or a Hugging Face tokenizer.json), its file's basename and sha256 (as
   `sha256sum` gives it); for the built-in one, its recipe too. Two vocabularies with the same sha256 and size (or, for
   others, class and size) map ids to the same text, wherever their files lie."""
   if isinstance(vocabulary, DeferredVocabulary):
@@ -175,6 +175,8 @@ def vocabulary_identity(vocabulary: seqio.Vocabulary) -> Dict[str, Any]:
     identity["sha256"] = _model_file_sha256(vocabulary)
   if isinstance(vocabulary, BuiltinVocabulary):
     identity["recipe"] = vocabulary.recipe
+  if hasattr(vocabulary, "file_identity"):  # hf_vocabularies.HfTokenizerVocabulary
+    identity.update(vocabulary.file_identity())
   return identity
 
 
