@@ -149,7 +149,7 @@ def build_sharded_index(directory: str, doc_ids: Sequence[str], texts: Sequence[
         f"({passages} passages); {len(block) - len(todo)} of them already finished, kept.",
         flush=True)
   bar = tqdm.tqdm(total=passages, initial=passages - sum(b - a for _, a, b in todo),
-                  desc=f"index (process {p}/{n})", unit="passage", disable=not progress,
+                  desc=f"index, process {p} of {n}", unit="passage", disable=not progress,
                   dynamic_ncols=True)
   with bar:
     for j, a, b in todo:
@@ -167,7 +167,11 @@ def _finished(folder: str, config: Mapping[str, Any], fingerprint: Mapping[str, 
   (another config: IndexConfigMismatchError)."""
   if not os.path.exists(os.path.join(folder, "meta.json")):
     return False
-  return not index.Index.open(folder, expected_config=config).corpus_change(fingerprint)
+  change = index.Index.open(folder, expected_config=config).corpus_change(fingerprint)
+  if change:
+    print(f"WARNING: the documents of {folder} changed since it was built ({change}); "
+          "rebuilding that shard.", flush=True)
+  return not change
 
 
 def _counted(encode_fn: index.EncodeFn, bar: tqdm.tqdm) -> index.EncodeFn:
