@@ -1,12 +1,13 @@
 """Sharded indexing: a 2-process `jax.distributed` build against a 1-process one (bitwise)
-and against a numpy re-derivation of the encoder; merged search against a numpy brute
+and against a numpy re-derivation of the encoder, after both processes restored a
+checkpoint written by one process; merged search against a numpy brute
 force and a single index; resume after a crash between chunks; a changed corpus or a
 replaced shard.
 
 The encoder is a tiny jitted DeCAL-like pooling (embedding lookup, masked mean over windows
-of 2 tokens, L2 norm), so the 2 subprocesses start in seconds. Run as a script, this file
-is one process of the 2-process build:
-  python tests/retrieval/test_sharded_index.py PORT PROCESS_ID DIRECTORY
+of 2 tokens, L2 norm), so the 2 subprocesses compile little. Run as a script, this file
+is one process of the 2-process run:
+  python tests/retrieval/test_sharded_index.py MODEL_DIR INDEX_DIR PORT PROCESS_ID
 """
 import json
 import os
@@ -118,16 +119,38 @@ def _shard_files(directory):
 
 
 # ------------------------------------------------------------------------------- 2 processes
-def _worker(port: str, process_id: str, directory: str) -> None:
+def _worker(model_dir: str, directory: str, port: str, process_id: str) -> None:
+  """Process `process_id` of 2, as a 2-process `python -m decal_jax.retrieve` runs: joins
+  the job (the trainer's start-up), restores the params that the test saved from one
+  process onto a mesh over both processes' devices and takes host copies of them
+  (as `pipeline.host_params` does, without importing the input pipeline), then builds
+  its shards."""
   from decal_jax import partitioning
   partitioning.initialize_distributed(f"localhost:{port}", 2, int(process_id),
                                       initialization_timeout=60)
   import jax
+  from jax.experimental import multihost_utils
+  from decal_jax import checkpoints
+  mesh_sharding = jax.sharding.NamedSharding(partitioning.Partitioner().mesh,
+                                             jax.sharding.PartitionSpec())
+  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=mesh_sharding)
+              for k, v in _saved_params().items()}
+  ckpt = checkpoints.Checkpointer(model_dir)
+  params = multihost_utils.process_allgather(ckpt.restore_params(1, abstract), tiled=True)
+  ckpt.close()
   encode = _counting(_encoder())
   idx = _build(directory, encode=encode)
-  print("RESULT " + json.dumps({"process": jax.process_index(), "count": jax.process_count(),
-                                "rows_encoded": encode.rows, "num_docs": idx.num_docs}),
-        flush=True)
+  print("RESULT " + json.dumps({
+      "process": jax.process_index(), "count": jax.process_count(),
+      "rows_encoded": encode.rows, "num_docs": idx.num_docs,
+      "params": {k: np.asarray(v).tolist() for k, v in params.items()}}), flush=True)
+
+
+def _saved_params():
+  """A checkpoint's params (what the worker restores)."""
+  rng = np.random.default_rng(5)
+  return {"kernel": rng.standard_normal((3, 4)).astype(np.float32),
+          "scale": rng.standard_normal(4).astype(np.float32)}
 
 
 def _free_port() -> int:
@@ -136,11 +159,12 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _two_process_build(directory):
+def _two_processes(*args: str):
+  """Runs this file as processes 0 and 1 (with `args`); their RESULT records, stdouts."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, __file__, str(port), str(i), str(directory)],
+  procs = [subprocess.Popen([sys.executable, __file__, *args, str(port), str(i)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True) for i in range(2)]
   try:
@@ -160,7 +184,16 @@ def _two_process_build(directory):
 
 
 def test_two_processes_build_the_index_one_process_builds(tmp_path):
-  results, outputs = _two_process_build(tmp_path / "two")
+  import jax.numpy as jnp
+  from decal_jax import checkpoints
+  ckpt = checkpoints.Checkpointer(str(tmp_path / "model"))  # written by this one process
+  ckpt.save(1, {"params": {k: jnp.asarray(v) for k, v in _saved_params().items()},
+                "step": jnp.int32(1)}, {"batches_consumed": 0}, force=True)
+  ckpt.close()
+  results, outputs = _two_processes(str(tmp_path / "model"), str(tmp_path / "two"))
+  for restored in results:  # each process holds the whole of every parameter
+    for name, value in _saved_params().items():
+      np.testing.assert_array_equal(np.asarray(restored["params"][name], np.float32), value)
   # 37 docs in chunks of 5 -> 8 chunks: process 0 encodes chunks 0-3 (20 docs), process 1
   # chunks 4-7 (17 docs), each its own block.
   assert [(r["process"], r["count"], r["rows_encoded"]) for r in results] == [
