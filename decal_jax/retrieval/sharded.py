@@ -145,7 +145,7 @@ def build_sharded_index(directory: str, doc_ids: Sequence[str], texts: Sequence[
     os.remove(os.path.join(directory, MANIFEST))  # a build in progress has no manifest
   passages = sum(b - a for _, a, b in block)
   first, last = (block[0][0], block[-1][0]) if block else ("-", "-")
-  print(f"Index shards in {directory}: process {p} of {n} builds chunks {first}..{last} "
+  print(f"Index shards in {directory}: process {p} of {n} builds shards {first}..{last} "
         f"({passages} passages); {len(block) - len(todo)} of them already finished, kept.",
         flush=True)
   bar = tqdm.tqdm(total=passages, initial=passages - sum(b - a for _, a, b in todo),
@@ -237,6 +237,7 @@ def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optiona
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   codec_dir = os.path.join(directory, "codec")
+  _barrier(f"decal_jax sharded residual start: {directory}")  # all have read the old manifest
   if jax.process_index() == 0:
     if os.path.exists(os.path.join(directory, MANIFEST)):
       os.remove(os.path.join(directory, MANIFEST))

@@ -198,7 +198,7 @@ def test_two_processes_build_the_index_one_process_builds(tmp_path):
   # chunks 4-7 (17 docs), each its own block.
   assert [(r["process"], r["count"], r["rows_encoded"]) for r in results] == [
       (0, 2, 20), (1, 2, 17)]
-  assert "process 1 of 2 builds chunks 4..7 (17 passages)" in outputs[1]
+  assert "process 1 of 2 builds shards 4..7 (17 passages)" in outputs[1]
   two = _build(tmp_path / "one")  # this process alone: process 0 of 1
   from decal_jax.retrieval import sharded
   joined = sharded.ShardedIndex.open(str(tmp_path / "two"), expected_config=CONFIG)
