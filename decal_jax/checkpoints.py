@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from decal_jax import fileio, partitioning, t5x_checkpoints
@@ -173,11 +174,22 @@ class Checkpointer:
   def _params(self, step: int, abstract_params: Any) -> Any:
     change = self.check_architecture(step, abstract_params, convert_layout=True)
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(fallback_sharding=_replicated())))["state"]["params"]
+        state=self._whole_state(step)))["state"]["params"]
     if change:
       restored = _to_layout_of(restored, abstract_params)
-    return jax.tree_util.tree_map(lambda x, a: jax.device_put(x, a.sharding),
-                                  restored, abstract_params)
+    return jax.tree_util.tree_map(_placed, restored, abstract_params)
+
+  def _whole_state(self, step: int) -> ocp.args.StandardRestore:
+    """How `_params` reads the saved state: in the layout it was saved with (one that names
+    devices this run lacks: whole on every device); in a multi-process run whole on every
+    device of every process, so that each process holds a copy (a layout saved by one
+    process names that process's devices only)."""
+    if jax.process_count() == 1:
+      return ocp.args.StandardRestore(fallback_sharding=_replicated())
+    saved = ocp.StandardCheckpointHandler().metadata(
+        self.directory / f"checkpoint_{step}" / "state").tree
+    return ocp.args.StandardRestore(jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=_replicated()), saved))
 
   def restore_newest_intact(self, abstract_state: Any
                             ) -> Optional[Tuple[int, Any, Dict[str, int]]]:
@@ -272,6 +284,16 @@ def _to_layout_of(params: Any, like: Any) -> Any:
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   names = architecture_of(like)
   return flax.traverse_util.unflatten_dict(param_layout.to_layout_of(flat, names), sep="/")
+
+
+def _placed(x: Any, target: Any) -> jax.Array:
+  """A restored array with the sharding of `target`. One whole on the devices of several
+  processes is placed from this process's own copy (CPU backends have no cross-host device
+  transfer for `jax.device_put` to use)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable and x.is_fully_replicated:
+    local = np.asarray(x.addressable_data(0))
+    return jax.make_array_from_callback(local.shape, target.sharding, lambda i: local[i])
+  return jax.device_put(x, target.sharding)
 
 
 def _replicated() -> jax.sharding.NamedSharding:

@@ -30,7 +30,7 @@ import numpy as np
 
 from decal_jax import fileio, metrics, partitioning, train_state
 from decal_jax.data.pipeline import DatasetConfig
-from decal_jax.retrieval import beir, index, ir_metrics, residual
+from decal_jax.retrieval import beir, index, ir_metrics, residual, sharded
 
 EOS_ID = 1
 SEARCHES = ("exact", "approximate")
@@ -160,6 +160,53 @@ def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: ind
                                        seed=seed, overwrite=True, progress=True)
 
 
+def build_sharded(directory: str, data: beir.BeirData, model, params, config: Dict,
+                  passage_length: int, batch_size: int, dtype: str = "float16",
+                  chunk_docs: int = sharded.DEFAULT_CHUNK_DOCS) -> sharded.ShardedIndex:
+  """The corpus index as shards of `chunk_docs` passages at `directory`, this process
+  encoding its block of them (`sharded.build_sharded_index`: finished shards of this
+  corpus and config are kept, changed ones rebuilt, another config refused)."""
+  doc_ids = list(data.corpus)
+  texts = [data.corpus[d].full_text for d in doc_ids]
+
+  def batches(chunk_texts):
+    ids = tokenize(chunk_texts, model.input_vocabulary, passage_length)
+    return batches_by_length(ids, batch_size, passage_length)
+  run = _padded_to(batch_size, encoder_fn(model, params, "passage"))
+  return sharded.build_sharded_index(directory, doc_ids, texts, batches, run, config,
+                                     chunk_docs=chunk_docs, dtype=dtype,
+                                     corpus_fingerprint=data.corpus_fingerprint)
+
+
+def sharded_residual(directory: str, data: beir.BeirData, source: sharded.ShardedIndex,
+                     bits: Optional[int], num_centroids: Optional[int] = None,
+                     seed: int = 0) -> sharded.ShardedIndex:
+  """The residual-compressed copy of the sharded index `source` at `directory`: reused when
+  built from this corpus with the same config and codec settings, else (re)built."""
+  settings = {"bits": bits, "seed": seed}
+  if num_centroids is not None:
+    settings["num_centroids"] = num_centroids
+  if (pathlib.Path(directory) / sharded.MANIFEST).exists():
+    existing = sharded.ShardedIndex.open(directory, expected_config=source.config)
+    built = existing.meta["codec"]
+    if not existing.corpus_change(data.corpus_fingerprint) and all(
+        built.get(k) == v for k, v in settings.items()):
+      print(f"Reusing the residual index at {directory}.", flush=True)
+      return existing
+    del existing  # its memory maps: the rebuild replaces the shards
+  return sharded.build_sharded_residual(directory, source, bits, num_centroids, seed=seed,
+                                        progress=True)
+
+
+def host_params(params):
+  """The parameters as host arrays on every process (a multi-process run restores them as
+  global arrays over every process's devices; each process encodes its own shard alone)."""
+  if jax.process_count() == 1:
+    return params
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return multihost_utils.process_allgather(params, tiled=True)
+
+
 def _padded_to(batch_size: int, run):
   """Runs `run` on a batch padded to `batch_size` rows (one jit shape per width) and
   returns the real rows only."""
@@ -177,12 +224,16 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        index_dtype: str = "float16", search: str = "exact",
                        nprobe: int = 4, candidates: int = 1024,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
+                       shard_docs: Optional[int] = None,
                        partitioner=None) -> Dict[str, float]:
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
-  candidates, residual_bits in 1, 2, 4, 8 or None, num_centroids default ColBERTv2's)."""
+  candidates, residual_bits in 1, 2, 4, 8 or None, num_centroids default ColBERTv2's).
+  shard_docs: index in shards of this many passages (`sharded.py`; resumable), each process
+  of a multi-process run encoding its block of them; a multi-process run shards even
+  without it (sharded.DEFAULT_CHUNK_DOCS). The sharded index goes to `<index>.shards/`."""
   if search not in SEARCHES:
     raise ValueError(f"search must be one of {SEARCHES}, got {search!r} (gin: SEARCH).")
   from decal_jax.tasks import retrieval_tasks  # registers the tasks; reads their folders
@@ -196,17 +247,26 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   lengths = {"inputs": query_length, "targets": passage_length}
   cfg = DatasetConfig(task_name or "decal_beir_builtin", lengths, split=split)
   params, step = train_state.restore_params(model, model_dir, cfg, partitioner)
+  params = host_params(params)
   config = index_config(model, passage_length, model_dir, step)
-  directory = index_dir or os.path.join(model_dir, "index", f"{name}.step{step}")
-  corpus_index = build_or_open_index(directory, data, model, params, config, passage_length,
-                                     batch_size, index_dtype)
+  if shard_docs is None and jax.process_count() > 1:
+    shard_docs = sharded.DEFAULT_CHUNK_DOCS
+  stem = f"{name}.step{step}" + ("" if shard_docs is None else ".shards")
+  directory = index_dir or os.path.join(model_dir, "index", stem)
+  if shard_docs is None:
+    corpus_index = build_or_open_index(directory, data, model, params, config,
+                                       passage_length, batch_size, index_dtype)
+  else:
+    corpus_index = build_sharded(directory, data, model, params, config, passage_length,
+                                 batch_size, index_dtype, shard_docs)
   qids = list(data.queries)
   q_vectors, q_valid = encode_texts([data.queries[q] for q in qids], model, params, "query",
                                     query_length, batch_size)
   searcher, search_kwargs = corpus_index, {}
   if search == "approximate":
-    searcher = build_or_open_residual(f"{directory}.residual-b{residual_bits or 'none'}",
-                                      data, corpus_index, residual_bits, num_centroids)
+    compress = build_or_open_residual if shard_docs is None else sharded_residual
+    searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}", data,
+                        corpus_index, residual_bits, num_centroids)
     search_kwargs = {"nprobe": nprobe, "candidates": candidates}
   run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)

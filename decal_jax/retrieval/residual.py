@@ -36,6 +36,7 @@ k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in
 clustering's own randomness, the numpy one slower on large samples.
 """
 import datetime
+import json
 import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -208,12 +209,17 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                          kmeans_iterations: int = 10, seed: int = 0,
                          kmeans_backend: str = "auto", overwrite: bool = False,
                          chunk_vectors: int = 1 << 16, progress: bool = False,
-                         centroids: Optional[np.ndarray] = None) -> "ResidualIndex":
+                         centroids: Optional[np.ndarray] = None,
+                         codec: Optional[Codec] = None,
+                         codec_settings: Optional[Mapping[str, Any]] = None
+                         ) -> "ResidualIndex":
   """Compresses the exact index `source` into a residual index at `directory`; returns it
   opened. num_centroids: default `default_num_centroids`, at most the sample's size;
   sample_vectors: how many of the corpus's vectors (drawn without replacement with `seed`)
   train k-means and the bucket quantiles; centroids: reuse these (e.g. those of another
-  bit width's index of the same corpus) instead of running k-means."""
+  bit width's index of the same corpus) instead of running k-means; codec (with the
+  settings it was trained with, `codec_settings`): use it as it is, training nothing (the
+  shards of a sharded index share one, sharded.py)."""
   directory = os.path.abspath(directory)
   if source.num_vectors == 0:
     raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
@@ -224,17 +230,15 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
     if os.listdir(directory) and not os.path.exists(os.path.join(directory, "meta.json")):
       raise FileExistsError(f"{directory} exists and is not an index (no meta.json); "
                             "overwrite=True only replaces an index. Choose another directory.")
-  check_bits(bits, source.dim)
-  rng = np.random.default_rng(seed)
-  sample_size = min(sample_vectors, source.num_vectors)
-  rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
-  sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
-  k = len(centroids) if centroids is not None else min(
-      num_centroids or default_num_centroids(source.num_vectors), sample_size)
-  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
-                               centroids)
-  settings = {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
-              "kmeans_iterations": kmeans_iterations, "seed": seed}
+  if codec is None:
+    codec, settings = train_codec(source, bits, num_centroids, sample_vectors, kmeans_iterations,
+                             seed, kmeans_backend, centroids)
+  else:
+    check_bits(codec.bits, source.dim)
+    settings = dict(codec_settings or {"bits": codec.bits,
+                                       "num_centroids": len(codec.centroids)})
+  backend = settings.pop("kmeans_backend", "given")
+  bits, k = codec.bits, len(codec.centroids)
   with fileio.atomic_directory(directory) as folder:
     tmp = str(folder)
     codes = _write_codes(tmp, source, codec, chunk_vectors, progress)
@@ -255,6 +259,48 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat())
     exact.write_json(os.path.join(tmp, "meta.json"), meta)  # last: marks completion
   return ResidualIndex.open(directory)
+
+
+def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optional[int] = None,
+                sample_vectors: int = 1 << 16, kmeans_iterations: int = 10, seed: int = 0,
+                kmeans_backend: str = "auto", centroids: Optional[np.ndarray] = None
+                ) -> Tuple[Codec, Dict[str, Any]]:
+  """(the codec trained on a sample of `source`'s vectors, its settings incl.
+  'kmeans_backend'); `source` needs only num_vectors, dim and vectors[sorted rows]."""
+  check_bits(bits, source.dim)
+  rng = np.random.default_rng(seed)
+  sample_size = min(sample_vectors, source.num_vectors)
+  rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
+  sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
+  k = len(centroids) if centroids is not None else min(
+      num_centroids or default_num_centroids(source.num_vectors), sample_size)
+  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
+                               centroids)
+  return codec, {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
+                 "kmeans_iterations": kmeans_iterations, "seed": seed,
+                 "kmeans_backend": backend}
+
+
+def save_codec(directory: str, codec: Codec, settings: Mapping[str, Any]) -> None:
+  """Writes the codec (centroids, cutoffs, weights) and its settings to `directory`, whole."""
+  with fileio.atomic_directory(directory) as folder:
+    np.save(os.path.join(folder, "centroids.npy"), codec.centroids)
+    if codec.bits is not None:
+      np.save(os.path.join(folder, "cutoffs.npy"), codec.cutoffs)
+      np.save(os.path.join(folder, "weights.npy"), codec.weights)
+    exact.write_json(os.path.join(folder, "codec.json"), dict(settings))
+
+
+def load_codec(directory: str) -> Tuple[Codec, Dict[str, Any]]:
+  """(codec, settings) as `save_codec` wrote them."""
+  with open(os.path.join(directory, "codec.json"), encoding="utf-8") as f:
+    settings = json.load(f)
+  bits = settings["bits"]
+
+  def load(name: str) -> Optional[np.ndarray]:
+    return None if bits is None else np.load(os.path.join(directory, name))
+  return Codec(np.load(os.path.join(directory, "centroids.npy")), bits, load("cutoffs.npy"),
+               load("weights.npy")), settings
 
 
 def _write_codes(tmp: str, source: exact.Index, codec: Codec, chunk: int,

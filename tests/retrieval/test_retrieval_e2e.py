@@ -108,6 +108,21 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text())["search"] == "approximate"
   assert (model_dir / "index" / "beir_fixture.step30.residual-bnone" / "meta.json").exists()
 
+  # Index shards of 8 passages (sharded.py), searched by merging their top-k lists, rank as
+  # the single index does; so do uncompressed residual shards sharing one codec.
+  shards = model_dir / "index" / "beir_fixture.step30.shards"
+  for extra in ([], ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
+                     "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"]):
+    retrieve.main(args + ["--gin.SHARD_DOCS=8"] + extra)
+    gin.clear_config()
+    sharded_run = ir_metrics.read_trec_run(f"{stem}.trec")
+    assert {q: ir_metrics.rank(d) for q, d in sharded_run.items()} == {
+        q: ir_metrics.rank(d) for q, d in run.items()}
+  manifest = json.loads((shards / "manifest.json").read_text())
+  assert [s["num_docs"] for s in manifest["shards"]] == [8, 8, 8, 8, len(corpus) - 32]
+  assert (model_dir / "index" / "beir_fixture.step30.shards.residual-bnone" /
+          "manifest.json").exists()
+
   # The stored index holds ceil(n / 4) unit vectors per passage (DeCAL 4x), equal to the
   # encoder's output for that passage alone.
   idx_dir = model_dir / "index" / "beir_fixture.step30"
