@@ -166,7 +166,7 @@ T5X_FILES = {"t5x/decal_t5_1_1_tiny.gin": ("EncoderDecoderModel", "Transformer")
 T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin",
                                 "t5x/dual_encoder.gin"} | {
     f"t5x/runs/{run}.gin" for run in ("pretrain", "finetune", "eval", "infer",
-                                      "train_dual_encoder")}  # tests/t5x
+                                      "train_dual_encoder", "eval_dual_encoder")}  # tests/t5x
 # The gin configurable of each T5X model class (the dual encoder's is decal_jax's own).
 T5X_DUAL_ENCODER = "decal_jax.models.t5x_dual_encoder"
 T5X_CONFIGURABLES = {"EncoderDecoderModel": "t5x.models.EncoderDecoderModel",

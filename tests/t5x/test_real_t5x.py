@@ -67,15 +67,19 @@ FAMILIES = {
                                 "--gin.SCORER_LAYER=1", "--gin.NUGGET_THRESHOLD=0.0"] + UNPACKED),
 }
 STEPS = 2
+# also fine-tuned by T5X's finetune.gin from its pretraining checkpoint, on the QA task
+FINETUNED = {"decal_c4"}
 EVAL_TASK = "decal_builtin_qa"  # inputs -> targets with SQuAD metrics, built-in vocabulary
 
 
-def _run(entry: str, family: str, *args: str, cwd: pathlib.Path) -> str:
-  """Runs `python -m t5x.<entry>` with the family's drop-in file; returns its log."""
+def _run(entry: str, family: str, *args: str, cwd: pathlib.Path,
+         run_file: str = "") -> str:
+  """Runs `python -m t5x.<entry>` with the family's drop-in file and t5x/runs/<run_file>.gin
+  (default: pretrain for train, else the entry's own); returns its log."""
   drop_in, _, _, bindings = FAMILIES[family]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  run_file = "pretrain" if entry == "train" else entry
+  run_file = run_file or ("pretrain" if entry == "train" else entry)
   command = [sys.executable, "-m", f"t5x.{entry}", f"--gin_search_paths={REPO / 'gin'}",
              f"--gin_file={drop_in}", f"--gin_file=t5x/runs/{run_file}.gin", *bindings, *args]
   done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
@@ -116,6 +120,24 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
   metrics = [json.loads(line) for p in (tmp_path / "eval").rglob("*-metrics.jsonl")
              for line in p.read_text().splitlines()]
   assert metrics and {"f1", "em"} <= set(metrics[-1]), metrics
+  if family in FINETUNED:
+    _finetune(family, checkpoint, tmp_path)
+
+
+def _finetune(family: str, initial: pathlib.Path, tmp_path: pathlib.Path) -> None:
+  """t5x/runs/finetune.gin from the 2-step pretraining (INITIAL_CHECKPOINT_PATH): T5X
+  restores its step and parameters, then trains STEPS more steps on decal_builtin_qa."""
+  model_dir = tmp_path / "finetune"
+  log = _run("train", family, f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
+             f"--gin.TASK_FEATURE_LENGTHS={ENC_DEC_LENGTHS}",
+             f"--gin.TRAIN_STEPS={2 * STEPS}", "--gin.BATCH_SIZE=4",
+             f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{initial}'",
+             "--gin.EVAL_STEPS=1", f"--gin.EVAL_PERIOD={STEPS}",
+             "--gin.train.infer_eval_dataset_cfg=None",
+             f"--gin.utils.SaveCheckpointConfig.period={STEPS}", cwd=tmp_path,
+             run_file="finetune")
+  assert (model_dir / f"checkpoint_{2 * STEPS}" / "_CHECKPOINT_METADATA").exists(), log[-3000:]
+  assert str(initial) in log, log[-3000:]  # restored from the pretraining checkpoint
 
 
 # ---------------------------------------------------------------- decodes: T5X == decal_jax
