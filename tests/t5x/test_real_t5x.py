@@ -4,8 +4,10 @@ Skipped, with the reason, where `import t5x` fails (CI: T5X is not on the packag
 docs/t5x.md installs it). For each family, at a tiny size on the built-in tasks (no
 download): `python -m t5x.train` a few steps with the drop-in gin files (gin/t5x/), then
 `t5x.infer` and `t5x.eval` (decoding metrics: SQuAD on the built-in QA task) from that
-checkpoint; and in process, T5X's own `predict_batch` (greedy) equals decal_jax's decoding
-on the same parameters, decoder-only families with T5X's per-row prompt prefill.
+checkpoint (DeCAL also fine-tuned from it by T5X's finetune.gin); and in process, T5X's own
+`predict_batch` (greedy) equals decal_jax's decoding on the same parameters, Dodo's
+compressor through T5X's beam expansion of its nuggets, decoder-only families with T5X's
+per-row prompt prefill.
 
   PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x
 """
