@@ -1,8 +1,10 @@
 """Retrieval seqio tasks for the dual encoder, with T5X Retrieval's feature names:
 `inputs` (the query), `targets` (a relevant passage) and, with hard negatives,
 `negative_targets`. Each is tokenized with the model's vocabulary and ends with EOS (an empty
-query or passage is EOS alone). No metric functions: retrieval is scored by indexing and
-searching (`python -m decal_jax.retrieve`), not by seqio.
+query or passage is EOS alone). Retrieval over a corpus is scored by indexing and searching
+(`python -m decal_jax.retrieve`); for seqio's evaluator (`t5x.eval`, the model in
+'similarity' mode) each task carries `InCorpusRetrieval`: its split's queries ranked
+against its split's passages (`decal_jax.retrieval.seqio_metric`).
 
 | task | splits | source |
 |---|---|---|
@@ -59,6 +61,7 @@ import tensorflow as tf
 
 from decal_jax.data import text_to_text, vocabularies
 from decal_jax.retrieval import beir, msmarco
+from decal_jax.retrieval.seqio_metric import InCorpusRetrieval
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import PreparedTfdsSource
 
@@ -235,6 +238,7 @@ def _register(name: str, source: seqio.DataSource, features: Sequence[str]) -> s
     seqio.TaskRegistry.remove(name)
   return seqio.TaskRegistry.add(
       name, source=source, output_features=output_features, metric_fns=[],
+      metric_objs=[InCorpusRetrieval()],
       preprocessors=[seqio.preprocessors.tokenize,
                      functools.partial(text_to_text.trim_and_count, task_name=name),
                      seqio.preprocessors.append_eos_after_trim])

@@ -166,7 +166,7 @@ T5X_FILES = {"t5x/decal_t5_1_1_tiny.gin": ("EncoderDecoderModel", "Transformer")
 T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin",
                                 "t5x/dual_encoder.gin"} | {
     f"t5x/runs/{run}.gin" for run in ("pretrain", "finetune", "eval", "infer",
-                                      "train_dual_encoder")}  # tests/t5x
+                                      "train_dual_encoder", "eval_dual_encoder")}  # tests/t5x
 # The gin configurable of each T5X model class (the dual encoder's is decal_jax's own).
 T5X_DUAL_ENCODER = "decal_jax.models.t5x_dual_encoder"
 T5X_CONFIGURABLES = {"EncoderDecoderModel": "t5x.models.EncoderDecoderModel",
@@ -186,6 +186,27 @@ class _Recorder:
     self.kwargs = kwargs
 
 
+def _arg(model, name: str):
+  """An argument the T5X model class was built with (`module`, `optimizer_def`): the
+  stand-in records it, the real T5X's class keeps it as an attribute."""
+  return model.kwargs[name] if isinstance(model, _Recorder) else getattr(model, name)
+
+
+T5X_MODULE_NAMES = ("t5x", "t5x.models", "t5x.adafactor", "t5x.decoding", "t5x.metrics")
+
+
+def _t5x_modules():
+  """The modules our T5X gin files import. Where the real T5X is importable, the real ones:
+  gin keeps one class per name for the whole process, so building these files against
+  stand-ins would clash with tests/t5x's real T5X runs in the same pytest process."""
+  try:
+    for name in (*T5X_MODULE_NAMES, T5X_DUAL_ENCODER):
+      importlib.import_module(name)
+  except ImportError:
+    return _fake_t5x_modules()
+  return {name: sys.modules[name] for name in (*T5X_MODULE_NAMES, T5X_DUAL_ENCODER)}
+
+
 def _fake_t5x_modules():
   """T5X is not on the package index: modules exposing the names our T5X gin files use.
   Built once, since gin remembers each class it has registered."""
@@ -202,8 +223,8 @@ def _fake_t5x_modules():
   t5x_decoding.temperature_sample = lambda **kwargs: kwargs
   t5x.models, t5x.adafactor, t5x.decoding = t5x_models, t5x_adafactor, t5x_decoding
   t5x.metrics = t5x_metrics
-  fakes = {"t5x": t5x, "t5x.models": t5x_models, "t5x.adafactor": t5x_adafactor,
-           "t5x.decoding": t5x_decoding, "t5x.metrics": t5x_metrics}
+  fakes = dict(zip(T5X_MODULE_NAMES,
+                   (t5x, t5x_models, t5x_adafactor, t5x_decoding, t5x_metrics)))
   fakes[T5X_DUAL_ENCODER] = _import_against(fakes, T5X_DUAL_ENCODER)
   return fakes
 
@@ -223,12 +244,12 @@ def _import_against(fakes, name):
         sys.modules[k] = module
 
 
-FAKE_T5X = _fake_t5x_modules()
+T5X_MODULES = _t5x_modules()
 
 
 @pytest.fixture
-def fake_t5x(monkeypatch):
-  for name, module in FAKE_T5X.items():
+def t5x_modules(monkeypatch):
+  for name, module in T5X_MODULES.items():
     monkeypatch.setitem(sys.modules, name, module)
   yield
   gin.clear_config()
@@ -257,7 +278,7 @@ def _shared_t5_vocab(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(T5X_FILES))
-def test_t5x_gin_files_put_our_network_into_t5x_models(fake_t5x, monkeypatch, name):
+def test_t5x_gin_files_put_our_network_into_t5x_models(t5x_modules, monkeypatch, name):
   """Each family file builds T5X's model class around our network, with T5X's OPTIMIZER
   macro and the model file's vocabulary, which decal_jax's tasks then tokenize with."""
   from decal_jax.data import vocabularies
@@ -267,10 +288,10 @@ def test_t5x_gin_files_put_our_network_into_t5x_models(fake_t5x, monkeypatch, na
   _parse(name)
   model = _build_model()
   assert type(model).__name__ == model_class
-  assert type(model.kwargs["module"]).__name__ == network
+  assert type(_arg(model, "module")).__name__ == network
   configurable = T5X_CONFIGURABLES[model_class]
   assert str(gin.query_parameter(f"{configurable}.optimizer_def")) == "%OPTIMIZER"
-  assert type(model.kwargs["optimizer_def"]).__name__ == "Adafactor"
+  assert type(_arg(model, "optimizer_def")).__name__ == "Adafactor"
   vocab_key = "vocabulary" if model_class == "DecoderOnlyModel" else "output_vocabulary"
   assert str(gin.query_parameter(f"{configurable}.{vocab_key}")) == "%VOCABULARY"
   assert str(gin.query_parameter("decal_jax.data.vocabularies.task_vocabulary.vocabulary")
@@ -280,7 +301,7 @@ def test_t5x_gin_files_put_our_network_into_t5x_models(fake_t5x, monkeypatch, na
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(T5X_FILES) if "tiny" in n])
-def test_t5x_families_name_axes_the_factor_rules_know(fake_t5x, name):
+def test_t5x_families_name_axes_the_factor_rules_know(t5x_modules, name):
   """T5X's Adafactor looks up every parameter axis name in its factor rules (a missing
   one is a KeyError at the first step): encoder-decoder families use only T5X's names
   (CCProxy's memory table included); the LLaMA-based ones (decoder-only, Dodo) bind
@@ -293,7 +314,7 @@ def test_t5x_families_name_axes_the_factor_rules_know(fake_t5x, name):
   for compressor in compressors:
     _parse(name, bindings=[] if decoder_only or "dodo" in name else
            [f"COMPRESSOR = '{compressor}'"])
-    names = _param_axes(_build_model().kwargs["module"], decoder_only)
+    names = _param_axes(_arg(_build_model(), "module"), decoder_only)
     ours = "adafactor_factor_rules" in str(gin.query_parameter("%FACTOR_RULES"))
     known = set(partitioning.adafactor_factor_rules()) if ours else T5X_FACTOR_NAMES
     assert ours == (decoder_only or "dodo" in name)  # T5's families: T5X's own rules
@@ -306,26 +327,26 @@ def test_t5x_families_name_axes_the_factor_rules_know(fake_t5x, name):
 @pytest.mark.parametrize("name,emb,layers", [("t5x/decal_t5_1_1_small.gin", 512, 8),
                                              ("t5x/decal_t5_1_1_base.gin", 768, 12),
                                              ("t5x/decal_t5_1_1_large.gin", 1024, 24)])
-def test_t5x_decal_sizes_are_t5_1_1s(fake_t5x, name, emb, layers):
+def test_t5x_decal_sizes_are_t5_1_1s(t5x_modules, name, emb, layers):
   from decal_jax.networks import t5
   _parse(name, bindings=["DROPOUT_RATE = 0.1"])
   model = _build_model()
-  module = model.kwargs["module"]
+  module = _arg(model, "module")
   assert isinstance(module, t5.Transformer)
   assert (module.config.emb_dim, module.config.num_encoder_layers) == (emb, layers)
   assert module.config.compression_ratio == 4 and module.config.dropout_rate == 0.1
-  assert model.kwargs["optimizer_def"].kwargs["decay_rate"] == 0.8
+  assert gin.query_parameter("t5x.adafactor.Adafactor.decay_rate") == 0.8
   assert module.config.dtype == "bfloat16" and not module.config.scan_layers  # T5X's default
 
 
 @pytest.mark.parametrize("name,emb,layers", [("t5x/de_decal_t5_1_1_small.gin", 512, 8),
                                              ("t5x/de_decal_t5_1_1_base.gin", 768, 12)])
-def test_t5x_dual_encoder_sizes_are_t5_1_1s(fake_t5x, name, emb, layers):
+def test_t5x_dual_encoder_sizes_are_t5_1_1s(t5x_modules, name, emb, layers):
   """T5.1.1's encoder read at two ratios (queries 1, passages DeCAL's 4), T5X Retrieval's
   defaults for the model class."""
   _parse(name)
   model = _build_model()
-  config = model.kwargs["module"].config
+  config = _arg(model, "module").config
   assert (config.encoder.emb_dim, config.encoder.num_encoder_layers) == (emb, layers)
   assert config.encoder.compression_ratio == 1 and config.encoder.dtype == "bfloat16"
   assert (config.query_compression_ratio, config.passage_compression_ratio) == (1, 4)
@@ -333,11 +354,11 @@ def test_t5x_dual_encoder_sizes_are_t5_1_1s(fake_t5x, name, emb, layers):
       "encode", False, 1.0)
 
 
-def test_t5x_gin_files_pass_the_performance_options(fake_t5x):
+def test_t5x_gin_files_pass_the_performance_options(t5x_modules):
   _parse("t5x/decal_t5_1_1_large.gin", bindings=[
       "DROPOUT_RATE = 0.0", "SCAN_LAYERS = True", "REMAT_POLICY = 'full'", "FUSED_QKV = True",
       "ATTENTION_KERNEL = 'xla'", "ACTIVATION_DTYPE = 'float32'"])
-  config = _build_model().kwargs["module"].config
+  config = _arg(_build_model(), "module").config
   assert (config.scan_layers, config.remat_policy, config.fused_qkv, config.attention_kernel,
           config.dtype) == (True, "full", True, "xla", "float32")
 

@@ -32,6 +32,15 @@ def nugget_count(n: int, ratio: float) -> int:
   return max(1, int(np.ceil(n / ratio))) if n > 0 else 0
 
 
+def filled_slots(tokens: Array, ratio: float, k: int) -> Array:
+  """`[batch, k]` bool: slot j of row b holds a nugget, j < ceil(n_b / r) for the n_b real
+  tokens of right-padded `tokens` `[batch, n]` — under top-k selection (the kept slots
+  first) and compressive segments (segment j has a real token) alike."""
+  length = jnp.sum(tokens > 0, axis=1)  # [batch]
+  k_b = jnp.ceil(length / ratio).astype(jnp.int32)  # [batch]
+  return jnp.arange(k)[None, :] < k_b[:, None]
+
+
 def check_ratio(ratio: float) -> None:
   if not ratio >= 1:
     raise ValueError(f"The compression ratio r must be >= 1 (r tokens per nugget), got "
@@ -62,8 +71,7 @@ def select_topk(scores: Array, tokens: Array, ratio: float) -> Selection:
   ranked = jnp.where(real, scores, -jnp.inf)
   ranked = jnp.where(is_last, jnp.inf, ranked)  # the last real token is always a nugget
   _, top = jax.lax.top_k(jax.lax.stop_gradient(ranked), k)  # [batch, k]; ties: lower index
-  k_b = jnp.ceil(length / ratio).astype(jnp.int32)  # [batch]
-  valid = jnp.arange(k)[None, :] < k_b[:, None]  # [batch, k]
+  valid = filled_slots(tokens, ratio, k)  # [batch, k]
   # Text order for the kept slots; dropped slots sort after them.
   order_key = jnp.where(valid, top, n + jnp.arange(k)[None, :])
   order = jnp.argsort(order_key, axis=1)

@@ -160,13 +160,21 @@ class DualEncoderModel(base.BaseModel):
     return self.module.apply({"params": params}, jnp.asarray(tokens, jnp.int32), side,
                              method=self.module.encode)
 
+  def encode_pairs(self, params, batch: Batch):
+    """(queries `Encoded`, their passages `Encoded`) of a batch of pairs."""
+    return (self.encode(params, batch["left_encoder_input_tokens"], "query"),
+            self.encode(params, batch["right_encoder_input_tokens"], "passage"))
+
   def score_batch(self, params, batch: Batch) -> Array:
     """MaxSim of each query with its own passage, `[batch]`."""
-    q = self.encode(params, batch["left_encoder_input_tokens"], "query")
-    p = self.encode(params, batch["right_encoder_input_tokens"], "passage")
-    return jax.vmap(lambda qv, qm, pv, pm: maxsim.maxsim(qv[None], qm[None], pv[None],
-                                                         pm[None])[0, 0])(
-        q.vectors, q.valid, p.vectors, p.valid)
+    return pair_maxsim(*self.encode_pairs(params, batch))
+
+
+def pair_maxsim(queries, passages) -> Array:
+  """MaxSim of query row i with passage row i (`Encoded` batches) -> `[batch]`."""
+  return jax.vmap(lambda qv, qm, pv, pm: maxsim.maxsim(qv[None], qm[None], pv[None],
+                                                       pm[None])[0, 0])(
+      queries.vectors, queries.valid, passages.vectors, passages.valid)
 
 
 def _stack_ragged(a, b):

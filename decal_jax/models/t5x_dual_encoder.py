@@ -13,7 +13,9 @@ Relevance is MaxSim; `logit_scale` multiplies it before the in-batch softmax (ou
 temperature is 1 / logit_scale). `inference_mode` picks what `predict_batch` returns:
 'encode' / 'encode_left' the queries' vectors, 'encode_right' the passages' vectors
 (`[batch, m, d]`, with `valid` `[batch, m]` in the aux), 'similarity' the MaxSim of each
-query with its own passage (`[batch]`, unscaled). gin: gin/t5x/de_decal_t5_1_1_*.gin.
+query with its own passage (`[batch]`, unscaled; the aux holds both sides' encodings,
+which `t5x.eval`'s retrieval metrics rank: `retrieval.seqio_metric`). gin:
+gin/t5x/de_decal_t5_1_1_*.gin; eval: gin/t5x/runs/eval_dual_encoder.gin.
 """
 from typing import Any, Mapping, Optional, Tuple
 
@@ -97,7 +99,10 @@ class DualEncoderModel(t5x_models.BaseTransformerModel):
     """What `inference_mode` names (see the module docstring), and an aux dict."""
     del rng
     if self.inference_mode == "similarity":
-      return self.score_batch(params, batch), {}
+      queries, passages = self.ours.encode_pairs(params, batch)
+      return dual_encoder.pair_maxsim(queries, passages), {
+          "query_vectors": queries.vectors, "query_valid": queries.valid,
+          "passage_vectors": passages.vectors, "passage_valid": passages.valid}
     side, key = (("passage", "right_encoder_input_tokens")
                  if self.inference_mode == "encode_right" else
                  ("query", "left_encoder_input_tokens"))

@@ -1,18 +1,24 @@
 """Dodo as a context compressor (dodo.md §2.3): a decoder-only LM that reads its context
 through a learned subset of that context's token states — nuggets — at every layer.
 
-encode: the context runs causally through the decoder (compressing adapter ϕ); a scorer on
+compress: the context runs causally through the decoder (compressing adapter ϕ); a scorer on
   layer-ι features (base model, adapters off) picks k = ceil(n / r) tokens (the last always);
   their hidden states at every layer, projected by the decoding adapter's keys/values, are
   the whole compressed context: `Nuggets` holds `[batch, layers, k, kv_heads, head_dim]`
   keys and values, which is also the KV cache generation starts from.
-decode: target tokens (decoding adapter θ) attend at every layer to [that layer's nuggets;
-  earlier targets]; logits toward nugget i get `s_i - stop_gradient(s_i)` (§2.4).
+decode_nuggets: target tokens (decoding adapter θ) attend at every layer to [that layer's
+  nuggets; earlier targets]; logits toward nugget i get `s_i - stop_gradient(s_i)` (§2.4).
 
 `selection='compressive'` swaps the scorer for the Compressive Transformer baseline: the
-mean of every r-token segment's states, at the same ratio. The module has T5X
-`EncoderDecoderModel`'s signatures (`encode`, `decode`, `__call__`), so
-`models.EncoderDecoderModel` trains, scores and decodes it like the T5 networks.
+mean of every r-token segment's states, at the same ratio.
+
+T5X's signatures (`encode`, `decode`, `__call__`) let `models.EncoderDecoderModel` and
+`t5x.models.EncoderDecoderModel` train, score and decode it like the T5 networks. T5X
+beam-expands `encode`'s output as one array, so `encode` returns the nuggets' keys and
+values stacked, and `decode` rebuilds each row's valid slots from its context length (row b
+fills its first ceil(n_b / r) slots under both selections). The straight-through term is
+zero in value, so decoding from `encode` equals decoding from the full `Nuggets`; training
+(`__call__`) keeps the scores for its gradient.
 """
 import dataclasses
 from typing import NamedTuple, Optional
@@ -103,8 +109,8 @@ class Dodo(EncoderDecoderNetwork):
     positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
     return positions, causal_bias(positions, None, self.config.decoder.dtype)
 
-  def encode(self, encoder_input_tokens: Array, encoder_segment_ids=None,
-             encoder_positions=None, *, enable_dropout: bool = True) -> Nuggets:
+  def compress(self, encoder_input_tokens: Array, encoder_segment_ids=None,
+               encoder_positions=None, *, enable_dropout: bool = True) -> Nuggets:
     """Right-padded context `[batch, n]` -> `Nuggets` (k = ceil(n / r) slots)."""
     del encoder_positions  # contexts are unpacked; positions are 0..n-1
     tokens = check_tokens(encoder_input_tokens, "encoder_input_tokens")
@@ -139,13 +145,57 @@ class Dodo(EncoderDecoderNetwork):
     return Nuggets(jnp.stack(keys, axis=1), jnp.stack(values, axis=1), valid, kept_positions,
                    scores, indices)
 
+  def encode(self, encoder_input_tokens: Array, encoder_segment_ids=None,
+             encoder_positions=None, *, enable_dropout: bool = True) -> Array:
+    """Right-padded context `[batch, n]` -> the nuggets' keys and values as one array
+    `[batch, 2, layers, k, kv_heads, head_dim]` (T5X's encoder output; `decode` reads it)."""
+    nuggets = self.compress(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                            enable_dropout=enable_dropout)
+    return jnp.stack([nuggets.keys, nuggets.values], axis=1)
+
   # ------------------------------------------------------------------------- decode
-  def decode(self, encoded: Nuggets, encoder_input_tokens, decoder_input_tokens,
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+               decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None) -> Array:
+    """Teacher-forced logits `[batch, t, vocab]`, the nuggets' scores in the graph (§2.4)."""
+    del decoder_target_tokens, decoder_positions, max_decode_length
+    nuggets = self.compress(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                            enable_dropout=enable_dropout)
+    return self.decode_nuggets(nuggets, encoder_input_tokens, decoder_input_tokens,
+                               decoder_segment_ids, enable_dropout=enable_dropout,
+                               decode=decode)
+
+  def decode(self, encoded: Array, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
              decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
              max_decode_length: Optional[int] = None) -> Array:
-    """Logits `[batch, t, vocab]` of the targets given the nuggets from `encode`."""
-    del decoder_target_tokens, decoder_positions, max_decode_length
+    """Logits `[batch, t, vocab]` of the targets given `encode`'s output `[batch, 2, layers,
+    k, kv_heads, head_dim]`; row b's first ceil(n_b / r) slots are its nuggets."""
+    del decoder_target_tokens, encoder_segment_ids, decoder_positions, max_decode_length
+    k = encoded.shape[3]
+    valid = nug.filled_slots(encoder_input_tokens, self.config.compression_ratio, k)  # [b, k]
+    memory_bias = attn.mask_to_bias(valid.astype(jnp.float32), self.config.decoder.dtype
+                                    ).astype(jnp.float32)  # as decode_nuggets' (+ scores)
+    return self._decode_memory(encoded[:, 0], encoded[:, 1], memory_bias, encoder_input_tokens,
+                               decoder_input_tokens, decoder_segment_ids,
+                               enable_dropout=enable_dropout, decode=decode)
+
+  def decode_nuggets(self, nuggets: Nuggets, encoder_input_tokens, decoder_input_tokens,
+                     decoder_segment_ids=None, *, enable_dropout: bool = True,
+                     decode: bool = False) -> Array:
+    """Logits `[batch, t, vocab]` of the targets given `compress`'s nuggets (scores and all)."""
+    memory_bias = (attn.mask_to_bias(nuggets.valid.astype(jnp.float32),
+                                     self.config.decoder.dtype)
+                   + nug.straight_through(nuggets.scores))  # [batch, k]
+    return self._decode_memory(nuggets.keys, nuggets.values, memory_bias, encoder_input_tokens,
+                               decoder_input_tokens, decoder_segment_ids,
+                               enable_dropout=enable_dropout, decode=decode)
+
+  def _decode_memory(self, keys: Array, values: Array, memory_bias: Array,
+                     encoder_input_tokens, decoder_input_tokens, decoder_segment_ids, *,
+                     enable_dropout: bool, decode: bool) -> Array:
+    """keys / values `[batch, layers, k, kv_heads, head_dim]`, memory_bias `[batch, k]`."""
     if decoder_segment_ids is not None and not decode:
       raise ValueError("Packed targets (decoder_segment_ids) are not supported; pack=False.")
     cfg = self.config
@@ -162,10 +212,8 @@ class Dodo(EncoderDecoderNetwork):
     if cfg.soft_prompt:  # the first target slot (BOS) carries the learned prompt
       first = (offsets == 0)[..., None]  # [batch, t, 1]
       y = jnp.where(first, jnp.asarray(self.soft_prompt, y.dtype), y)
-    memory_bias = (attn.mask_to_bias(encoded.valid.astype(jnp.float32), cfg.decoder.dtype)
-                   + nug.straight_through(encoded.scores))[:, None, None, :]  # [b, 1, 1, k]
-    memories = [MemoryKV(encoded.keys[:, i], encoded.values[:, i], memory_bias)
-                for i in range(encoded.keys.shape[1])]
+    bias = memory_bias[:, None, None, :]  # [batch, 1, 1, k]
+    memories = [MemoryKV(keys[:, i], values[:, i], bias) for i in range(keys.shape[1])]
     positions = context_length[:, None] + offsets  # targets follow the context
     y = self.stack(y, positions, self_bias, memories, self._adapter("decode"), decode=decode,
                    cache_index=index, deterministic=not enable_dropout)

@@ -7,7 +7,7 @@ For every context length n, in one process and one run, with one fixed model:
   * full cache: a plain LLaMA-style `Decoder` prefills the n context tokens into a KV cache
     sized n + new_tokens, then greedily decodes one token per jitted step;
   * nugget cache: `Dodo` encodes the same context into k = ceil(n / r) nuggets per layer
-    (`Nuggets.keys` / `.values` [batch, layers, k, kv_heads, head_dim]) and decodes one
+    (their keys and values, `[batch, 2, layers, k, kv_heads, head_dim]`) and decodes one
     token per jitted step from the nuggets plus a cache of its own generated tokens.
 Both networks share the decoder weights (Dodo's params['stack'] is the Decoder's
 params['stack']; Dodo's scorer and soft prompt are random), so the comparison is about the
@@ -36,7 +36,7 @@ from decal_jax import benchmarking
 from decal_jax.benchmarking import (DoesNotFit, check_fits, gib, greedy, load_average,
                                     needed_bytes, timed, xla_cost)
 from decal_jax.networks.decoder import Decoder, DecoderConfig
-from decal_jax.networks.dodo import Dodo, DodoConfig, Nuggets
+from decal_jax.networks.dodo import Dodo, DodoConfig
 
 CACHE_LEAVES = ("cached_key", "cached_value")
 
@@ -93,8 +93,9 @@ def kv_cache_bytes(cache) -> int:
   return sum(leaf.nbytes for path, leaf in flat.items() if path[-1] in CACHE_LEAVES)
 
 
-def nugget_bytes(nuggets: Nuggets) -> int:
-  return nuggets.keys.nbytes + nuggets.values.nbytes
+def nugget_bytes(encoded: jax.Array) -> int:
+  """Bytes of `Dodo.encode`'s output: the nuggets' keys and values, every layer."""
+  return encoded.nbytes
 
 
 # ----------------------------------------------------------------------------- timing

@@ -154,11 +154,11 @@ def test_straight_through_term_changes_gradients_not_values():
   def loss_with_scores(score_fn):
     def fn(p):
       encoded = module.apply({"params": p}, batch["encoder_input_tokens"], enable_dropout=False,
-                             method=Dodo.encode)
+                             method=Dodo.compress)
       encoded = encoded._replace(scores=score_fn(encoded.scores))
       logits = module.apply({"params": p}, encoded, batch["encoder_input_tokens"],
                             batch["decoder_input_tokens"], enable_dropout=False,
-                            method=Dodo.decode)
+                            method=Dodo.decode_nuggets)
       return optax.softmax_cross_entropy_with_integer_labels(logits, targets[:2]).mean()
     return fn
 
@@ -180,12 +180,13 @@ def test_straight_through_gradient_is_the_summed_logit_gradient(monkeypatch):
   attention logit toward nugget i (all layers, heads, queries), taken by finite differences."""
   cfg, module, params = _dodo(0)
   context, targets = _batch()
-  encoded = module.apply({"params": params}, context, enable_dropout=False, method=Dodo.encode)
+  encoded = module.apply({"params": params}, context, enable_dropout=False,
+                         method=Dodo.compress)
   zeros = jnp.zeros_like(encoded.scores)
 
   def loss(scores):
     logits = module.apply({"params": params}, encoded._replace(scores=scores), context,
-                          targets, enable_dropout=False, method=Dodo.decode)
+                          targets, enable_dropout=False, method=Dodo.decode_nuggets)
     return optax.softmax_cross_entropy_with_integer_labels(
         logits, targets).sum()
 
@@ -215,8 +216,8 @@ def test_cached_decoding_from_nuggets_equals_recomputing(selection):
   recomputed = model.predict_batch_uncached(params, batch)
   np.testing.assert_array_equal(cached, recomputed)
   assert len(set(map(tuple, np.asarray(cached).tolist()))) > 1  # not degenerate
-  # beam search expands the nuggets (a pytree) per beam and runs to the end; each best
-  # beam's score is the full pass's log probability of its tokens, length-normalised
+  # beam search expands encode's one array per beam (as T5X does) and runs to the end;
+  # each best beam's score is the full pass's log probability of its tokens, length-normalised
   beam_model = models.EncoderDecoderModel(module, vocab, vocab)
   beams, aux = beam_model.predict_batch_with_aux(params, batch, num_decodes=2)
   assert beams.shape == targets.shape
@@ -229,6 +230,25 @@ def test_cached_decoding_from_nuggets_equals_recomputing(selection):
   # Cached steps against one full pass: float32 sums in two orders, over a handful of log
   # probabilities (|each| < 10); 1e-4 is several hundred eps of that.
   np.testing.assert_allclose(np.asarray(aux["scores"]), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("selection", ["nuggets", "compressive"])
+def test_encode_is_the_nuggets_keys_and_values_and_decode_rebuilds_their_slots(selection):
+  """T5X's form: `encode` is one array; `decode` finds each row's nuggets from its length."""
+  cfg, module, params = _dodo(4, selection=selection)
+  context, targets = _batch()  # rows of 11, 7 and 0 real tokens; r = 3
+  nuggets = module.apply({"params": params}, context, enable_dropout=False, method=Dodo.compress)
+  encoded = module.apply({"params": params}, context, enable_dropout=False, method=Dodo.encode)
+  np.testing.assert_array_equal(encoded[:, 0], nuggets.keys)
+  np.testing.assert_array_equal(encoded[:, 1], nuggets.values)
+  filled = np.asarray(nug.filled_slots(context, cfg.compression_ratio, encoded.shape[3]))
+  np.testing.assert_array_equal(filled, [[1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]])  # ceil(n/3)
+  np.testing.assert_array_equal(filled, nuggets.valid)
+  from_encode = module.apply({"params": params}, encoded, context, targets,
+                             enable_dropout=False, method=Dodo.decode)
+  teacher_forced = module.apply({"params": params}, context, targets, targets,
+                                enable_dropout=False)  # scores in the graph: zero in value
+  np.testing.assert_allclose(from_encode, teacher_forced, rtol=1e-6, atol=1e-6)
 
 
 def test_context_and_targets_beyond_max_length_are_refused():

@@ -4,8 +4,10 @@ Skipped, with the reason, where `import t5x` fails (CI: T5X is not on the packag
 docs/t5x.md installs it). For each family, at a tiny size on the built-in tasks (no
 download): `python -m t5x.train` a few steps with the drop-in gin files (gin/t5x/), then
 `t5x.infer` and `t5x.eval` (decoding metrics: SQuAD on the built-in QA task) from that
-checkpoint; and in process, T5X's own `predict_batch` (greedy) equals decal_jax's decoding
-on the same parameters, decoder-only families with T5X's per-row prompt prefill.
+checkpoint (DeCAL also fine-tuned from it by T5X's finetune.gin); and in process, T5X's own
+`predict_batch` (greedy) equals decal_jax's decoding on the same parameters, Dodo's
+compressor through T5X's beam expansion of its nuggets, decoder-only families with T5X's
+per-row prompt prefill.
 
   PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x
 """
@@ -67,18 +69,19 @@ FAMILIES = {
                                 "--gin.SCORER_LAYER=1", "--gin.NUGGET_THRESHOLD=0.0"] + UNPACKED),
 }
 STEPS = 2
-# T5X's EncoderDecoderModel expands `encode`'s output for beam search as one array; Dodo's
-# is its nuggets (keys, values, validity, scores), so T5X decodes it not (docs/t5x.md).
-TRAIN_ONLY = {"dodo"}
+# also fine-tuned by T5X's finetune.gin from its pretraining checkpoint, on the QA task
+FINETUNED = {"decal_c4"}
 EVAL_TASK = "decal_builtin_qa"  # inputs -> targets with SQuAD metrics, built-in vocabulary
 
 
-def _run(entry: str, family: str, *args: str, cwd: pathlib.Path) -> str:
-  """Runs `python -m t5x.<entry>` with the family's drop-in file; returns its log."""
+def _run(entry: str, family: str, *args: str, cwd: pathlib.Path,
+         run_file: str = "") -> str:
+  """Runs `python -m t5x.<entry>` with the family's drop-in file and t5x/runs/<run_file>.gin
+  (default: pretrain for train, else the entry's own); returns its log."""
   drop_in, _, _, bindings = FAMILIES[family]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  run_file = "pretrain" if entry == "train" else entry
+  run_file = run_file or ("pretrain" if entry == "train" else entry)
   command = [sys.executable, "-m", f"t5x.{entry}", f"--gin_search_paths={REPO / 'gin'}",
              f"--gin_file={drop_in}", f"--gin_file=t5x/runs/{run_file}.gin", *bindings, *args]
   done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
@@ -104,8 +107,6 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
        cwd=tmp_path)
   checkpoint = model_dir / f"checkpoint_{STEPS}"
   assert (checkpoint / "_CHECKPOINT_METADATA").exists()  # T5X's Orbax checkpoint
-  if family in TRAIN_ONLY:
-    return
   common = [f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
             f"--gin.TASK_FEATURE_LENGTHS={_eval_lengths(family)}",
             f"--gin.CHECKPOINT_PATH='{checkpoint}'", "--gin.utils.DatasetConfig.batch_size=4",
@@ -121,6 +122,26 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
   metrics = [json.loads(line) for p in (tmp_path / "eval").rglob("*-metrics.jsonl")
              for line in p.read_text().splitlines()]
   assert metrics and {"f1", "em"} <= set(metrics[-1]), metrics
+  if family in FINETUNED:
+    _finetune(family, checkpoint, tmp_path)
+
+
+def _finetune(family: str, initial: pathlib.Path, tmp_path: pathlib.Path) -> None:
+  """t5x/runs/finetune.gin from the 2-step pretraining (INITIAL_CHECKPOINT_PATH): T5X
+  restores its step and parameters, then trains STEPS more steps on decal_builtin_qa."""
+  model_dir = tmp_path / "finetune"
+  log = _run("train", family, f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
+             f"--gin.TASK_FEATURE_LENGTHS={ENC_DEC_LENGTHS}",
+             f"--gin.TRAIN_STEPS={2 * STEPS}", "--gin.BATCH_SIZE=4",
+             f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{initial}'",
+             "--gin.EVAL_STEPS=1", f"--gin.EVAL_PERIOD={STEPS}",
+             "--gin.train.infer_eval_dataset_cfg=None",
+             f"--gin.utils.SaveCheckpointConfig.period={STEPS}", cwd=tmp_path,
+             run_file="finetune")
+  # T5X saves the state it starts from: the restored step STEPS (step 0 without a restore)
+  saved = sorted(p.name for p in model_dir.glob("checkpoint_*"))
+  assert saved == [f"checkpoint_{STEPS}", f"checkpoint_{2 * STEPS}"], (saved, log[-3000:])
+  assert str(initial) in log, log[-3000:]
 
 
 # ---------------------------------------------------------------- decodes: T5X == decal_jax
@@ -138,11 +159,14 @@ def _bindings(family):
 
 
 @pytest.mark.parametrize("family", ["decal_c4", "decal_c1", "ccproxy", "attn_pool",
-                                    "decal_scan_fused"])
+                                    "decal_scan_fused", "dodo"])
 def test_t5x_greedy_decodes_equal_ours_encoder_decoder(family):
+  """Dodo: T5X beam-expands `encode`'s one array (the nuggets' keys and values); the rows'
+  context lengths (32 and 20 tokens) leave them different numbers of nuggets."""
   from decal_jax import models as our_models
   drop_in = FAMILIES[family][0]
-  t5x_model = _parse([drop_in], _bindings(family) + ["ACTIVATION_DTYPE = 'float32'"])
+  fp32 = [] if family == "dodo" else ["ACTIVATION_DTYPE = 'float32'"]  # Dodo's is float32
+  t5x_model = _parse([drop_in], _bindings(family) + fp32)
   ours = our_models.EncoderDecoderModel(t5x_model.module, t5x_model.input_vocabulary,
                                         t5x_model.output_vocabulary)
   batch_size, n, t = 3, 32, 8

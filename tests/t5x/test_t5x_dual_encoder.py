@@ -2,7 +2,8 @@
 
 Skipped, with the reason, where `import t5x` fails (CI). `python -m t5x.train` trains the
 tiny drop-in (gin/t5x/de_decal_t5_1_1_tiny.gin) on the built-in BEIR task and `t5x.infer`
-scores pairs from its checkpoint; in process, the
+scores pairs from its checkpoint, `t5x.eval` ranks the validation split's queries against its
+passages (gin/t5x/runs/eval_dual_encoder.gin); in process, the
 T5X model's loss equals decal_jax's own DualEncoderModel's, 'similarity' equals a numpy
 MaxSim over the encodings, and hard negatives ([batch, n_neg, length]) change the loss as a
 numpy softmax cross entropy over [positives | negatives] says.
@@ -33,6 +34,7 @@ import numpy as np  # noqa: E402
 import paths  # noqa: E402
 from decal_jax import models as our_models  # noqa: E402
 from decal_jax.models import t5x_dual_encoder  # noqa: E402
+from decal_jax.retrieval import beir  # noqa: E402
 
 REPO = paths.REPO
 DROP_IN = "t5x/de_decal_t5_1_1_tiny.gin"
@@ -76,6 +78,22 @@ def test_t5x_train_and_infer_the_dual_encoder(tmp_path):
           if not p.name.endswith("COMPLETED") for line in p.read_text().splitlines()]
   assert rows and all(math.isfinite(r["score"]) for r in rows)
   assert len({round(r["score"], 6) for r in rows}) > 1  # not one repeated score
+  # t5x.eval: the validation queries ranked against the validation passages
+  _t5x("eval", "eval_dual_encoder", f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+       f"--gin.EVAL_OUTPUT_DIR='{tmp_path / 'eval'}'",
+       "--gin.utils.DatasetConfig.split='validation'", "--gin.utils.DatasetConfig.batch_size=4",
+       cwd=tmp_path)
+  metrics = [json.loads(line) for p in (tmp_path / "eval").rglob("*-metrics.jsonl")
+             for line in p.read_text().splitlines()]
+  assert metrics, list((tmp_path / "eval").rglob("*"))
+  last = metrics[-1]
+  for name in ("ndcg@10", "recall@10", "mrr@10"):
+    assert 0 < last[name] <= 1, last
+  # one ranking per distinct validation query, against the split's relevant passages
+  data = beir.load_beir(beir.builtin_beir_folder(), "validation")
+  assert last["num_queries"] == len({data.queries[q] for q in data.qrels}), last
+  passages = {doc for grades in data.qrels.values() for doc, g in grades.items() if g > 0}
+  assert last["num_queries"] < last["num_passages"] <= len(passages), last
 
 
 # ------------------------------------------------------------------- in process
@@ -149,9 +167,14 @@ def test_similarity_and_encodings_equal_our_maxsim(network_and_params):
   q, qm = _encode(ours, params, batch["left_encoder_input_tokens"], "query")
   p, pm = _encode(ours, params, batch["right_encoder_input_tokens"], "passage")
   expected = np.diag(_numpy_maxsim(q, qm, p, pm))  # [b]: each query with its own passage
-  similarity, _ = _t5x_model(network_and_params, inference_mode="similarity")[0] \
+  similarity, aux = _t5x_model(network_and_params, inference_mode="similarity")[0] \
       .predict_batch_with_aux(params, batch)
   np.testing.assert_allclose(np.asarray(similarity), expected, rtol=1e-5, atol=1e-5)
+  # its aux values are the encodings t5x.eval's retrieval metrics rank
+  for key, want in [("query_vectors", q), ("passage_vectors", p)]:
+    np.testing.assert_allclose(np.asarray(aux[key]), want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(aux["query_valid"]), qm)
+  np.testing.assert_array_equal(np.asarray(aux["passage_valid"]), pm)
   for mode, (vectors, valid) in [("encode", (q, qm)), ("encode_left", (q, qm)),
                                  ("encode_right", (p, pm))]:
     got, aux = _t5x_model(network_and_params, inference_mode=mode)[0] \
