@@ -6,6 +6,7 @@ sentence is followed by the end-of-sentence token (`data.sentences.sentences_lm`
 | decal_builtin_sentence_lm | the built-in corpus (no download) | built-in |
 | decal_c4_sentence_lm | TFDS c4/en:3.1.0 | the model's |
 | decal_text_sentence_lm | plain-text files `<local dir>/text_lm/<split>.txt` (decal_text_lm's) | the model's |
+| decal_real_text_sentence_lm | C4 / WikiText-2 / TinyStories in ../shared/data (`data.real_text`) | the model's |
 
 `register_text_sentence_lm_task(name, {split: path or glob})` makes a task of any plain-text
 files (one paragraph per line; blank lines are skipped; lines that are not UTF-8 are
@@ -23,7 +24,7 @@ from typing import Mapping, Optional
 
 import seqio
 
-from decal_jax.data import corpus, sentences, vocabularies
+from decal_jax.data import corpus, real_text, sentences, vocabularies
 from decal_jax.tasks import lm_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
 
@@ -50,5 +51,6 @@ def register_text_sentence_lm_task(name: str, split_files: Mapping[str, str],
 _register("decal_builtin_sentence_lm", corpus.data_source(), vocabularies.builtin_vocabulary())
 _register("decal_c4_sentence_lm", PreparedTfdsSource(C4_TFDS_NAME),
           vocabularies.DeferredVocabulary())
+_register("decal_real_text_sentence_lm", real_text.data_source(), vocabularies.DeferredVocabulary())
 _register(TEXT_SENTENCE_LM_TASK, lm_tasks._LocalTextLines(),  # pylint: disable=protected-access
           vocabularies.DeferredVocabulary(), lines=True)

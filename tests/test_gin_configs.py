@@ -55,6 +55,7 @@ def test_all_gin_files_are_covered_here():
              {"runs/squid_restore_builtin.gin", "runs/squid_continue_builtin.gin",
               "runs/squid_instruct_builtin.gin"} |  # run in order by tests/test_squid_train.py
              {"models/gpthf.gin", "models/gpthf_tiny.gin", "runs/gpthf_lm_builtin.gin",
+              "runs/gpthf_lm_real.gin",
               "models/gpthf_16_8.gin", "models/gpthf_8_4.gin", "models/gpt_baseline_24.gin",
               "models/gpt_baseline_12.gin"} |  # the GPTHF tests at the end
              {"models/dual_encoder.gin", "runs/retrieval_finetune.gin", "runs/retrieve.gin",
@@ -670,6 +671,46 @@ def test_gpthf_tiny_and_its_run_file():
   assert cfg.sentence_end_id == model.output_vocabulary.vocab_size - 1
   assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_builtin_sentence_lm"
   assert gin.query_parameter("%MAX_SENTENCE_LENGTH") == cfg.max_sentence_length == 64
+  gin.clear_config()
+
+
+# 6 blocks x (q, o 128 x 128 + k, v 128 x 64 + SwiGLU 3 x 128 x 384 + 2 norms of 128) +
+# embedding and logits 2 x 4,224 x 128 + final norm 128 (hand-worked; untied).
+TINY_6_BLOCKS = (6 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384 + 2 * 128)
+                 + 2 * 4224 * 128 + 128)
+
+
+def test_gpthf_real_text_run_file_reads_each_token_once(monkeypatch):
+  """runs/gpthf_lm_real.gin (docs/results/gpthf_lm_real.md): the real-text task with its own
+  vocabulary; GPTHF and the 6-block GPT have the same parameters (2,262,656); the run reads
+  fewer tokens than the training split holds, counted here by tokenizing it."""
+  import os
+  from decal_jax.data import real_text, sentences
+  data = pathlib.Path(os.environ.get("DECAL_DATA_DIR", REPO.parent / "shared" / "data"))
+  if not (data / real_text.FILES["c4"]).exists():
+    pytest.skip(f"{data / 'text'} not found: set DECAL_DATA_DIR to the shared data folder")
+  monkeypatch.setenv("DECAL_DATA_DIR", str(data))
+  _parse("models/gpthf_tiny.gin", "runs/gpthf_lm_real.gin",
+         bindings=["MODEL_DIR = '/tmp/unused'"])
+  model = _build_model()
+  cfg, vocab = model.module.config, model.output_vocabulary
+  assert isinstance(vocab, real_text.RealTextVocabulary)
+  assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_real_text_sentence_lm"
+  assert cfg.sentence_end_id == vocab.vocab_size - 1 < cfg.decoder.vocab_size == 4224
+  assert (cfg.encoder_layers, cfg.decoder.num_layers) == (4, 6)
+  assert _decoder_only_param_count(model) == TINY_6_BLOCKS
+  read = (gin.query_parameter("%TRAIN_STEPS") * gin.query_parameter("%BATCH_SIZE") *
+          gin.query_parameter("%TASK_FEATURE_LENGTHS")["targets"])
+  end = vocab.vocab_size - 1
+  held = sum(len(sentences.encode_sentences(d, vocab, end, cfg.max_sentence_length))
+             for d in real_text.documents()["train"])
+  assert read < held
+  gin.clear_config()
+  _parse("models/decoder_tiny.gin", "runs/gpthf_lm_real.gin",
+         bindings=["MODEL_DIR = '/tmp/unused'", "decoder.DecoderConfig.num_layers = 6"])
+  gpt = _build_model()
+  assert type(gpt.module).__name__ == "Decoder" and gpt.output_vocabulary == vocab
+  assert _decoder_only_param_count(gpt) == TINY_6_BLOCKS
   gin.clear_config()
 
 

@@ -1,5 +1,5 @@
-"""The results tables of decal_jax/tools/downstream_table.py and decal_jax/tools/lm_table.py, rendered from
-hand-made rows: each cell is the number given, formatted as the header says."""
+"""The results tables of decal_jax/tools/downstream_table.py, lm_table.py and gpthf_table.py,
+rendered from hand-made rows: each cell is the number given, formatted as the header says."""
 import importlib
 import types
 
@@ -41,3 +41,39 @@ def test_lm_table_shows_perplexity_accuracy_and_notes():
       ["full attention", "256", "51.23", "31.2 %", "100"],
       ["Dodo", "32 + 22", "60.01", "28.8 %", "80"]]
   assert text.endswith("\n- Dodo: threshold calibrated on 4 batches")
+
+
+def _places(scale):
+  """Hand-made bucket sums: [summed loss, tokens] with a per-token loss of log(scale)."""
+  import math
+  return {k: [n * math.log(scale), n] for k, n in
+          (("1st", 10), ("2nd-4th", 30), ("5th-16th", 40), ("17th+", 15), ("end", 5))}
+
+
+def test_gpthf_table_gives_mean_and_standard_error_over_seeds():
+  results = [{"name": "gpthf", "seed": s, "perplexity": p, "accuracy": a, "train_seconds": 100.0,
+              "places": _places(p)} for s, p, a in ((0, 100.0, 0.20), (1, 110.0, 0.22),
+                                                    (2, 120.0, 0.24))]
+  results.append({"name": "gpt-6", "seed": 0, "perplexity": 90.0, "accuracy": 0.25,
+                  "train_seconds": 80.0, "places": _places(90.0)})
+  rows = _cells("\n".join(_tool("gpthf_table").table(results)))
+  # 100, 110, 120: mean 110, sample s.d. 10, s.e. 10 / sqrt(3) = 5.77; accuracy 22 +- 1.15.
+  assert rows[1] == ["gpthf", "**110.0 ± 5.8**", "100.0, 110.0, 120.0", "22.0 ± 1.2 %",
+                     "110.0 ± 5.8", "110.0 ± 5.8", "110.0 ± 5.8", "110.0 ± 5.8", "110.0 ± 5.8",
+                     "100"]
+  assert rows[2] == ["gpt-6", "**90.0**", "90.0", "25.0 %"] + ["90.0"] * 5 + ["80"]
+
+
+def test_gpthf_table_buckets_tokens_by_their_place_in_the_sentence():
+  import numpy as np
+  end = 9
+  targets = np.array([[5, 6, end, 7, 8, 7, 6, 5, end, 0]])  # places 0 1 2 | 0 1 2 3 4 5 | pad
+  got = {k: np.flatnonzero(v[0]).tolist()
+         for k, v in _tool("gpthf_table").place_buckets(targets, end, 64).items()}
+  assert got == {"1st": [0, 3], "2nd-4th": [1, 4, 5, 6], "5th-16th": [7], "17th+": [],
+                 "end": [2, 8]}
+  long_sentence = np.array([[4] * 18 + [end, 3]])  # 18 words: places 0..17, then a new one
+  got = {k: np.flatnonzero(v[0]).tolist()
+         for k, v in _tool("gpthf_table").place_buckets(long_sentence, end, 64).items()}
+  assert got == {"1st": [0, 19], "2nd-4th": [1, 2, 3], "5th-16th": list(range(4, 16)),
+                 "17th+": [16, 17], "end": [18]}

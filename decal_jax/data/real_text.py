@@ -1,0 +1,156 @@
+"""The real text of the shared data folder (about 1M words of C4, WikiText-2 and TinyStories,
+`<data dir>/text/`) as documents with a fixed train / validation split, a seqio source, and a
+SentencePiece vocabulary trained on its training split.
+
+The data dir is `$DECAL_DATA_DIR`, default `../shared/data` (from a checkout's root); the files
+are read, never copied. Documents:
+
+  C4          each JSON line's `text` (1,000 web pages)
+  WikiText-2  each article of the raw test split: a ` = Title = ` line and the lines up to the
+              next one (line ends normalised, blank lines dropped)
+  TinyStories each story between `<|endoftext|>` markers (the file's last one is cut short)
+
+Exact repeats are kept once. Each document goes to 'validation' when the SHA-256 of its text
+falls in the first VALIDATION_PERCENT buckets of 100 (`corpus.split_of`'s rule), else to
+'train': the splits never share a document, and the choice does not depend on file order.
+
+The vocabulary (`vocabulary()`: at most VOCAB_SIZE pieces with UTF-8 byte fallback, plus 100
+sentinels, T5's pad 0 / eos 1 / unk 2) is trained on the training documents only, on first
+use, and cached under `$DECAL_CACHE_DIR` by a fingerprint of that text.
+"""
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import re
+from typing import Dict, List, Optional
+
+import seqio
+import tensorflow as tf
+
+from decal_jax.data import vocabularies
+
+SPLITS = ("train", "validation")
+VALIDATION_PERCENT = 5
+VOCAB_SIZE = 4000
+FILES = {"c4": "text/c4_en_train_sample1000.jsonl",
+         "wikitext2": "text/wikitext2_raw_test.txt",
+         "tinystories": "text/tinystories_sample.txt"}
+_ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")  # ' = Title = ', not ' = = Section = = '
+
+
+def data_dir() -> pathlib.Path:
+  """`$DECAL_DATA_DIR`, default `../shared/data`."""
+  return pathlib.Path(os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data")))
+
+
+def _path(source: str, folder: pathlib.Path) -> pathlib.Path:
+  path = folder / FILES[source]
+  if not path.exists():
+    raise FileNotFoundError(
+        f"{path} not found: the real-text tasks read {FILES[source]} from the shared data "
+        "folder. Set DECAL_DATA_DIR to it (default ../shared/data, from the repository root).")
+  return path
+
+
+def c4_documents(path: pathlib.Path) -> List[str]:
+  with path.open(encoding="utf-8") as f:
+    return [json.loads(line)["text"] for line in f if line.strip()]
+
+
+def wikitext_documents(path: pathlib.Path) -> List[str]:
+  """One document per article; lines before the first title are dropped."""
+  articles: List[List[str]] = []
+  with path.open(encoding="utf-8", newline="") as f:
+    for line in f:
+      line = line.rstrip("\r\n")
+      if _ARTICLE_TITLE.match(line):
+        articles.append([])
+      if articles and line.strip():
+        articles[-1].append(line.strip())
+  return ["\n".join(lines) for lines in articles]
+
+
+def tinystories_documents(path: pathlib.Path) -> List[str]:
+  text = path.read_text(encoding="utf-8")
+  return [story.strip() for story in text.split("<|endoftext|>") if story.strip()]
+
+
+READERS = {"c4": c4_documents, "wikitext2": wikitext_documents,
+           "tinystories": tinystories_documents}
+
+
+def split_of(document: str) -> str:
+  """'validation' for about VALIDATION_PERCENT % of documents (by SHA-256), else 'train'."""
+  bucket = int(hashlib.sha256(document.encode("utf-8")).hexdigest(), 16) % 100
+  return "validation" if bucket < VALIDATION_PERCENT else "train"
+
+
+@functools.lru_cache(maxsize=None)
+def _documents(folder: str) -> Dict[str, List[str]]:
+  out: Dict[str, List[str]] = {split: [] for split in SPLITS}
+  seen = set()
+  for source, read in READERS.items():
+    for document in read(_path(source, pathlib.Path(folder))):
+      if document not in seen:
+        seen.add(document)
+        out[split_of(document)].append(document)
+  return out
+
+
+def documents(folder: Optional[pathlib.Path] = None) -> Dict[str, List[str]]:
+  """{'train': [...], 'validation': [...]}: C4, then WikiText-2, then TinyStories documents,
+  each source in file order."""
+  return _documents(str(folder or data_dir()))
+
+
+def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> tf.data.Dataset:
+  """{'text': scalar string} per document; training reads shuffled by `seed` (seqio repeats
+  them, a new order each pass), evaluation reads in the fixed order."""
+  if split not in SPLITS:
+    raise ValueError(f"The real text has splits {SPLITS}, not {split!r}.")
+  docs = documents()[split]
+  ds = tf.data.Dataset.from_tensor_slices({"text": docs})
+  return ds.shuffle(len(docs), seed=seed or 0) if shuffle_files else ds
+
+
+def data_source() -> seqio.FunctionDataSource:
+  """The real text as a seqio source: splits 'train' / 'validation', feature 'text'."""
+  return seqio.FunctionDataSource(_dataset_fn, splits=SPLITS)
+
+
+# ----------------------------------------------------------------------------- vocabulary
+def vocabulary_path(vocab_size: int = VOCAB_SIZE, build: bool = True) -> str:
+  """The cached vocabulary of the training documents (trained first if missing and `build`)."""
+  train = documents()["train"]
+  fingerprint = hashlib.sha256("\n".join(train).encode("utf-8")).hexdigest()[:12]
+  path = vocabularies.cache_dir() / f"real_text_spm_{vocab_size}_bytes_{fingerprint}.model"
+  if build and not path.exists():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with vocabularies._exclusive_lock(path):  # pylint: disable=protected-access
+      if not path.exists():  # another process may have built it while we waited
+        lines = [line for doc in train for line in doc.splitlines() if line.strip()]
+        vocabularies.train_sentencepiece(lines, path, vocab_size)
+  return str(path)
+
+
+class RealTextVocabulary(vocabularies.NamedSentencePieceVocabulary):
+  """The real text's SentencePiece vocabulary; its file is named at creation (the documents
+  are read then) and trained on first use."""
+
+  def __init__(self, vocab_size: int = VOCAB_SIZE, extra_ids: int = vocabularies.EXTRA_IDS):
+    self._size = vocab_size
+    super().__init__(vocabulary_path(vocab_size, build=False), extra_ids=extra_ids)
+
+  def _model_context(self):
+    if not self._model and not os.path.exists(self._sentencepiece_model_file):
+      vocabulary_path(self._size, build=True)
+    return super()._model_context()
+
+
+def vocabulary(vocab_size: int = VOCAB_SIZE,
+               extra_ids: int = vocabularies.EXTRA_IDS) -> seqio.SentencePieceVocabulary:
+  """At most `vocab_size` pieces of the training documents plus `extra_ids` sentinels (the
+  models' VOCABULARY in runs/gpthf_lm_real.gin; the task tokenizes with the model's)."""
+  return RealTextVocabulary(vocab_size, extra_ids)
