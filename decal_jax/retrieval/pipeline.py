@@ -175,14 +175,15 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        query_length: int = 64, passage_length: int = 256,
                        batch_size: int = 64, top_k: int = 100, index_dir: Optional[str] = None,
                        index_dtype: str = "float16", search: str = "exact",
-                       nprobe: int = 4, candidates: int = 1024,
+                       nprobe: int = residual.DEFAULT_NPROBE,
+                       candidates: Optional[int] = None,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
                        partitioner=None) -> Dict[str, float]:
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
-  candidates, residual_bits in 1, 2, 4, 8 or None, num_centroids default ColBERTv2's)."""
+  candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None, num_centroids default ColBERTv2's)."""
   if search not in SEARCHES:
     raise ValueError(f"search must be one of {SEARCHES}, got {search!r} (gin: SEARCH).")
   from decal_jax.tasks import retrieval_tasks  # registers the tasks; reads their folders
