@@ -3,12 +3,15 @@
 The codec: k-means centroids over a sample of the corpus's vectors; each vector is stored as
 the id of its nearest centroid (L2) and its residual (vector - centroid) quantised to b bits
 per dimension. Per dimension j, the 2^b - 1 bucket cutoffs are the sample residuals'
-quantiles at i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values)
-their quantiles at (i + 0.5) / 2^b; a residual value r decodes to the weight of the bucket
-holding it (the number of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a
-value inside the sample's range is off by at most its bucket's width. b is 1, 2, 4 or 8
-(8 / b codes per byte, so d must be a multiple of 8 / b), or None: the vectors are kept
-as they are (the source index's dtype), with their centroid ids for the candidate step.
+quantiles at i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values) the
+mean of the sample residuals in each bucket (the quantile at (i + 0.5) / 2^b for a bucket
+the sample leaves empty); a residual value r decodes to the weight of the bucket holding it
+(the number of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a value
+inside the sample's range is off by at most its bucket's width; when the sample's vectors
+all have unit norm (as the encoders' do), the decoded vector is scaled back to unit norm.
+b is 1, 2, 4 or 8 (8 / b codes per byte, so d must be a multiple of 8 / b), or None: the
+vectors are kept as they are (the source index's dtype), with their centroid ids for the
+candidate step.
 
 Layout of a residual index directory (built whole in `<directory>.tmp-<random>`, then renamed):
 
@@ -23,13 +26,20 @@ Layout of a residual index directory (built whole in `<directory>.tmp-<random>`,
     meta.json      the exact index's encoder config, fingerprint and corpus fingerprint (so
                    the same config and corpus checks apply), the codec settings, sizes
 
-Approximate search (PLAID's two stages, simplified): each valid query vector probes its
-`nprobe` nearest centroids (largest dot product); the candidates are the documents in those
-centroids' inverted lists. They are ranked by centroid interaction (sum over query vectors of
-the best dot product with the centroids of the document's vectors), the best `candidates`
-are decompressed and scored with exact MaxSim, and the top k returned. With nprobe = every
-centroid, candidates >= the corpus and b = None, it ranks as the exact index does (documents
-with no vector are in no inverted list, so they are never returned).
+Approximate search (PLAID's stages, `ResidualIndex.search`), per query:
+  1. probe: each valid query vector probes the `nprobe` cells (centroids) L2-nearest to its
+     direction, i.e. the cells a document vector equal to the unit query vector would be
+     stored in (largest q.c / |q| - |c|^2 / 2);
+  2. candidates: the documents in those cells' inverted lists (built at index time);
+  3. centroid interaction: each candidate scores the sum over query vectors of its best
+     vector, where a vector counts its centroid's score q.c, or its exact score against the
+     decompressed vector when it lies in a cell that query vector probed; the best
+     `candidates` (default `default_candidates`) are kept;
+  4. rerank: exact MaxSim over their decompressed vectors, top k.
+With nprobe = every centroid, candidates >= the corpus and b = None it ranks as the exact
+index does (documents with no vector are in no inverted list, so they are never returned).
+Each step is vectorised numpy over the query's candidates; the centroid scores of a batch
+of queries are one matmul.
 
 k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in numpy
 (`kmeans_numpy`, Lloyd's iterations from a random sample of points): same results up to the

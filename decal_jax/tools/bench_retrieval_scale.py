@@ -1,17 +1,21 @@
 """Exact vs approximate multi-vector search at passage ratios C and residual bit widths:
-index bytes per passage, NDCG@10 and its loss against exact, recall of the exact top-100,
-queries/s. (`decal_jax/tools/bench_retrieval.py` measures the encoder and exact scan; this one the
-index and search that scale past one small corpus, issue 24.)
+index bytes per passage, NDCG@10 and Recall@100 against exact, the share of the exact
+top-100 found, queries/s. (`decal_jax/tools/bench_retrieval.py` measures the encoder and exact
+scan; this one the index and search that scale past one small corpus, issue 24.)
 
-  python -m decal_jax.tools.bench_retrieval_scale --beir_folder ../shared/data/beir/scifact \
-      --ratios 1 2 4 8 --bits 1 2 4 none --out docs/results/retrieval_scale_cpu.md \
-      --plot docs/results/retrieval_scale_cpu.png
-  python -m decal_jax.tools.bench_retrieval_scale --synthetic_passages 1000000  # the 1M target
+  python -m decal_jax.tools.bench_retrieval_scale --passage_length 128 --max_queries 100 \
+      --ratios 1 2 4 8 --bits 1 2 4 none --num_centroids 0.25 --synthetic_passages 0 \
+      --out docs/results/retrieval_scale_cpu.md --plot docs/results/retrieval_scale_cpu.png
+  python -m decal_jax.tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
+      --synthetic_passages 100000 --ratios 4 --bits 2 none --num_centroids 0.25 \
+      --out docs/results/retrieval_scale_synthetic_cpu.md  # the scale run (1M: the target)
 
-Two corpora, both searched by the library's `index.Index.search` (exact, the reference) and
+Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and
 `residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector,
 `--candidates` documents reranked with exact MaxSim over decompressed vectors):
-  * a BEIR folder (real text and qrels) read by a training-free stand-in encoder, so that
+  * a BEIR folder (default ../shared/data's SciFact) and an MS MARCO passage folder
+    (default ../shared/data's TREC-DL 2019 judged passages; DECAL_DATA_DIR overrides
+    ../shared/data), real text and qrels, read by a training-free stand-in encoder, so that
     no checkpoint is needed and the quality is real: every word (lower-cased, `bm25.words`)
     gets a fixed random unit vector; a query is its words' vectors scaled by their idf, a
     passage the unit-normalised means of C consecutive word vectors (ceil(n / C) vectors,
@@ -27,6 +31,7 @@ shared by the other bit widths; `--num_centroids` scales ColBERTv2's default.
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import sys
@@ -60,6 +65,11 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def pool(vectors: List[np.ndarray], ratio: int, dim: int):
   """Each passage's `[n, d]` vectors -> the unit means of C consecutive ones, padded to a
   batch: (vectors `[b, max ceil(n / C), d]`, valid `[b, m]`)."""
+  lengths = {len(v) for v in vectors}
+  if len(lengths) == 1 and min(lengths) % ratio == 0 and min(lengths) > 0:  # one reshape
+    n = min(lengths)
+    sums = np.stack(vectors).reshape(len(vectors), n // ratio, ratio, dim).sum(axis=2)
+    return _unit(sums), np.ones((len(vectors), n // ratio), bool)
   m = max(max(-(-len(v) // ratio) for v in vectors), 1)
   out, valid = np.zeros((len(vectors), m, dim), np.float32), np.zeros((len(vectors), m), bool)
   for row, v in enumerate(vectors):
@@ -200,16 +210,19 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
                                overwrite=True, centroids=centroids, seed=args.seed,
                                codes=codes)
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
-      searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=args.nprobe,
-                                 candidates=args.candidates)
-      rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
-                       search="approximate", bits="none" if bits is None else bits,
-                       num_centroids=approx.num_centroids,
-                       centroid_bytes_per_passage=approx.meta["centroid_bytes"] / exact.num_docs,
-                       kmeans=approx.meta["kmeans_backend"]))
-      rows[-1]["ndcg_loss"] = exact_ndcg - rows[-1]["ndcg@10"]
-      rows[-1]["recall@100_vs_exact"] = rows[-1]["recall@100"] / max(exact_recall, 1e-12)
-      _log(rows[-1])
+      for nprobe, candidates in itertools.product(args.nprobe, args.candidates):
+        searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
+                                   candidates=candidates)
+        rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
+                         search="approximate", bits="none" if bits is None else bits,
+                         nprobe=nprobe, candidates=candidates or residual.default_candidates(
+                             args.top_k, exact.num_docs),
+                         num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
+                         meta["centroid_bytes"] / exact.num_docs,
+                         kmeans=approx.meta["kmeans_backend"]))
+        rows[-1]["ndcg_loss"] = exact_ndcg - rows[-1]["ndcg@10"]
+        rows[-1]["recall@100_vs_exact"] = rows[-1]["recall@100"] / max(exact_recall, 1e-12)
+        _log(rows[-1])
       del approx
     del exact
   return rows
@@ -224,13 +237,15 @@ def _log(row: dict) -> None:
 def tables(rows: List[dict]) -> List[str]:
   lines = []
   for name in dict.fromkeys(r["corpus"] for r in rows):
-    lines += [f"## {name}", "", "| C | search | residual bits | bytes / passage | NDCG@10 | "
-              "NDCG@10 - exact | Recall@100 | Recall@100 / exact | share of exact top-k | "
-              "queries/s | build s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"## {name}", "", "| C | search | residual bits | nprobe | candidates | "
+              "bytes / passage | NDCG@10 | NDCG@10 - exact | Recall@100 | Recall@100 / exact | "
+              "share of exact top-k | queries/s | build s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["corpus"] == name):
       loss = f"{-r['ndcg_loss']:+.4f}" if "ndcg_loss" in r else "-"
       ratio = f"{r['recall@100_vs_exact']:.4f}" if "ndcg_loss" in r else "-"
-      lines.append(f"| {r['ratio']} | {r['search']} | {r['bits']} | "
+      lines.append(f"| {r['ratio']} | {r['search']} | {r['bits']} | {r.get('nprobe', '-')} | "
+                   f"{r.get('candidates', '-')} | "
                    f"{r['bytes_per_passage']:.0f} | {r['ndcg@10']:.4f} | {loss} | "
                    f"{r['recall@100']:.4f} | {ratio} | {r['recall_vs_exact']:.4f} | "
                    f"{r['queries_per_s']:.1f} | {r['build_s']:.1f} |")
@@ -247,10 +262,11 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"encoder: the training-free stand-in of decal_jax/tools/bench_retrieval_scale.py (d = "
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
-      f"approximate: nprobe {args.nprobe}, candidates "
-      f"{args.candidates or 'residual.default_candidates (max(4 top_k, docs / 8))'}, centroids "
+      f"approximate: nprobe and candidates per row (defaults: nprobe "
+      f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
-      f"k-means on 65,536 sampled vectors, 10 iterations; top {args.top_k}",
+      f"k-means on 65,536 sampled vectors, 10 iterations, shared by the bit widths of one C; "
+      f"top {args.top_k}",
       "bytes / passage: the codes and residuals (exact: the float16 vectors) over the "
       "passages; the centroid table is apart (JSON rows, centroid_bytes_per_passage). recall "
       f"of exact top-k: the share of the exact top {args.top_k} that approximate search "
@@ -293,6 +309,10 @@ def plot(rows: List[dict], path: str) -> None:
 
 
 # ----------------------------------------------------------------------------- main
+def _candidates(text: str):
+  return None if text == "default" else int(text)
+
+
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -314,9 +334,11 @@ def parse_args(argv=None):
   parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8])
   parser.add_argument("--bits", nargs="+", default=["1", "2", "4", "none"],
                       help="residual bits: 1 2 4 8 or none")
-  parser.add_argument("--nprobe", type=int, default=residual.DEFAULT_NPROBE)
-  parser.add_argument("--candidates", type=int, default=None,
-                      help="docs reranked per query; default residual.default_candidates")
+  parser.add_argument("--nprobe", type=int, nargs="+", default=[residual.DEFAULT_NPROBE],
+                      help="cells probed per query vector (several: a sweep, one row each)")
+  parser.add_argument("--candidates", type=_candidates, nargs="+", default=[None],
+                      help="docs reranked per query ('default': residual.default_candidates; "
+                      "several: a sweep)")
   parser.add_argument("--num_centroids", type=float, default=1.0,
                       help="centroids as a multiple of ColBERTv2's default")
   parser.add_argument("--top_k", type=int, default=100)
