@@ -222,7 +222,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        query_length: int = 64, passage_length: int = 256,
                        batch_size: int = 64, top_k: int = 100, index_dir: Optional[str] = None,
                        index_dtype: str = "float16", search: str = "exact",
-                       nprobe: int = 4, candidates: int = 1024,
+                       nprobe: int = residual.DEFAULT_NPROBE,
+                       candidates: Optional[int] = None,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
                        shard_docs: Optional[int] = None,
                        partitioner=None) -> Dict[str, float]:
@@ -230,7 +231,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
-  candidates, residual_bits in 1, 2, 4, 8 or None, num_centroids default ColBERTv2's).
+  candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None,
+  num_centroids default ColBERTv2's).
   shard_docs: index in shards of this many passages (`sharded.py`; resumable), each process
   of a multi-process run encoding its block of them; a multi-process run shards even
   without it (sharded.DEFAULT_CHUNK_DOCS). The sharded index goes to `<index>.shards/`."""

@@ -3,12 +3,15 @@
 The codec: k-means centroids over a sample of the corpus's vectors; each vector is stored as
 the id of its nearest centroid (L2) and its residual (vector - centroid) quantised to b bits
 per dimension. Per dimension j, the 2^b - 1 bucket cutoffs are the sample residuals'
-quantiles at i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values)
-their quantiles at (i + 0.5) / 2^b; a residual value r decodes to the weight of the bucket
-holding it (the number of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a
-value inside the sample's range is off by at most its bucket's width. b is 1, 2, 4 or 8
-(8 / b codes per byte, so d must be a multiple of 8 / b), or None: the vectors are kept
-as they are (the source index's dtype), with their centroid ids for the candidate step.
+quantiles at i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values) the
+mean of the sample residuals in each bucket (the quantile at (i + 0.5) / 2^b for a bucket
+the sample leaves empty); a residual value r decodes to the weight of the bucket holding it
+(the number of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a value
+inside the sample's range is off by at most its bucket's width; when the sample's vectors
+all have unit norm (as the encoders' do), the decoded vector is scaled back to unit norm.
+b is 1, 2, 4 or 8 (8 / b codes per byte, so d must be a multiple of 8 / b), or None: the
+vectors are kept as they are (the source index's dtype), with their centroid ids for the
+candidate step.
 
 Layout of a residual index directory (built whole in `<directory>.tmp-<random>`, then renamed):
 
@@ -23,19 +26,27 @@ Layout of a residual index directory (built whole in `<directory>.tmp-<random>`,
     meta.json      the exact index's encoder config, fingerprint and corpus fingerprint (so
                    the same config and corpus checks apply), the codec settings, sizes
 
-Approximate search (PLAID's two stages, simplified): each valid query vector probes its
-`nprobe` nearest centroids (largest dot product); the candidates are the documents in those
-centroids' inverted lists. They are ranked by centroid interaction (sum over query vectors of
-the best dot product with the centroids of the document's vectors), the best `candidates`
-are decompressed and scored with exact MaxSim, and the top k returned. With nprobe = every
-centroid, candidates >= the corpus and b = None, it ranks as the exact index does (documents
-with no vector are in no inverted list, so they are never returned).
+Approximate search (PLAID's stages, `ResidualIndex.search`), per query:
+  1. probe: each valid query vector probes the `nprobe` cells (centroids) L2-nearest to its
+     direction, i.e. the cells a document vector equal to the unit query vector would be
+     stored in (largest q.c / |q| - |c|^2 / 2);
+  2. candidates: the documents in those cells' inverted lists (built at index time);
+  3. centroid interaction: each candidate scores the sum over query vectors of its best
+     vector, where a vector counts its centroid's score q.c, or its exact score against the
+     decompressed vector when it lies in a cell that query vector probed; the best
+     `candidates` (default `default_candidates`) are kept;
+  4. rerank: exact MaxSim over their decompressed vectors, top k.
+With nprobe = every centroid, candidates >= the corpus and b = None it ranks as the exact
+index does (documents with no vector are in no inverted list, so they are never returned).
+Each step is vectorised numpy over the query's candidates; the centroid scores of a batch
+of queries are one matmul.
 
 k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in numpy
 (`kmeans_numpy`, Lloyd's iterations from a random sample of points): same results up to the
 clustering's own randomness, the numpy one slower on large samples.
 """
 import datetime
+import functools
 import json
 import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -48,8 +59,18 @@ from decal_jax.retrieval import index as exact
 
 BITS = (1, 2, 4, 8, None)
 FORMAT_VERSION = 1
+DEFAULT_NPROBE = 16
 _FILES = ("centroids.npy", "codes.npy", "residuals.npy", "offsets.npy", "doc_ids.json",
           "ivf.npy", "ivf_offsets.npy", "meta.json")
+
+
+# ------------------------------------------------------------------------------- defaults
+def default_candidates(top_k: int, num_docs: int) -> int:
+  """Documents reranked exactly per query when the caller gives none: 4 x top_k (PLAID's
+  ratio for k = 100) at least, up to 4,096 as the corpus grows; on SciFact with the
+  benchmark's stand-in encoder, C >= 2 needed nearly every probed document reranked to stay
+  within 0.005 NDCG@10 of exact (docs/results/retrieval_scale_cpu.md)."""
+  return max(4 * top_k, min(num_docs, 4096))
 
 
 # ------------------------------------------------------------------------------- k-means
@@ -60,12 +81,24 @@ def default_num_centroids(num_vectors: int) -> int:
 
 def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8192
                       ) -> np.ndarray:
-  """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]`."""
-  squared = np.sum(centroids.astype(np.float32) ** 2, axis=1)  # [k]
+  """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]` (faiss's
+  exhaustive search when installed, else numpy; both rank by |c|^2 - 2 x.c)."""
+  centroids = np.ascontiguousarray(centroids, np.float32)
+  try:
+    import faiss  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    faiss = None
+  if faiss is not None:
+    flat = faiss.IndexFlatL2(centroids.shape[1])
+    flat.add(centroids)
+  squared = np.sum(centroids ** 2, axis=1)  # [k]
   out = np.empty(len(vectors), np.int64)
   for start in range(0, len(vectors), chunk):
-    x = np.asarray(vectors[start:start + chunk], np.float32)  # [c, d]
-    out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
+    x = np.ascontiguousarray(vectors[start:start + chunk], np.float32)  # [c, d]
+    if faiss is not None:
+      out[start:start + chunk] = flat.search(x, 1)[1][:, 0]
+    else:
+      out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
   return out
 
 
@@ -130,18 +163,21 @@ class Codec:
   """Centroids and, for b bits, per-dimension bucket cutoffs and weights (module doc)."""
 
   def __init__(self, centroids: np.ndarray, bits: Optional[int],
-               cutoffs: Optional[np.ndarray] = None, weights: Optional[np.ndarray] = None):
+               cutoffs: Optional[np.ndarray] = None, weights: Optional[np.ndarray] = None,
+               normalize: bool = False):
     self.centroids = np.asarray(centroids, np.float32)  # [k, d]
     self.bits = bits
     self.cutoffs = cutoffs  # [d, 2^b - 1] or None
     self.weights = weights  # [d, 2^b] or None
+    self.normalize = normalize  # decoded vectors scaled to unit norm (b bits only)
 
   @classmethod
   def train(cls, sample: np.ndarray, bits: Optional[int], num_centroids: int,
             iterations: int = 10, seed: int = 0, backend: str = "auto",
             centroids: Optional[np.ndarray] = None) -> Tuple["Codec", str]:
     """(the codec learned from sample `[n, d]`, the k-means backend that ran); given
-    `centroids` (e.g. another bit width's), only the bucket quantiles are learned."""
+    `centroids` (e.g. another bit width's), only the buckets are learned. Decoding
+    normalises when every sample vector has unit norm (to 1e-3), as the encoders' are."""
     check_bits(bits, sample.shape[1])
     if centroids is None:
       centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
@@ -150,10 +186,9 @@ class Codec:
     if bits is None:
       return cls(centroids, None), used
     residuals = sample - centroids[nearest_centroids(sample, centroids)]  # [n, d]
-    levels = 1 << bits
-    cutoffs = np.quantile(residuals, np.arange(1, levels) / levels, axis=0).T  # [d, 2^b-1]
-    weights = np.quantile(residuals, (np.arange(levels) + 0.5) / levels, axis=0).T  # [d, 2^b]
-    return cls(centroids, bits, cutoffs.astype(np.float32), weights.astype(np.float32)), used
+    cutoffs, weights = bucket_table(residuals, bits)
+    unit = bool(np.all(np.abs(np.linalg.norm(sample, axis=1) - 1) < 1e-3))
+    return cls(centroids, bits, cutoffs, weights, unit), used
 
   @property
   def dim(self) -> int:
@@ -165,15 +200,14 @@ class Codec:
 
   def buckets(self, residuals: np.ndarray) -> np.ndarray:
     """Residuals `[n, d]` -> bucket ids uint8 `[n, d]` (cutoffs <= the value, per dim)."""
-    out = np.empty(residuals.shape, np.uint8)
-    for j in range(self.dim):
-      out[:, j] = np.searchsorted(self.cutoffs[j], residuals[:, j], side="right")
-    return out
+    return _buckets(self.cutoffs, residuals)
 
-  def encode(self, vectors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  def encode(self, vectors: np.ndarray, codes: Optional[np.ndarray] = None
+             ) -> Tuple[np.ndarray, np.ndarray]:
     """Vectors `[n, d]` -> (centroid ids `[n]`, packed residual codes `[n, d * b / 8]`, or
-    the vectors themselves when bits is None)."""
-    codes = nearest_centroids(vectors, self.centroids)  # [n]
+    the vectors themselves when bits is None). codes: their nearest centroids, if known."""
+    codes = nearest_centroids(vectors, self.centroids) if codes is None else np.asarray(
+        codes, np.int64)  # [n]
     if self.bits is None:
       return codes.astype(self.code_dtype), vectors
     residuals = np.asarray(vectors, np.float32) - self.centroids[codes]  # [n, d]
@@ -183,14 +217,53 @@ class Codec:
     """(centroid ids `[n]`, payload as `encode` returns) -> vectors float32 `[n, d]`."""
     if self.bits is None:
       return np.asarray(payload, np.float32)
-    buckets = unpack_buckets(np.asarray(payload), self.bits)  # [n, d]
-    residuals = self.weights[np.arange(self.dim)[None, :], buckets]  # [n, d]
-    return self.centroids[np.asarray(codes, np.int64)] + residuals
+    packed = np.asarray(payload)  # [n, d * b / 8]
+    residuals = self.byte_table[np.arange(packed.shape[1])[None, :], packed]  # [n, d*b/8, 8/b]
+    out = self.centroids[np.asarray(codes, np.int64)] + residuals.reshape(len(packed), self.dim)
+    if self.normalize:
+      out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out
+
+  @functools.cached_property
+  def byte_table(self) -> np.ndarray:
+    """The decoded residual values of every packed byte at every byte position, so that
+    decoding is one lookup per byte: `[d * b / 8, 256, 8 / b]` float32."""
+    per_byte = 8 // self.bits
+    values = np.arange(256, dtype=np.uint8)[:, None]  # [256, 1]
+    buckets = unpack_buckets(values, self.bits)  # [256, 8 / b]
+    dims = np.arange(self.dim).reshape(-1, per_byte)  # [d * b / 8, 8 / b]
+    return self.weights[dims[:, None, :], buckets[None, :, :]]  # [d*b/8, 256, 8/b]
 
   def bytes_per_vector(self, source_itemsize: int) -> int:
     """Stored bytes of one vector: its centroid id plus its residual codes (or values)."""
     payload = self.dim * source_itemsize if self.bits is None else self.dim * self.bits // 8
     return self.code_dtype.itemsize + payload
+
+
+def _buckets(cutoffs: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+  """Per dimension j, the number of cutoffs[j] <= each value: `[d, 2^b - 1]`, `[n, d]` ->
+  uint8 `[n, d]`."""
+  out = np.empty(residuals.shape, np.uint8)
+  for j in range(residuals.shape[1]):
+    out[:, j] = np.searchsorted(cutoffs[j], residuals[:, j], side="right")
+  return out
+
+
+def bucket_table(residuals: np.ndarray, bits: int) -> Tuple[np.ndarray, np.ndarray]:
+  """Per dimension, the 2^b - 1 cutoffs (the sample residuals' quantiles at i / 2^b) and the
+  2^b weights: the mean of the sample residuals in each bucket (the value that minimises the
+  bucket's squared error; the quantile at (i + 0.5) / 2^b for a bucket the sample leaves
+  empty). `[n, d]` -> (float32 `[d, 2^b - 1]`, float32 `[d, 2^b]`)."""
+  levels = 1 << bits
+  cutoffs = np.quantile(residuals, np.arange(1, levels) / levels, axis=0).T  # [d, 2^b-1]
+  weights = np.quantile(residuals, (np.arange(levels) + 0.5) / levels, axis=0).T  # [d, 2^b]
+  buckets = _buckets(cutoffs, residuals).astype(np.int64)  # [n, d]
+  flat = buckets + levels * np.arange(residuals.shape[1])[None, :]  # [n, d] (dim, bucket)
+  counts = np.bincount(flat.ravel(), minlength=weights.size).reshape(weights.shape)
+  sums = np.bincount(flat.ravel(), residuals.ravel(), weights.size).reshape(weights.shape)
+  filled = counts > 0
+  weights[filled] = sums[filled] / counts[filled]
+  return cutoffs.astype(np.float32), weights.astype(np.float32)
 
 
 def check_bits(bits: Optional[int], dim: int) -> None:
@@ -211,15 +284,16 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                          chunk_vectors: int = 1 << 16, progress: bool = False,
                          centroids: Optional[np.ndarray] = None,
                          codec: Optional[Codec] = None,
-                         codec_settings: Optional[Mapping[str, Any]] = None
-                         ) -> "ResidualIndex":
+                         codec_settings: Optional[Mapping[str, Any]] = None,
+                         codes: Optional[np.ndarray] = None) -> "ResidualIndex":
   """Compresses the exact index `source` into a residual index at `directory`; returns it
   opened. num_centroids: default `default_num_centroids`, at most the sample's size;
   sample_vectors: how many of the corpus's vectors (drawn without replacement with `seed`)
   train k-means and the bucket quantiles; centroids: reuse these (e.g. those of another
-  bit width's index of the same corpus) instead of running k-means; codec (with the
-  settings it was trained with, `codec_settings`): use it as it is, training nothing (the
-  shards of a sharded index share one, sharded.py)."""
+  bit width's index of the same corpus) instead of running k-means; codes: with them, each
+  source vector's nearest centroid (that index's codes), skipping the assignment; codec
+  (with the settings it was trained with, `codec_settings`): use it as it is, training
+  nothing (the shards of a sharded index share one, sharded.py)."""
   directory = os.path.abspath(directory)
   if source.num_vectors == 0:
     raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
@@ -230,18 +304,22 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
     if os.listdir(directory) and not os.path.exists(os.path.join(directory, "meta.json")):
       raise FileExistsError(f"{directory} exists and is not an index (no meta.json); "
                             "overwrite=True only replaces an index. Choose another directory.")
+  if codes is not None and (centroids is None or len(codes) != source.num_vectors):
+    raise ValueError(f"codes ({len(codes)}) must come with their centroids and hold one id "
+                     f"per source vector ({source.num_vectors}). Pass another index of this "
+                     "corpus's codec.centroids and codes together, or neither.")
   if codec is None:
     codec, settings = train_codec(source, bits, num_centroids, sample_vectors, kmeans_iterations,
-                             seed, kmeans_backend, centroids)
+                                  seed, kmeans_backend, centroids)
   else:
     check_bits(codec.bits, source.dim)
-    settings = dict(codec_settings or {"bits": codec.bits,
-                                       "num_centroids": len(codec.centroids)})
+    settings = dict(codec_settings or {"bits": codec.bits, "num_centroids": len(codec.centroids),
+                                       "normalize": codec.normalize})
   backend = settings.pop("kmeans_backend", "given")
   bits, k = codec.bits, len(codec.centroids)
   with fileio.atomic_directory(directory) as folder:
     tmp = str(folder)
-    codes = _write_codes(tmp, source, codec, chunk_vectors, progress)
+    codes = _write_codes(tmp, source, codec, chunk_vectors, progress, codes)
     _write_inverted_lists(tmp, codes, source.offsets, k)
     np.save(os.path.join(tmp, "centroids.npy"), codec.centroids)
     if bits is not None:
@@ -278,7 +356,7 @@ def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optiona
                                centroids)
   return codec, {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
                  "kmeans_iterations": kmeans_iterations, "seed": seed,
-                 "kmeans_backend": backend}
+                 "normalize": codec.normalize, "kmeans_backend": backend}
 
 
 def save_codec(directory: str, codec: Codec, settings: Mapping[str, Any]) -> None:
@@ -300,12 +378,13 @@ def load_codec(directory: str) -> Tuple[Codec, Dict[str, Any]]:
   def load(name: str) -> Optional[np.ndarray]:
     return None if bits is None else np.load(os.path.join(directory, name))
   return Codec(np.load(os.path.join(directory, "centroids.npy")), bits, load("cutoffs.npy"),
-               load("weights.npy")), settings
+               load("weights.npy"), settings.get("normalize", False)), settings
 
 
-def _write_codes(tmp: str, source: exact.Index, codec: Codec, chunk: int,
-                 progress: bool) -> np.ndarray:
-  """Writes codes.npy and residuals.npy chunk by chunk; returns the codes (memory-mapped)."""
+def _write_codes(tmp: str, source: exact.Index, codec: Codec, chunk: int, progress: bool,
+                 known: Optional[np.ndarray] = None) -> np.ndarray:
+  """Writes codes.npy and residuals.npy chunk by chunk (known: the codes, if given); returns
+  the codes (memory-mapped)."""
   n, d = source.num_vectors, source.dim
   codes = np.lib.format.open_memmap(os.path.join(tmp, "codes.npy"), "w+",
                                     codec.code_dtype, (n,))
@@ -314,7 +393,8 @@ def _write_codes(tmp: str, source: exact.Index, codec: Codec, chunk: int,
   payload = np.lib.format.open_memmap(os.path.join(tmp, "residuals.npy"), "w+", dtype, shape)
   for start in tqdm.trange(0, n, chunk, desc="compress", unit="chunk", disable=not progress):
     codes[start:start + chunk], payload[start:start + chunk] = codec.encode(
-        np.asarray(source.vectors[start:start + chunk]))
+        np.asarray(source.vectors[start:start + chunk]),
+        None if known is None else known[start:start + chunk])
   payload.flush()
   codes.flush()
   del payload
@@ -369,7 +449,8 @@ class ResidualIndex(exact.StoredIndex):
     bits = meta["codec"]["bits"]
     codec = Codec(load("centroids.npy"), bits,
                   None if bits is None else load("cutoffs.npy"),
-                  None if bits is None else load("weights.npy"))
+                  None if bits is None else load("weights.npy"),
+                  meta["codec"].get("normalize", False))
     arrays = {"codes": load("codes.npy", True), "residuals": load("residuals.npy", True),
               "offsets": load("offsets.npy"), "ivf": load("ivf.npy"),
               "ivf_offsets": load("ivf_offsets.npy")}
@@ -414,28 +495,64 @@ class ResidualIndex(exact.StoredIndex):
 
   # ----------------------------------------------------------------------------- search
   def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
-             nprobe: int = 4, candidates: int = 1024) -> Tuple[np.ndarray, np.ndarray]:
+             nprobe: int = DEFAULT_NPROBE, candidates: Optional[int] = None,
+             query_batch_size: int = 32) -> Tuple[np.ndarray, np.ndarray]:
     """Approximate MaxSim top-k (module doc): (scores float32 `[q, k]`, doc indices int32
     `[q, k]`), best first, ties by doc index, k = min(top_k, num_docs); a query with fewer
-    than k candidates is padded with index -1 and score -inf."""
+    than k candidates is padded with index -1 and score -inf. candidates: the documents
+    reranked exactly per query (None: `default_candidates(top_k, num_docs)`)."""
     query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, self.dim)
-    if min(top_k, nprobe, candidates) < 1:
-      raise ValueError(f"top_k, nprobe and candidates must be >= 1, got {top_k}, {nprobe}, "
-                       f"{candidates}.")
+    candidates = default_candidates(top_k, self.num_docs) if candidates is None else candidates
+    if min(top_k, nprobe, candidates, query_batch_size) < 1:
+      raise ValueError(f"top_k, nprobe, candidates and query_batch_size must be >= 1, got "
+                       f"{top_k}, {nprobe}, {candidates}, {query_batch_size}.")
     k = min(top_k, self.num_docs)
     scores = np.full((len(query_vectors), k), -np.inf, np.float32)
     ids = np.full((len(query_vectors), k), -1, np.int32)
-    for i, (q, valid) in enumerate(zip(query_vectors, query_valid)):
-      found_scores, found = self._search_one(np.asarray(q[valid], np.float32), k,
-                                             min(nprobe, self.num_centroids), candidates)
-      scores[i, :len(found)], ids[i, :len(found)] = found_scores, found
+    for start in range(0, len(query_vectors), query_batch_size):
+      batch = np.asarray(query_vectors[start:start + query_batch_size], np.float32)
+      centroid_scores = batch @ self.codec.centroids.T  # [b, mq, num_centroids], one matmul
+      for i, (q, valid) in enumerate(zip(batch, query_valid[start:start + query_batch_size])):
+        found_scores, found = self._search_one(q[valid], centroid_scores[i, valid], k,
+                                               min(nprobe, self.num_centroids), candidates)
+        scores[start + i, :len(found)], ids[start + i, :len(found)] = found_scores, found
     return scores, ids
 
-  def _candidates(self, centroid_scores: np.ndarray, nprobe: int) -> np.ndarray:
-    """The sorted docs in the inverted lists of each query vector's nprobe best centroids."""
-    probed = np.argpartition(-centroid_scores, nprobe - 1, axis=1)[:, :nprobe]  # [mq, nprobe]
-    cells = np.unique(probed)
+  def probe(self, q: np.ndarray, centroid_scores: np.ndarray, nprobe: int) -> np.ndarray:
+    """The cells each query vector probes: the nprobe centroids L2-nearest to its direction
+    (the cells a document vector equal to the unit query vector would be stored in; the
+    largest q.c / |q| - |c|^2 / 2). `[mq, d]`, `[mq, num_centroids]` -> `[mq, nprobe]`."""
+    norms = np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)  # [mq, 1]
+    closeness = centroid_scores / norms - 0.5 * self.centroid_norms2[None, :]  # [mq, k]
+    return np.argpartition(-closeness, nprobe - 1, axis=1)[:, :nprobe]
+
+  @functools.cached_property
+  def centroid_norms2(self) -> np.ndarray:
+    """|c|^2 of each centroid `[num_centroids]`."""
+    return np.sum(self.codec.centroids ** 2, axis=1)
+
+  def candidate_docs(self, cells: np.ndarray) -> np.ndarray:
+    """The sorted distinct docs in the inverted lists of the given cells."""
+    cells = np.unique(cells)
     return np.unique(self.ivf[_ranges(self.ivf_offsets[cells], self.ivf_offsets[cells + 1])])
+
+  def centroid_interaction(self, q: np.ndarray, centroid_scores: np.ndarray,
+                           probed: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Approximate MaxSim (PLAID's centroid interaction, refined): each doc vector stands for
+    its centroid (score q.c), except that a vector in a cell the query vector probed gets its
+    exact score against the decompressed vector; a doc scores the sum over query vectors of
+    its best. q `[mq, d]`, centroid_scores `[mq, k]`, probed `[mq, nprobe]`, sorted docs
+    `[c]` -> `[c]`."""
+    rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
+    codes = np.asarray(self.codes[rows], np.int64)  # [r]
+    sims = centroid_scores[:, codes]  # [mq, r]
+    in_probe = np.zeros(centroid_scores.shape, bool)  # [mq, k]
+    np.put_along_axis(in_probe, probed, True, axis=1)
+    mask = in_probe[:, codes]  # [mq, r]
+    hit = np.flatnonzero(mask.any(axis=0))  # rows in some probed cell
+    exact_sims = q @ self.vectors(rows[hit]).T  # [mq, hits]
+    sims[:, hit] = np.where(mask[:, hit], exact_sims, sims[:, hit])
+    return self._maxsim(sims, docs)
 
   def _maxsim(self, sims: np.ndarray, docs: np.ndarray) -> np.ndarray:
     """sims `[mq, vectors of docs, end to end]` -> MaxSim per doc `[len(docs)]`."""
@@ -443,18 +560,18 @@ class ResidualIndex(exact.StoredIndex):
     starts = np.cumsum(counts) - counts
     return np.maximum.reduceat(sims, starts, axis=1).sum(axis=0)  # [docs]
 
-  def _search_one(self, q: np.ndarray, k: int, nprobe: int, candidates: int
-                  ) -> Tuple[np.ndarray, np.ndarray]:
-    """One query's valid vectors `[mq, d]` -> (scores, doc indices) of at most k docs."""
+  def _search_one(self, q: np.ndarray, centroid_scores: np.ndarray, k: int, nprobe: int,
+                  candidates: int) -> Tuple[np.ndarray, np.ndarray]:
+    """One query's valid vectors `[mq, d]` and their centroid scores `[mq, num_centroids]`
+    -> (scores, doc indices) of at most k docs."""
     if len(q) == 0:
       return np.zeros(0, np.float32), np.zeros(0, np.int32)
-    centroid_scores = q @ self.codec.centroids.T  # [mq, num_centroids]
-    docs = self._candidates(centroid_scores, nprobe)  # [c]
+    probed = self.probe(q, centroid_scores, nprobe)  # [mq, nprobe]
+    docs = self.candidate_docs(probed)  # [c]
     if len(docs) == 0:  # only centroids without vectors were probed
       return np.zeros(0, np.float32), np.zeros(0, np.int32)
     if len(docs) > candidates:
-      rows = _ranges(self.offsets[docs], self.offsets[docs + 1])
-      rough = self._maxsim(centroid_scores[:, self.codes[rows]], docs)  # [c]
+      rough = self.centroid_interaction(q, centroid_scores, probed, docs)  # [c]
       docs = np.sort(docs[np.lexsort((docs, -rough))[:candidates]])
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])
     scores = self._maxsim(q @ self.vectors(rows).T, docs)  # [c]

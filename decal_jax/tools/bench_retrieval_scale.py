@@ -1,17 +1,21 @@
 """Exact vs approximate multi-vector search at passage ratios C and residual bit widths:
-index bytes per passage, NDCG@10 and its loss against exact, recall of the exact top-100,
-queries/s. (`decal_jax/tools/bench_retrieval.py` measures the encoder and exact scan; this one the
-index and search that scale past one small corpus, issue 24.)
+index bytes per passage, NDCG@10 and Recall@100 against exact, the share of the exact
+top-100 found, queries/s. (`decal_jax/tools/bench_retrieval.py` measures the encoder and exact
+scan; this one the index and search that scale past one small corpus, issue 24.)
 
-  python -m decal_jax.tools.bench_retrieval_scale --beir_folder ../shared/data/beir/scifact \
-      --ratios 1 2 4 8 --bits 1 2 4 none --out docs/results/retrieval_scale_cpu.md \
-      --plot docs/results/retrieval_scale_cpu.png
-  python -m decal_jax.tools.bench_retrieval_scale --synthetic_passages 1000000  # the 1M target
+  python -m decal_jax.tools.bench_retrieval_scale --passage_length 128 --max_queries 100 \
+      --ratios 1 2 4 8 --bits 1 2 4 none --num_centroids 0.25 --synthetic_passages 0 \
+      --out docs/results/retrieval_scale_cpu.md --plot docs/results/retrieval_scale_cpu.png
+  python -m decal_jax.tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
+      --synthetic_passages 100000 --ratios 4 --bits 2 none --num_centroids 0.25 \
+      --out docs/results/retrieval_scale_synthetic_cpu.md  # the scale run (1M: the target)
 
-Two corpora, both searched by the library's `index.Index.search` (exact, the reference) and
+Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and
 `residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector,
 `--candidates` documents reranked with exact MaxSim over decompressed vectors):
-  * a BEIR folder (real text and qrels) read by a training-free stand-in encoder, so that
+  * a BEIR folder (default ../shared/data's SciFact) and an MS MARCO passage folder
+    (default ../shared/data's TREC-DL 2019 judged passages; DECAL_DATA_DIR overrides
+    ../shared/data), real text and qrels, read by a training-free stand-in encoder, so that
     no checkpoint is needed and the quality is real: every word (lower-cased, `bm25.words`)
     gets a fixed random unit vector; a query is its words' vectors scaled by their idf, a
     passage the unit-normalised means of C consecutive word vectors (ceil(n / C) vectors,
@@ -27,6 +31,7 @@ shared by the other bit widths; `--num_centroids` scales ColBERTv2's default.
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import sys
@@ -37,7 +42,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from decal_jax import benchmarking
-from decal_jax.retrieval import beir, bm25, index, ir_metrics, residual
+from decal_jax.retrieval import beir, bm25, index, ir_metrics, msmarco, residual
 
 DATA = os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))  # from a checkout
 
@@ -60,6 +65,11 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def pool(vectors: List[np.ndarray], ratio: int, dim: int):
   """Each passage's `[n, d]` vectors -> the unit means of C consecutive ones, padded to a
   batch: (vectors `[b, max ceil(n / C), d]`, valid `[b, m]`)."""
+  lengths = {len(v) for v in vectors}
+  if len(lengths) == 1 and min(lengths) % ratio == 0 and min(lengths) > 0:  # one reshape
+    n = min(lengths)
+    sums = np.stack(vectors).reshape(len(vectors), n // ratio, ratio, dim).sum(axis=2)
+    return _unit(sums), np.ones((len(vectors), n // ratio), bool)
   m = max(max(-(-len(v) // ratio) for v in vectors), 1)
   out, valid = np.zeros((len(vectors), m, dim), np.float32), np.zeros((len(vectors), m), bool)
   for row, v in enumerate(vectors):
@@ -71,13 +81,14 @@ def pool(vectors: List[np.ndarray], ratio: int, dim: int):
   return out, valid
 
 
-def lexical_corpus(folder: str, args) -> Corpus:
-  """A BEIR folder read by the stand-in encoder (module doc)."""
-  data = beir.load_beir(folder, args.split)
-  doc_ids = list(data.corpus)[:args.max_docs]
-  docs = [bm25.words(data.corpus[d].full_text)[:args.passage_length] for d in doc_ids]
-  qids = [q for q in data.queries if q in data.qrels][:args.max_queries]
-  words = [bm25.words(data.queries[q])[:args.query_length] or ["<empty>"] for q in qids]
+def lexical_corpus(name: str, texts: Dict[str, str], queries: Dict[str, str],
+                   qrels: Dict[str, Dict[str, int]], args) -> Corpus:
+  """Passages {id: text}, queries {qid: text} and qrels read by the stand-in encoder (module
+  doc); only judged queries are kept."""
+  doc_ids = list(texts)[:args.max_docs]
+  docs = [bm25.words(texts[d])[:args.passage_length] for d in doc_ids]
+  qids = [q for q in queries if q in qrels][:args.max_queries]
+  words = [bm25.words(queries[q])[:args.query_length] or ["<empty>"] for q in qids]
   vocab = {w: i for i, w in enumerate(sorted({w for t in docs + words for w in t}))}
   table = _unit(np.random.default_rng(args.seed).standard_normal((len(vocab), args.dim)))
   df = np.zeros(len(vocab))
@@ -85,17 +96,34 @@ def lexical_corpus(folder: str, args) -> Corpus:
     df[[vocab[w] for w in set(text)]] += 1
   idf = np.log(1 + (len(docs) - df + 0.5) / (df + 0.5)).astype(np.float32)  # [vocab]
   mq = max(len(w) for w in words)
-  queries, valid = np.zeros((len(qids), mq, args.dim), np.float32), np.zeros((len(qids), mq), bool)
+  vectors, valid = np.zeros((len(qids), mq, args.dim), np.float32), np.zeros((len(qids), mq), bool)
   for row, text in enumerate(words):
     ids = [vocab[w] for w in text]
-    queries[row, :len(ids)], valid[row, :len(ids)] = table[ids] * idf[ids, None], True
+    vectors[row, :len(ids)], valid[row, :len(ids)] = table[ids] * idf[ids, None], True
   kept = set(doc_ids)
-  qrels = {q: {d: g for d, g in data.qrels[q].items() if d in kept} for q in qids}
+  judged = {q: {d: g for d, g in qrels[q].items() if d in kept} for q in qids}
 
   def encode(rows, ratio):
     return pool([table[[vocab[w] for w in docs[r]]] for r in rows], ratio, args.dim)
-  return Corpus(os.path.basename(os.path.normpath(folder)), doc_ids, encode, queries, valid,
-                qids, qrels)
+  return Corpus(name, doc_ids, encode, vectors, valid, qids, judged)
+
+
+def beir_corpus(folder: str, args) -> Corpus:
+  """A BEIR folder (title + text per passage)."""
+  data = beir.load_beir(folder, args.split)
+  return lexical_corpus(os.path.basename(os.path.normpath(folder)),
+                        {d: p.full_text for d, p in data.corpus.items()}, data.queries,
+                        data.qrels, args)
+
+
+def msmarco_corpus(folder: str, args) -> Corpus:
+  """An MS MARCO passage folder (collection.tsv, queries.tsv, qrels.txt), e.g. the
+  TREC-DL 2019 judged passages."""
+  texts = msmarco.read_tsv_texts(msmarco.find_file(folder, "collection", "test"))
+  queries = msmarco.read_tsv_texts(msmarco.find_file(folder, "queries", "test"))
+  qrels = msmarco.read_trec_qrels(msmarco.find_file(folder, "qrels", "test"), texts, queries)
+  return lexical_corpus(os.path.basename(os.path.normpath(folder)), texts, queries, qrels,
+                        args)
 
 
 def synthetic_corpus(args) -> Corpus:
@@ -141,8 +169,9 @@ def _row(corpus, ratio, searcher, run, seconds, build_s, exact_top, **fields) ->
   ids = searcher.search_ids
   overlap = [len(set(a[a >= 0]) & set(b[b >= 0])) / max((b >= 0).sum(), 1)
              for a, b in zip(ids, exact_top)]
+  measures = ir_metrics.evaluate(run, corpus.qrels)
   return {"corpus": corpus.name, "ratio": ratio, "num_docs": len(corpus.doc_ids),
-          "ndcg@10": ir_metrics.evaluate(run, corpus.qrels)["ndcg@10"],
+          "ndcg@10": measures["ndcg@10"], "recall@100": measures["recall@100"],
           "recall_vs_exact": float(np.mean(overlap)), "queries_per_s": len(run) / seconds,
           "bytes_per_passage": searcher.nbytes / len(corpus.doc_ids), "build_s": build_s,
           **fields}
@@ -171,24 +200,29 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
     rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
                      search="exact", bits="float16", vectors_per_passage=exact.num_vectors /
                      exact.num_docs))
-    exact_ndcg = rows[-1]["ndcg@10"]
+    exact_ndcg, exact_recall = rows[-1]["ndcg@10"], rows[-1]["recall@100"]
     _log(rows[-1])
-    centroids = None
+    centroids = codes = None
     k = max(int(args.num_centroids * residual.default_num_centroids(exact.num_vectors)), 1)
     for bits in args.bits:
       approx, build_s = _timed(residual.build_residual_index,
                                os.path.join(tmp, f"c{ratio}-b{bits}"), exact, bits, k,
-                               overwrite=True, centroids=centroids, seed=args.seed)
-      centroids = approx.codec.centroids
-      searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=args.nprobe,
-                                 candidates=args.candidates)
-      rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
-                       search="approximate", bits="none" if bits is None else bits,
-                       num_centroids=approx.num_centroids,
-                       centroid_bytes_per_passage=approx.meta["centroid_bytes"] / exact.num_docs,
-                       kmeans=approx.meta["kmeans_backend"]))
-      rows[-1]["ndcg_loss"] = exact_ndcg - rows[-1]["ndcg@10"]
-      _log(rows[-1])
+                               overwrite=True, centroids=centroids, seed=args.seed,
+                               codes=codes)
+      centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
+      for nprobe, candidates in itertools.product(args.nprobe, args.candidates):
+        searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
+                                   candidates=candidates)
+        rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
+                         search="approximate", bits="none" if bits is None else bits,
+                         nprobe=nprobe, candidates=candidates or residual.default_candidates(
+                             args.top_k, exact.num_docs),
+                         num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
+                         meta["centroid_bytes"] / exact.num_docs,
+                         kmeans=approx.meta["kmeans_backend"]))
+        rows[-1]["ndcg_loss"] = exact_ndcg - rows[-1]["ndcg@10"]
+        rows[-1]["recall@100_vs_exact"] = rows[-1]["recall@100"] / max(exact_recall, 1e-12)
+        _log(rows[-1])
       del approx
     del exact
   return rows
@@ -203,15 +237,18 @@ def _log(row: dict) -> None:
 def tables(rows: List[dict]) -> List[str]:
   lines = []
   for name in dict.fromkeys(r["corpus"] for r in rows):
-    lines += [f"## {name}", "", "| C | search | residual bits | bytes / passage | NDCG@10 | "
-              "NDCG@10 - exact | recall of exact top-k | queries/s | build s |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"## {name}", "", "| C | search | residual bits | nprobe | candidates | "
+              "bytes / passage | NDCG@10 | NDCG@10 - exact | Recall@100 | Recall@100 / exact | "
+              "share of exact top-k | queries/s | build s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["corpus"] == name):
       loss = f"{-r['ndcg_loss']:+.4f}" if "ndcg_loss" in r else "-"
-      lines.append(f"| {r['ratio']} | {r['search']} | {r['bits']} | "
+      ratio = f"{r['recall@100_vs_exact']:.4f}" if "ndcg_loss" in r else "-"
+      lines.append(f"| {r['ratio']} | {r['search']} | {r['bits']} | {r.get('nprobe', '-')} | "
+                   f"{r.get('candidates', '-')} | "
                    f"{r['bytes_per_passage']:.0f} | {r['ndcg@10']:.4f} | {loss} | "
-                   f"{r['recall_vs_exact']:.4f} | {r['queries_per_s']:.1f} | "
-                   f"{r['build_s']:.1f} |")
+                   f"{r['recall@100']:.4f} | {ratio} | {r['recall_vs_exact']:.4f} | "
+                   f"{r['queries_per_s']:.1f} | {r['build_s']:.1f} |")
     lines.append("")
   return lines
 
@@ -225,9 +262,11 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"encoder: the training-free stand-in of decal_jax/tools/bench_retrieval_scale.py (d = "
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
-      f"approximate: nprobe {args.nprobe}, candidates {args.candidates}, centroids "
+      f"approximate: nprobe and candidates per row (defaults: nprobe "
+      f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
-      f"k-means on 65,536 sampled vectors, 10 iterations; top {args.top_k}",
+      f"k-means on 65,536 sampled vectors, 10 iterations, shared by the bit widths of one C; "
+      f"top {args.top_k}",
       "bytes / passage: the codes and residuals (exact: the float16 vectors) over the "
       "passages; the centroid table is apart (JSON rows, centroid_bytes_per_passage). recall "
       f"of exact top-k: the share of the exact top {args.top_k} that approximate search "
@@ -270,11 +309,18 @@ def plot(rows: List[dict], path: str) -> None:
 
 
 # ----------------------------------------------------------------------------- main
+def _candidates(text: str):
+  return None if text == "default" else int(text)
+
+
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--beir_folder", default=os.path.join(DATA, "beir", "scifact"),
                       help="a BEIR folder ('' to skip); default ../shared/data's SciFact")
+  parser.add_argument("--msmarco_folder", default=os.path.join(DATA, "msmarco_trecdl2019"),
+                      help="an MS MARCO passage folder ('' to skip); default ../shared/data's "
+                      "TREC-DL 2019 judged passages")
   parser.add_argument("--split", default="test")
   parser.add_argument("--max_docs", type=int, default=None)
   parser.add_argument("--max_queries", type=int, default=None)
@@ -288,8 +334,11 @@ def parse_args(argv=None):
   parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8])
   parser.add_argument("--bits", nargs="+", default=["1", "2", "4", "none"],
                       help="residual bits: 1 2 4 8 or none")
-  parser.add_argument("--nprobe", type=int, default=4)
-  parser.add_argument("--candidates", type=int, default=1024)
+  parser.add_argument("--nprobe", type=int, nargs="+", default=[residual.DEFAULT_NPROBE],
+                      help="cells probed per query vector (several: a sweep, one row each)")
+  parser.add_argument("--candidates", type=_candidates, nargs="+", default=[None],
+                      help="docs reranked per query ('default': residual.default_candidates; "
+                      "several: a sweep)")
   parser.add_argument("--num_centroids", type=float, default=1.0,
                       help="centroids as a multiple of ColBERTv2's default")
   parser.add_argument("--top_k", type=int, default=100)
@@ -312,10 +361,13 @@ def main(argv=None) -> List[dict]:
   args = parse_args(argv)
   args.load_before = benchmarking.load_average()
   corpora: List[Corpus] = []
-  if args.beir_folder:
-    if not os.path.isdir(args.beir_folder):
-      sys.exit(f"error: no BEIR folder at {args.beir_folder} (pass --beir_folder '' to skip).")
-    corpora.append(lexical_corpus(args.beir_folder, args))
+  for folder, flag, read in ((args.beir_folder, "beir_folder", beir_corpus),
+                             (args.msmarco_folder, "msmarco_folder", msmarco_corpus)):
+    if folder:
+      if not os.path.isdir(folder):
+        sys.exit(f"error: no folder at {folder} (pass --{flag} '' to skip, or set "
+                 "DECAL_DATA_DIR to the shared data folder).")
+      corpora.append(read(folder, args))
   if args.synthetic_passages:
     corpora.append(synthetic_corpus(args))
   rows: List[dict] = []

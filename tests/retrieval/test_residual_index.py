@@ -47,8 +47,9 @@ def _exact(path, docs, dtype="float32", fingerprint=FINGERPRINT) -> index_lib.In
 
 # ------------------------------------------------------------------------------- codec
 def _numpy_codec(x, centroids, bits):
-  """Re-derivation: nearest centroid by explicit distances; per-dimension quantiles of the
-  residuals; each value decoded to the weight of the bucket (cutoffs <= value)."""
+  """Re-derivation: nearest centroid by explicit distances; per-dimension quantile cutoffs
+  of the residuals, each bucket decoded to the mean of the residuals in it; unit-norm
+  decoding when every vector has unit norm."""
   distances = np.linalg.norm(x[:, None, :] - centroids[None], axis=-1)  # [n, k]
   nearest = np.argmin(distances, axis=1)
   residuals = x - centroids[nearest]
@@ -58,27 +59,36 @@ def _numpy_codec(x, centroids, bits):
   for j in range(DIM):
     column = residuals[:, j]
     cuts = np.quantile(column, np.arange(1, levels) / levels)
-    weights = np.quantile(column, (np.arange(levels) + 0.5) / levels)
     edges = np.concatenate([[column.min()], cuts, [column.max()]])
     bucket = np.array([np.sum(cuts <= r) for r in column])
-    decoded[:, j] = centroids[nearest, j] + weights[bucket]
+    means = [column[bucket == b].mean() if np.any(bucket == b) else
+             np.quantile(column, (b + 0.5) / levels) for b in range(levels)]
+    decoded[:, j] = centroids[nearest, j] + np.array(means)[bucket]
     widths[:, j] = edges[bucket + 1] - edges[bucket]
+  if np.allclose(np.linalg.norm(x, axis=1), 1, atol=1e-3):
+    decoded /= np.linalg.norm(decoded, axis=1, keepdims=True)
   return nearest, decoded, widths
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
-def test_codec_round_trip_equals_numpy_rederivation(bits):
-  x = _clustered(np.random.default_rng(bits), 600)
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_codec_round_trip_equals_numpy_rederivation(bits, scale):
+  x = scale * _clustered(np.random.default_rng(bits), 600)
   codec, backend = residual.Codec.train(x, bits, num_centroids=12, seed=0, backend="numpy")
   assert backend == "numpy" and codec.centroids.shape == (12, DIM)
+  assert codec.normalize == (scale == 1.0)  # unit vectors decode to unit vectors
   codes, packed = codec.encode(x)
   assert packed.shape == (600, DIM * bits // 8) and packed.dtype == np.uint8
   nearest, expected, widths = _numpy_codec(x, codec.centroids, bits)
   np.testing.assert_array_equal(codes, nearest)
   decoded = codec.decode(codes, packed)
-  np.testing.assert_allclose(decoded, expected, atol=1e-6)
-  # every value (the sample is the data here) is within its bucket's width of the truth
-  assert np.all(np.abs(decoded - x) <= widths + 1e-6)
+  np.testing.assert_allclose(decoded, expected, atol=1e-5)
+  if scale != 1.0:  # every value (the sample is the data) is within its bucket's width
+    assert np.all(np.abs(decoded - x) <= widths + 1e-5)
+  else:
+    np.testing.assert_allclose(np.linalg.norm(decoded, axis=1), 1, atol=1e-5)
+  # encoding with the codes given (another index's) gives the same payload
+  np.testing.assert_array_equal(codec.encode(x, codes)[1], packed)
 
 
 def test_error_shrinks_with_bits_and_none_is_lossless():
@@ -170,6 +180,9 @@ def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
   scores, ids = approx.search(queries, valid, top_k=30, nprobe=10, candidates=len(docs))
   np.testing.assert_array_equal(ids, want_ids)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+  # the default candidate count covers a corpus this small (4 x top_k >= 120 docs)
+  assert residual.default_candidates(30, len(docs)) >= len(docs)
+  np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10)[1], want_ids)
   # with fewer probes the result is a subset of the candidates, still exactly scored
   few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8)
   reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
@@ -209,3 +222,65 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
   exact.meta["fingerprint"] = index_lib.config_fingerprint(exact.meta["config"])
   with pytest.raises(index_lib.IndexConfigMismatchError, match="passage_ratio: built=4"):
     pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
+
+
+def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
+  """Re-derivation of one query's approximate search from the decoded documents: probe the
+  nprobe centroids nearest (L2) to each unit query vector; candidates = docs with a vector
+  assigned (L2) to a probed centroid; keep the `candidates` best by the sum over query
+  vectors of the best score among the doc's vectors, a vector scoring its decoded value's
+  dot product when it lies in a cell that query vector probed, else its centroid's; rerank
+  those by exact MaxSim over their decoded vectors."""
+  centroids = approx.codec.centroids
+  dots = q @ centroids.T  # [mq, k]
+  unit = q / np.linalg.norm(q, axis=1, keepdims=True)
+  distances = np.linalg.norm(unit[:, None] - centroids[None], axis=-1)  # [mq, k]
+  probed = [set(np.argsort(row, kind="stable")[:nprobe]) for row in distances]
+  found = {}
+  for d, vectors in enumerate(docs):
+    if len(vectors) == 0:
+      continue
+    cells = np.argmin(np.linalg.norm(vectors[:, None] - centroids[None], axis=-1), axis=1)
+    if any(c in p for c in cells for p in probed):
+      decoded = approx.doc_vectors(d)  # [count, dim]
+      found[d] = sum(max(float(qv @ v) if c in p else row[c]
+                         for c, v in zip(cells, decoded))
+                     for qv, row, p in zip(q, dots, probed))
+  kept = sorted(found, key=lambda d: (-found[d], d))[:candidates]
+  exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
+  return sorted(exact, key=lambda d: (-exact[d], d))[:k], found
+
+
+@pytest.mark.parametrize("bits", [2, None])
+def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
+  docs = _corpus(seed=4)
+  exact = _exact(tmp_path / "exact", docs)
+  approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
+                                         kmeans_backend="numpy")
+  queries, valid = _queries(seed=11)
+  scores, ids = approx.search(queries, valid, top_k=10, nprobe=2, candidates=20)
+  for i in range(len(queries)):
+    q = queries[i][valid[i]]
+    want, found = _numpy_approximate(approx, docs, q, nprobe=2, candidates=20, k=10)
+    assert len(found) > 20  # the cap applies
+    assert ids[i][ids[i] >= 0].tolist() == want
+    # the centroid-interaction score of every probed doc, against the re-derivation
+    probed = approx.probe(q, q @ approx.codec.centroids.T, 2)
+    cand = approx.candidate_docs(probed)
+    assert cand.tolist() == sorted(found)
+    rough = approx.centroid_interaction(q, q @ approx.codec.centroids.T, probed, cand)
+    np.testing.assert_allclose(rough, [found[d] for d in cand], rtol=1e-5, atol=1e-6)
+
+
+def test_codes_reuse_gives_the_same_index(tmp_path):
+  docs = _corpus(seed=2)
+  exact = _exact(tmp_path / "exact", docs)
+  first = residual.build_residual_index(str(tmp_path / "a"), exact, 4, num_centroids=12,
+                                        kmeans_backend="numpy")
+  again = residual.build_residual_index(str(tmp_path / "b"), exact, 4, centroids=first.codec.
+                                        centroids, codes=np.asarray(first.codes))
+  np.testing.assert_array_equal(np.asarray(again.codes), np.asarray(first.codes))
+  np.testing.assert_array_equal(np.asarray(again.residuals), np.asarray(first.residuals))
+  with pytest.raises(ValueError, match="one id per source vector"):
+    residual.build_residual_index(str(tmp_path / "c"), exact, 4, centroids=first.codec.centroids,
+                                  codes=np.asarray(first.codes)[:-1])

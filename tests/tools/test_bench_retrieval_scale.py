@@ -29,7 +29,8 @@ def result(tmp_path_factory):
   qrels = {"test": {q: {f"d{5 * j}": 1} for j, q in enumerate(queries)}}
   beir.write_beir(tmp / "beir", corpus, queries, qrels)
   out = tmp / "scale.md"
-  rows = bench.main(["--beir_folder", str(tmp / "beir"), "--passage_length",
+  rows = bench.main(["--beir_folder", str(tmp / "beir"), "--msmarco_folder", "",
+                     "--passage_length",
                      str(PASSAGE_WORDS), "--synthetic_passages", "300",
                      "--synthetic_length", "8", "--synthetic_topics", "20",
                      "--synthetic_queries", "10", "--dim", str(DIM), "--ratios", "1", "3",
@@ -70,6 +71,26 @@ def test_pool_is_the_unit_mean_of_c_consecutive_vectors():
   assert pooled.shape == (3, 2, DIM) and valid.sum(axis=1).tolist() == [1, 2, 2]
   expected = vectors[1][3:].mean(axis=0)
   np.testing.assert_allclose(pooled[1, 1], expected / np.linalg.norm(expected), rtol=1e-5)
+
+
+def test_pool_of_equal_lengths_matches_the_padded_path():
+  rng = np.random.default_rng(2)
+  vectors = [rng.standard_normal((6, DIM)).astype(np.float32) for _ in range(4)]
+  fast, valid = bench.pool(vectors, 3, DIM)  # one reshape
+  padded, _ = bench.pool(vectors + [rng.standard_normal((1, DIM)).astype(np.float32)], 3, DIM)
+  assert valid.all() and fast.shape == (4, 2, DIM)
+  np.testing.assert_allclose(fast, padded[:4], rtol=1e-6)
+
+
+def test_msmarco_folder_reads_judged_queries(tmp_path):
+  (tmp_path / "collection.tsv").write_text("p1\triver stone\np2\tgarden light\n")
+  (tmp_path / "queries.tsv").write_text("q1\triver\nq2\tunjudged words\n")
+  (tmp_path / "qrels.txt").write_text("q1 0 p1 1\n")
+  args = bench.parse_args(["--beir_folder", "", "--msmarco_folder", str(tmp_path),
+                           "--synthetic_passages", "0", "--dim", str(DIM)])
+  corpus = bench.msmarco_corpus(str(tmp_path), args)
+  assert corpus.doc_ids == ["p1", "p2"] and corpus.qids == ["q1"]
+  assert corpus.qrels == {"q1": {"p1": 1}} and corpus.queries.shape == (1, 1, DIM)
 
 
 def test_results_file_has_command_tables_and_rows(result):
