@@ -76,10 +76,10 @@ def run_config(method: str, ratio: int, seed: int, a, model_dir: pathlib.Path):
               f"SEED = {seed}", *extra]
   if a.steps:
     bindings += [f"TRAIN_STEPS = {a.steps}", f"CHECKPOINT_PERIOD = {a.steps}",
-                 f"EVAL_PERIOD = {max(1, a.steps // 4)}"]
+                 f"EVAL_PERIOD = {max(1, a.steps // 4)}", f"WARMUP_STEPS = {max(1, a.steps // 10)}"]
   if a.dry_run:
     bindings += ["EVAL_BATCHES = 1", "BATCH_SIZE = 4", "MAX_PREDICT_EXAMPLES = 4",
-                 "WARMUP_STEPS = 1", "LOG_PERIOD = 1"]
+                 "LOG_PERIOD = 1"]
   return [model_gin, f"{FOLDER}/run.gin"], bindings
 
 

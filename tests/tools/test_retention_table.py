@@ -103,6 +103,6 @@ def test_every_method_trains_under_the_same_budget(method, compressor):
   assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == rt.TASK
   assert gin.query_parameter("%TASK_FEATURE_LENGTHS") == {"inputs": 64, "targets": 64}
   assert (gin.query_parameter("%TRAIN_STEPS"), gin.query_parameter("%BATCH_SIZE"),
-          gin.query_parameter("%SEED")) == (240, 16, 1)
+          gin.query_parameter("%SEED")) == (80, 16, 1)
   assert gin.query_parameter("trainer.train.optimizer").selector == "optimizers.adamw"
   gin.clear_config()
