@@ -44,7 +44,16 @@ METHODS = {  # name: (label, model gin, bindings)
     "dodo": ("Dodo", f"{FOLDER}/dodo.gin", []),
 }
 METRICS = (("teacher_forced_accuracy", "teacher-forced token acc (%)", 100),
+           ("encoding_gain", "gain from own encoding (points)", 100),
            ("greedy_accuracy", "greedy token acc (%)", 100), ("bleu", "BLEU", 1))
+
+
+def metric(result: Mapping, key: str) -> float:
+  """A run's value of a METRICS key; 'encoding_gain' is its teacher-forced accuracy minus
+  the same with the encodings swapped (per run, so seeds pair them)."""
+  if key == "encoding_gain":
+    return result["teacher_forced_accuracy"] - result["swapped_accuracy"]
+  return result[key]
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -95,6 +104,36 @@ def learning_curve(model_dir: pathlib.Path) -> List[List[float]]:
   return [[s, points[s]] for s in sorted(points)]
 
 
+def swap_encodings(batch: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+  """The batch with every row's encoder features taken from the row before it (rolled by
+  one): each chunk's decoder then reads another chunk's encoding."""
+  return {k: np.roll(v, 1, axis=0) if k.startswith("encoder_") else v for k, v in batch.items()}
+
+
+def swapped_accuracy(files: Sequence[str], bindings: Sequence[str],
+                     model_dir: pathlib.Path) -> float:
+  """Held-out teacher-forced accuracy of the trained run with the encodings swapped
+  (`swap_encodings`), on the same EVAL_BATCHES batches: what the decoder gets right without
+  its chunk's own encoding. The accuracy minus this is what the encoding carried."""
+  import gin
+  import jax
+  from decal_jax import evaluation, gin_utils, partitioning
+  from decal_jax.data import pipeline
+  partitioner = partitioning.Partitioner()
+  model, params, _, _ = gin_utils.load_model(files, str(model_dir), bindings=bindings,
+                                             partitioner=partitioner)
+  cfg = gin.get_configurable("validation/pipeline.DatasetConfig")()
+  step = evaluation.make_eval_step(model, partitioner)
+  ds = pipeline.get_dataset(cfg, model, 1, partitioner)
+  sums: Dict[str, float] = {}
+  for batch in pipeline.lockstep_batches(ds, cfg.batch_size,
+                                         gin.query_parameter("%EVAL_BATCHES")):
+    aux = jax.device_get(step(params, pipeline.to_global(swap_encodings(batch), partitioner)))
+    for k, v in aux.items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  return float(model.summarize(sums)["accuracy"])
+
+
 def run_one(method: str, ratio: int, seed: int, a, work: pathlib.Path) -> Mapping:
   """Trains (or resumes) and evaluates one run; its result dict (None when preempted)."""
   import gin
@@ -119,8 +158,9 @@ def run_one(method: str, ratio: int, seed: int, a, work: pathlib.Path) -> Mappin
   vocab = vocabularies.builtin_vocabulary()  # the task's; its log holds texts, not ids
   greedy = greedy_token_accuracy([vocab.encode(r["prediction"]) for r in rows],
                                  [vocab.encode(r["target"]) for r in rows])
+  swapped = swapped_accuracy(files, bindings, model_dir)
   return {"method": method, "ratio": ratio, "seed": seed, "steps": steps,
-          "teacher_forced_accuracy": float(metrics["accuracy"]),
+          "teacher_forced_accuracy": float(metrics["accuracy"]), "swapped_accuracy": swapped,
           "bleu": float(metrics[f"{TASK}/bleu"]), "greedy_accuracy": greedy,
           "eval_tokens": int(metrics["target_tokens"]), "decoded_chunks": len(rows),
           "curve": learning_curve(model_dir), "train_seconds": round(train_seconds, 1),
@@ -137,7 +177,7 @@ def summarize(results: Sequence[Mapping]) -> List[Dict]:
       if mine:
         row = {"method": method, "ratio": ratio, "seeds": sorted(r["seed"] for r in mine)}
         for key, _, scale in METRICS:
-          row[key] = tuple(scale * v for v in mean_stderr([r[key] for r in mine]))
+          row[key] = tuple(scale * v for v in mean_stderr([metric(r, key) for r in mine]))
         rows.append(row)
   return rows
 
@@ -150,19 +190,20 @@ def table(rows: Sequence[Mapping]) -> str:
 
 
 def plot(rows: Sequence[Mapping], results: Sequence[Mapping], path: pathlib.Path) -> None:
-  """Left: greedy token accuracy vs C, a line per method (error bars: s.e.); right: the
+  """Left: the gain from the own encoding vs C, a line per method (error bars: s.e.); right: the
   learning curves (held-out teacher-forced accuracy), mean over seeds, at each method's C."""
   plt = benchmarking.pyplot()
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
   for method in METHODS:
     mine = [r for r in rows if r["method"] == method]
     if mine:
-      left.errorbar([r["ratio"] for r in mine], [r["greedy_accuracy"][0] for r in mine],
-                    yerr=[np.nan_to_num(r["greedy_accuracy"][1]) for r in mine], marker="o",
+      left.errorbar([r["ratio"] for r in mine], [r["encoding_gain"][0] for r in mine],
+                    yerr=[np.nan_to_num(r["encoding_gain"][1]) for r in mine], marker="o",
                     capsize=3, label=METHODS[method][0])
   left.set_xscale("log", base=2)
   left.set_xlabel("compression ratio C (r)")
-  left.set_ylabel("greedy token accuracy (%)")
+  left.axhline(0, color="gray", linewidth=0.5)
+  left.set_ylabel("accuracy gain from the own encoding (points)")
   left.legend(fontsize=8)
   styles = {2: "-", 4: "--", 8: ":"}
   for i, method in enumerate(METHODS):
@@ -195,8 +236,10 @@ def report(a, rows, results, planned: int) -> str:
   if len(results) < planned:
     lines.append(f"{len(results)} of {planned} runs done so far; the same command continues.")
   lines += ["", "Per run:", "", *benchmarking.table(
-      ["method", "C", "seed", "teacher-forced acc", "greedy acc", "BLEU", "train s", "total s"],
+      ["method", "C", "seed", "teacher-forced acc", "swapped acc", "greedy acc", "BLEU",
+       "train s", "total s"],
       [[METHODS[r["method"]][0], r["ratio"], r["seed"], f"{r['teacher_forced_accuracy']:.4f}",
+        f"{r.get('swapped_accuracy', float('nan')):.4f}",
         f"{r['greedy_accuracy']:.4f}", f"{r['bleu']:.2f}", r["train_seconds"], r["seconds"]]
        for r in runs])]
   return "\n".join(lines) + "\n"
@@ -238,6 +281,13 @@ def main(argv=None):
       done[key] = result
       if a.record:
         fileio.write_text_atomic(a.record, json.dumps(done, indent=1))
+    elif "swapped_accuracy" not in done[key]:  # recorded before the swap test existed
+      model_dir = a.work / f"{method}_r{ratio}_s{seed}"
+      if any(model_dir.glob("checkpoint_*")):
+        files, bindings = run_config(method, ratio, seed, a, model_dir)
+        done[key] = dict(done[key], swapped_accuracy=swapped_accuracy(files, bindings, model_dir))
+        if a.record:
+          fileio.write_text_atomic(a.record, json.dumps(done, indent=1))
     results.append(done[key])
     write(a, results, len(plan))
   return results
@@ -253,7 +303,7 @@ def write(a, results, planned: int) -> None:
   if not a.no_plot:
     png = a.out.with_suffix(".png")
     plot(rows, results, png)
-    text += f"\n![greedy token accuracy vs C, and learning curves]({png.name})\n"
+    text += f"\n![gain from the own encoding vs C, and learning curves]({png.name})\n"
   fileio.write_text_atomic(a.out, text)
 
 

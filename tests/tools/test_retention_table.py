@@ -14,13 +14,17 @@ from decal_jax.data import public_text
 from decal_jax.tools import retention_table as rt
 
 
+GAINS = [0.01, 0.03, 0.02]  # teacher-forced minus swapped-encoding accuracy, per seed
+
+
 def _results(values):
   """Per-seed rows as the tool records them: {(method, ratio): [greedy acc per seed]}."""
   out = []
   for (method, ratio), accs in values.items():
     for seed, acc in enumerate(accs):
       out.append({"method": method, "ratio": ratio, "seed": seed, "greedy_accuracy": acc,
-                  "teacher_forced_accuracy": acc / 2, "bleu": 100 * acc})
+                  "teacher_forced_accuracy": acc / 2, "bleu": 100 * acc,
+                  "swapped_accuracy": acc / 2 - GAINS[seed]})
   return out
 
 
@@ -35,9 +39,11 @@ def test_table_mean_and_standard_error_are_numpys_over_the_seed_rows():
     assert row["greedy_accuracy"] == pytest.approx((100 * x.mean(), 100 * se), rel=1e-12)
     assert row["bleu"] == pytest.approx((100 * x.mean(), 100 * se), rel=1e-12)
     assert row["teacher_forced_accuracy"] == pytest.approx((50 * x.mean(), 50 * se), rel=1e-12)
+    # the gain is paired per seed: its s.e. is that of the differences, not of either side
+    assert row["encoding_gain"] == pytest.approx((2.0, 100 * 0.01 / np.sqrt(3)), rel=1e-9)
   cells = [line.split("|")[1:-1] for line in rt.table(rows).splitlines()]
-  assert [c.strip() for c in cells[2]] == ["DeCAL", "2", "3", "16.00 ± 0.76", "32.00 ± 1.53",
-                                           "32.00 ± 1.53"]  # 0.32 mean; s.e. 0.01528
+  assert [c.strip() for c in cells[2]] == ["DeCAL", "2", "3", "16.00 ± 0.76", "2.00 ± 0.58",
+                                           "32.00 ± 1.53", "32.00 ± 1.53"]  # 0.32; s.e. 0.01528
   assert math.isnan(rt.mean_stderr([0.5])[1])  # one seed: no error bar, not a zero
 
 
@@ -47,6 +53,14 @@ def test_greedy_accuracy_is_one_for_a_perfect_copy_and_counts_positions():
   # 1st: positions 0 and 3 match (2 of 4); 2nd: stops after 1 token (1 of 3); 3 / 7
   assert rt.greedy_token_accuracy([[5, 0, 0, 1, 4, 4], [9]], refs) == pytest.approx(3 / 7)
   assert rt.greedy_token_accuracy([[6, 7, 1, 5], [1, 1, 9]], refs) == 0.0  # 1st shifted by one
+
+
+def test_swap_gives_each_chunk_the_encoding_of_another_and_keeps_its_targets():
+  batch = {"encoder_input_tokens": np.array([[1, 1], [2, 2], [3, 3]]),
+           "decoder_target_tokens": np.array([[7, 1], [8, 1], [9, 1]])}
+  swapped = rt.swap_encodings(batch)
+  np.testing.assert_array_equal(swapped["encoder_input_tokens"], [[3, 3], [1, 1], [2, 2]])
+  np.testing.assert_array_equal(swapped["decoder_target_tokens"], batch["decoder_target_tokens"])
 
 
 def _data_dir(tmp_path: pathlib.Path) -> pathlib.Path:
