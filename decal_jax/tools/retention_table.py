@@ -36,6 +36,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(  # seeds 1, 2 r
 from decal_jax import benchmarking, fileio  # noqa: E402
 
 TASK = "decal_public_text_autoencode"
+READING = "<!-- reading: written by hand; kept when the tool rewrites the table above -->"
 FOLDER = "experiments/retention"
 METHODS = {  # name: (label, model gin, bindings)
     "decal": ("DeCAL", f"{FOLDER}/t5.gin", ["COMPRESSOR = 'latents'"]),
@@ -304,6 +305,9 @@ def write(a, results, planned: int) -> None:
     png = a.out.with_suffix(".png")
     plot(rows, results, png)
     text += f"\n![gain from the own encoding vs C, and learning curves]({png.name})\n"
+  kept = a.out.read_text().split(READING, 1) if a.out.exists() else []
+  if len(kept) == 2:  # the hand-written reading below the marker survives a rerun
+    text += "\n" + READING + kept[1]
   fileio.write_text_atomic(a.out, text)
 
 

@@ -24,7 +24,9 @@ def _results(values):
     for seed, acc in enumerate(accs):
       out.append({"method": method, "ratio": ratio, "seed": seed, "greedy_accuracy": acc,
                   "teacher_forced_accuracy": acc / 2, "bleu": 100 * acc,
-                  "swapped_accuracy": acc / 2 - GAINS[seed]})
+                  "swapped_accuracy": acc / 2 - GAINS[seed], "steps": 80, "seconds": 60.0,
+                  "train_seconds": 50.0, "load_average": "1.0/1.0/1.0",
+                  "curve": [[40, acc / 4], [80, acc / 2]]})
   return out
 
 
@@ -45,6 +47,16 @@ def test_table_mean_and_standard_error_are_numpys_over_the_seed_rows():
   assert [c.strip() for c in cells[2]] == ["DeCAL", "2", "3", "16.00 ± 0.76", "2.00 ± 0.58",
                                            "32.00 ± 1.53", "32.00 ± 1.53"]  # 0.32; s.e. 0.01528
   assert math.isnan(rt.mean_stderr([0.5])[1])  # one seed: no error bar, not a zero
+
+
+def test_rewriting_the_report_keeps_the_hand_written_reading(tmp_path):
+  out = tmp_path / "retention.md"
+  out.write_text("an older table\n" + rt.READING + "\nMy reading.\n")
+  args = argparse.Namespace(out=out, no_plot=True, argv=["--steps", "80"])
+  rt.write(args, _results({("decal", 2): [0.3, 0.31, 0.32]}), 36)
+  text = out.read_text()
+  assert "an older table" not in text and text.endswith(rt.READING + "\nMy reading.\n")
+  assert "| DeCAL | 2 | 3 | 15.50 ± 0.29 |" in text and "3 of 36 runs done so far" in text
 
 
 def test_greedy_accuracy_is_one_for_a_perfect_copy_and_counts_positions():
