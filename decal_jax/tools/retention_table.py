@@ -210,9 +210,9 @@ def plot(rows: Sequence[Mapping], results: Sequence[Mapping], path: pathlib.Path
   for i, method in enumerate(METHODS):
     for ratio in sorted({r["ratio"] for r in results}):
       curves = [r["curve"] for r in results if r["method"] == method and r["ratio"] == ratio]
-      if curves and all(len(c) == len(curves[0]) for c in curves):
-        steps = [p[0] for p in curves[0]]
-        acc = np.mean([[100 * p[1] for p in c] for c in curves], axis=0)
+      steps = sorted(set.intersection(*[{p[0] for p in c} for c in curves])) if curves else []
+      if steps:  # the steps every seed has (a resumed run may lack an early point)
+        acc = np.mean([[100 * dict(c)[s] for s in steps] for c in curves], axis=0)
         right.plot(steps, acc, styles.get(ratio, "-"), color=f"C{i}",
                    label=f"{METHODS[method][0]} C={ratio}")
   right.set_xlabel("training step")
