@@ -3,8 +3,11 @@ trained under one budget to rebuild 63-token chunks of real text (C4 / WikiText-
 TinyStories, `decal_public_text_autoencode`) from their compressed encoding, at each ratio
 and seed; a Markdown table of mean +- standard error over seeds (and a plot):
 
-  DECAL_DATA_DIR=../shared/data nice -n 5 python -m decal_jax.tools.retention_table \
-    --record docs/results/retention_cpu.json --out docs/results/retention_cpu.md
+  DECAL_DATA_DIR=../shared/data nice -n 5 python -m decal_jax.tools.retention_table --steps 80 \
+    --work runs/retention80 --record docs/results/retention_cpu.json --out docs/results/retention_cpu.md
+
+(The record holds the 36 runs of docs/results/retention_cpu.md, so this command only redraws
+the table; a new --record trains them again, about an hour on 2 shared CPU cores.)
 
 The budget is gin/experiments/retention/run.gin (steps, batch, AdamW schedule, held-out
 chunks); the models are gin/experiments/retention/{t5,dodo}.gin. Metrics, all on the same
