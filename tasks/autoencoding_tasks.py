@@ -9,6 +9,7 @@ on your own text.
 | decal_c4_autoencode, decal_c4_continuation | TFDS c4/en:3.1.0 | the model's |
 | decal_c4_autoencode_continuation | the two above, 1:1 | the model's |
 | decal_text_autoencode | `<local dir>/text_autoencode/<split>.jsonl`, field "text" | the model's |
+| decal_public_text_autoencode | C4 / WikiText-2 / TinyStories samples in `../shared/data/text` (`data/public_text.py`) | built-in |
 
 "The model's" vocabulary is `vocabularies.task_vocabulary()`: the VOCABULARY of the model
 gin (T5's for T5.1.1 files, LLaMA's for an imported LLaMA), else the T5 vocabulary. The local
@@ -27,13 +28,14 @@ from typing import Dict, Mapping, Optional, Tuple
 import seqio
 
 from decal_jax import text_metrics
-from decal_jax.data import autoencoding, corpus, local_files, vocabularies
+from decal_jax.data import autoencoding, corpus, local_files, public_text, vocabularies
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
 
 OBJECTIVES = {"autoencode": autoencoding.autoencode, "continuation": autoencoding.continuation}
 TEXT_AUTOENCODE_TASK = "decal_text_autoencode"
 TEXT_AUTOENCODE_FOLDER = "text_autoencode"
+PUBLIC_TEXT_AUTOENCODE_TASK = "decal_public_text_autoencode"
 
 
 def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
@@ -108,3 +110,5 @@ register_mixture("decal_c4", lambda: PreparedTfdsSource(C4_TFDS_NAME),
                  vocabularies.DeferredVocabulary())
 _register(TEXT_AUTOENCODE_TASK, LocalTextSource(TEXT_AUTOENCODE_FOLDER),
           vocabularies.DeferredVocabulary(), autoencoding.autoencode)
+_register(PUBLIC_TEXT_AUTOENCODE_TASK, public_text.data_source(),
+          vocabularies.builtin_vocabulary(), autoencoding.autoencode)

@@ -62,6 +62,8 @@ def test_all_gin_files_are_covered_here():
               "runs/retrieval_builtin.gin", "runs/retrieve_builtin.gin"} |  # retrieval tests
              {"models/decoder.gin", "models/decoder_tiny.gin", "models/dodo_lm.gin",
               "runs/lm_builtin.gin"} |  # test_language_model_files_build_what_they_name
+             {"experiments/retention/run.gin", "experiments/retention/t5.gin",
+              "experiments/retention/dodo.gin"} |  # tests/tools/test_retention_table.py
              # tests/test_ablation.py loads every budget and variant and trains with mini.gin
              {f"experiments/{kind}/{p.name}" for kind in ("budgets", "variants", "models")
               for p in (GIN_DIR / "experiments" / kind).glob("*.gin")})

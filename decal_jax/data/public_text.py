@@ -1,0 +1,106 @@
+"""Real public text for held-out measurements: the C4, WikiText-2 and TinyStories samples
+in `<data dir>/text/` (the project's `../shared/data`, see its README; not shipped).
+
+The data directory is `$DECAL_DATA_DIR`, else `../shared/data` from the working directory
+(a checkout's root). Each file becomes documents:
+
+- `c4_en_train_sample1000.jsonl`: one document per line ("text" field).
+- `wikitext2_raw_test.txt`: one document per paragraph line; " = Heading = " lines and blank
+  lines are dropped (CRLF endings stripped).
+- `tinystories_sample.txt`: one document per story (stories end with `<|endoftext|>`).
+
+Every document goes to `train` or `validation` by a stable SHA-256 of its text (about
+VALIDATION_PERCENT %), so the splits never overlap and do not depend on reading order. The
+three sources are interleaved round-robin, so any prefix of a split mixes all three.
+"""
+import functools
+import hashlib
+import json
+import os
+import pathlib
+from typing import Dict, List, Optional
+
+import seqio
+import tensorflow as tf
+
+SPLITS = ("train", "validation")
+VALIDATION_PERCENT = 3
+FILES = {"c4": "c4_en_train_sample1000.jsonl", "wikitext": "wikitext2_raw_test.txt",
+         "tinystories": "tinystories_sample.txt"}
+TRAIN_PASSES = 100  # shuffled training reads: this many passes, each in its own order
+
+
+def data_dir() -> pathlib.Path:
+  return pathlib.Path(os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data")))
+
+
+def _c4(text: str) -> List[str]:
+  return [json.loads(line)["text"] for line in text.splitlines() if line.strip()]
+
+
+def _wikitext(text: str) -> List[str]:
+  lines = (line.strip() for line in text.splitlines())
+  return [line for line in lines if line and not (line.startswith("=") and line.endswith("="))]
+
+
+def _tinystories(text: str) -> List[str]:
+  return [story.strip() for story in text.split("<|endoftext|>") if story.strip()]
+
+
+READERS = {"c4": _c4, "wikitext": _wikitext, "tinystories": _tinystories}
+
+
+def split_of(document: str) -> str:
+  bucket = int(hashlib.sha256(document.encode("utf-8")).hexdigest(), 16) % 100
+  return "validation" if bucket < VALIDATION_PERCENT else "train"
+
+
+def _interleave(lists: List[List[str]]) -> List[str]:
+  """Round-robin: a[0], b[0], c[0], a[1], ... (a list that runs out is skipped)."""
+  out = []
+  for i in range(max(map(len, lists), default=0)):
+    out += [docs[i] for docs in lists if i < len(docs)]
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def documents(directory: Optional[str] = None) -> Dict[str, List[str]]:
+  """{'train': [...], 'validation': [...]}: the three sources' documents, interleaved."""
+  folder = pathlib.Path(directory) if directory else data_dir()
+  per_source = {split: [] for split in SPLITS}
+  for name, file in FILES.items():
+    path = folder / "text" / file
+    if not path.exists():
+      raise FileNotFoundError(
+          f"{path} is missing: the public text samples live in the project's ../shared/data "
+          "(run from the checkout's root, or set DECAL_DATA_DIR to the data folder).")
+    docs = READERS[name](path.read_text(encoding="utf-8"))
+    for split in SPLITS:
+      per_source[split].append([d for d in docs if split_of(d) == split])
+  return {split: _interleave(lists) for split, lists in per_source.items()}
+
+
+def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> tf.data.Dataset:
+  """{'text': scalar string} per document; shuffled training reads give TRAIN_PASSES
+  passes, pass i in the order of seed (seed, i)."""
+  if split not in SPLITS:
+    raise ValueError(f"The public text has splits {SPLITS}, not {split!r}.")
+  docs = documents()[split]
+  ds = tf.data.Dataset.from_tensor_slices({"text": docs})
+  if split != "train" or not shuffle_files:
+    return ds
+  base = (seed or 0) * 100_003
+  return tf.data.Dataset.range(TRAIN_PASSES).flat_map(
+      lambda i: ds.shuffle(len(docs), seed=base + i, reshuffle_each_iteration=False))
+
+
+class _Source(seqio.FunctionDataSource):
+  """Reads the files only when data is read; the training stream is not cached in memory."""
+
+  def num_input_examples(self, split: str) -> Optional[int]:
+    return None if split == "train" else len(documents()[split])
+
+
+def data_source() -> seqio.FunctionDataSource:
+  """The public text as a seqio source: splits 'train' / 'validation', feature 'text'."""
+  return _Source(_dataset_fn, splits=SPLITS)
