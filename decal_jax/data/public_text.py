@@ -14,14 +14,13 @@ VALIDATION_PERCENT %), so the splits never overlap and do not depend on reading 
 three sources are interleaved round-robin, so any prefix of a split mixes all three.
 """
 import functools
-import hashlib
-import json
-import os
 import pathlib
 from typing import Dict, List, Optional
 
 import seqio
 import tensorflow as tf
+
+from decal_jax.data import corpus, real_text
 
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 3
@@ -30,29 +29,19 @@ FILES = {"c4": "c4_en_train_sample1000.jsonl", "wikitext": "wikitext2_raw_test.t
 TRAIN_PASSES = 100  # shuffled training reads: this many passes, each in its own order
 
 
-def data_dir() -> pathlib.Path:
-  return pathlib.Path(os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data")))
-
-
-def _c4(text: str) -> List[str]:
-  return [json.loads(line)["text"] for line in text.splitlines() if line.strip()]
-
-
-def _wikitext(text: str) -> List[str]:
-  lines = (line.strip() for line in text.splitlines())
+def _wikitext_paragraphs(path: pathlib.Path) -> List[str]:
+  """One document per paragraph line (real_text reads whole articles): heading lines and
+  blank lines dropped."""
+  lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
   return [line for line in lines if line and not (line.startswith("=") and line.endswith("="))]
 
 
-def _tinystories(text: str) -> List[str]:
-  return [story.strip() for story in text.split("<|endoftext|>") if story.strip()]
-
-
-READERS = {"c4": _c4, "wikitext": _wikitext, "tinystories": _tinystories}
+READERS = {"c4": real_text.c4_documents, "wikitext": _wikitext_paragraphs,
+           "tinystories": real_text.tinystories_documents}
 
 
 def split_of(document: str) -> str:
-  bucket = int(hashlib.sha256(document.encode("utf-8")).hexdigest(), 16) % 100
-  return "validation" if bucket < VALIDATION_PERCENT else "train"
+  return corpus.split_of(document, VALIDATION_PERCENT)
 
 
 def _interleave(lists: List[List[str]]) -> List[str]:
@@ -66,7 +55,7 @@ def _interleave(lists: List[List[str]]) -> List[str]:
 @functools.lru_cache(maxsize=None)
 def documents(directory: Optional[str] = None) -> Dict[str, List[str]]:
   """{'train': [...], 'validation': [...]}: the three sources' documents, interleaved."""
-  folder = pathlib.Path(directory) if directory else data_dir()
+  folder = pathlib.Path(directory) if directory else real_text.data_dir()
   per_source = {split: [] for split in SPLITS}
   for name, file in FILES.items():
     path = folder / "text" / file
@@ -74,7 +63,7 @@ def documents(directory: Optional[str] = None) -> Dict[str, List[str]]:
       raise FileNotFoundError(
           f"{path} is missing: the public text samples live in the project's ../shared/data "
           "(run from the checkout's root, or set DECAL_DATA_DIR to the data folder).")
-    docs = READERS[name](path.read_text(encoding="utf-8"))
+    docs = READERS[name](path)
     for split in SPLITS:
       per_source[split].append([d for d in docs if split_of(d) == split])
   return {split: _interleave(lists) for split, lists in per_source.items()}

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 import seqio
 import tensorflow as tf
 
-from decal_jax.data import vocabularies
+from decal_jax.data import corpus, vocabularies
 
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 5
@@ -82,9 +82,7 @@ READERS = {"c4": c4_documents, "wikitext2": wikitext_documents,
 
 
 def split_of(document: str) -> str:
-  """'validation' for about VALIDATION_PERCENT % of documents (by SHA-256), else 'train'."""
-  bucket = int(hashlib.sha256(document.encode("utf-8")).hexdigest(), 16) % 100
-  return "validation" if bucket < VALIDATION_PERCENT else "train"
+  return corpus.split_of(document, VALIDATION_PERCENT)
 
 
 @functools.lru_cache(maxsize=None)
