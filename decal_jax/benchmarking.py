@@ -93,6 +93,14 @@ class Side:
     return self.runs[0].tokens
 
 
+def mean_stderr(values: Sequence[float]) -> Tuple[float, float]:
+  """(mean, standard error of the mean = sample standard deviation / sqrt(n)), in float64;
+  the s.e. of a single value is nan (no error bar, rather than a zero one)."""
+  x = np.asarray(list(values), np.float64)
+  se = x.std(ddof=1) / np.sqrt(x.size) if x.size > 1 else float("nan")
+  return float(x.mean()), float(se)
+
+
 def xla_cost(compiled, key: str = "flops") -> float:
   """One entry of XLA's `cost_analysis()` of a compiled program ('flops', 'bytes
   accessed'); NaN when the backend does not report it."""

@@ -148,9 +148,8 @@ def equal_flop_note(mean_sentence: float) -> str:
 
 
 def mean_se(values: List[float]) -> str:
-  if len(values) < 2:
-    return f"{values[0]:.1f}"
-  return f"{statistics.mean(values):.1f} ± {statistics.stdev(values) / math.sqrt(len(values)):.1f}"
+  mean, se = benchmarking.mean_stderr(values)
+  return f"{mean:.1f}" if len(values) < 2 else f"{mean:.1f} ± {se:.1f}"
 
 
 def table(results: List[Dict]) -> List[str]:

@@ -61,14 +61,6 @@ def metric(result: Mapping, key: str) -> float:
 
 
 # ------------------------------------------------------------------------------ statistics
-def mean_stderr(values: Sequence[float]):
-  """(mean, standard error of the mean = sample standard deviation / sqrt(n)); s.e. is nan
-  for a single value."""
-  x = np.asarray(values, np.float64)
-  se = x.std(ddof=1) / np.sqrt(x.size) if x.size > 1 else float("nan")
-  return float(x.mean()), float(se)
-
-
 def greedy_token_accuracy(predictions: Sequence[Sequence[int]],
                           references: Sequence[Sequence[int]]) -> float:
   """Fraction of the references' tokens that the predictions have at the same position,
@@ -181,7 +173,8 @@ def summarize(results: Sequence[Mapping]) -> List[Dict]:
       if mine:
         row = {"method": method, "ratio": ratio, "seeds": sorted(r["seed"] for r in mine)}
         for key, _, scale in METRICS:
-          row[key] = tuple(scale * v for v in mean_stderr([metric(r, key) for r in mine]))
+          values = [metric(r, key) for r in mine]
+          row[key] = tuple(scale * v for v in benchmarking.mean_stderr(values))
         rows.append(row)
   return rows
 

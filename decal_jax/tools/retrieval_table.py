@@ -148,18 +148,9 @@ def per_query_ndcg(run_file: pathlib.Path, a):
   return ir_metrics.ndcg_at_k(ir_metrics.read_trec_run(str(run_file)), qrels, 10)[1]
 
 
-def mean_stderr(values):
-  """(mean, standard error of the mean: sample standard deviation / sqrt n)."""
-  values = list(values)
-  mean = sum(values) / len(values)
-  if len(values) < 2:
-    return mean, 0.0
-  return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
-
-
 def ndcg_stderr(run_file: pathlib.Path, a) -> float:
   """Standard error of the mean NDCG@10 over the split's queries (their spread / sqrt n)."""
-  return mean_stderr(per_query_ndcg(run_file, a).values())[1]
+  return benchmarking.mean_stderr(per_query_ndcg(run_file, a).values())[1]
 
 
 def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
@@ -174,7 +165,7 @@ def paired_to_base(rows, a, work: pathlib.Path) -> None:
   reference = per_query_ndcg(run_file_of(base, a, work), a)
   for row in rows:
     mine = per_query_ndcg(run_file_of(row, a, work), a)
-    row["ndcg_vs_base"] = list(mean_stderr(mine[q] - reference[q] for q in reference))
+    row["ndcg_vs_base"] = list(benchmarking.mean_stderr(mine[q] - reference[q] for q in reference))
 
 
 def base_row(rows):

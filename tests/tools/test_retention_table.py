@@ -10,6 +10,7 @@ import gin
 import numpy as np
 import pytest
 
+from decal_jax import benchmarking
 from decal_jax.data import public_text
 from decal_jax.tools import retention_table as rt
 
@@ -46,7 +47,7 @@ def test_table_mean_and_standard_error_are_numpys_over_the_seed_rows():
   cells = [line.split("|")[1:-1] for line in rt.table(rows).splitlines()]
   assert [c.strip() for c in cells[2]] == ["DeCAL", "2", "3", "16.00 ± 0.76", "2.00 ± 0.58",
                                            "32.00 ± 1.53", "32.00 ± 1.53"]  # 0.32; s.e. 0.01528
-  assert math.isnan(rt.mean_stderr([0.5])[1])  # one seed: no error bar, not a zero
+  assert math.isnan(benchmarking.mean_stderr([0.5])[1])  # one seed: no error bar, not a zero
 
 
 def test_rewriting_the_report_keeps_the_hand_written_reading(tmp_path):
