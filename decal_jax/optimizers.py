@@ -2,10 +2,11 @@
 
 Each optimizer built here carries its schedule (`schedule_of`), which the trainer logs to
 TensorBoard as `learning_rate`."""
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -66,16 +67,144 @@ def schedule_of(optimizer) -> Optional[Callable]:
 
 def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
               clipping_threshold: float = 1.0, multiply_by_parameter_scale: bool = True,
-              min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
+              min_dim_size_to_factor: int = 128,
+              factor_rules: Optional[Mapping[str, str]] = None) -> optax.GradientTransformation:
   """T5's Adafactor: factored second moments, no momentum, update clipping, relative step.
+
+  Which axes a parameter's second moment is factored over follows T5X's Adafactor: a
+  parameter of rank > 2 is factored by its logical axis names (`factor_rules`, default
+  `partitioning.adafactor_factor_rules()`: 'embed' a row axis; 'heads', 'kv', 'mlp',
+  'vocab' column axes; 'stack' a batch axis kept apart), so an attention kernel
+  `[embed, heads, kv]` keeps statistics `[embed]` and `[heads, kv]` instead of a full
+  `[embed, heads, kv]` one; a matrix is factored over its two largest axes when both are
+  >= `min_dim_size_to_factor` (T5X's and optax's heuristic). The names come from the model's
+  `params_axes` (`set_param_axes`, which `train_state.init_state` calls); until they are set,
+  every parameter is factored by the heuristic (optax's `adafactor`, rank > 2 unfactored).
 
   Parameters stacked by `nn.scan` (T5Config.scan_layers) are updated one layer at a time
   (`per_layer`), so a scanned run takes the same steps as the unrolled one."""
   learning_rate = learning_rate or rsqrt_schedule()
-  return with_schedule(per_layer(optax.adafactor(
-      learning_rate=learning_rate, decay_rate=decay_rate, clipping_threshold=clipping_threshold,
-      multiply_by_parameter_scale=multiply_by_parameter_scale,
-      min_dim_size_to_factor=min_dim_size_to_factor, momentum=None)), learning_rate)
+  axes = _ParamAxes(factor_rules)
+  chain = [scale_by_factored_rms(axes, decay_rate, min_dim_size_to_factor)]
+  if clipping_threshold is not None:
+    chain.append(optax.clip_by_block_rms(clipping_threshold))
+  chain.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
+  if multiply_by_parameter_scale:
+    chain.append(optax.scale_by_param_block_rms())
+  chain.append(optax.scale(-1.0))
+  scheduled = with_schedule(per_layer(optax.chain(*chain)), learning_rate)
+  scheduled.param_axes = axes
+  return scheduled
+
+
+def set_param_axes(optimizer, params_axes) -> None:
+  """Gives an optimizer built here the model's logical axis names (the `params_axes`
+  collection), which `adafactor` factors by; other optimizers ignore them."""
+  holder = getattr(optimizer, "param_axes", None)
+  if isinstance(holder, _ParamAxes):
+    holder.set(params_axes)
+
+
+class _ParamAxes:
+  """Logical axis names per parameter path, set once the model is known (T5X's
+  `Adafactor.set_param_axes`), and the factoring they imply."""
+
+  def __init__(self, rules: Optional[Mapping[str, str]]):
+    self.rules = dict(rules) if rules is not None else None
+    self.names: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+
+  def set(self, params_axes) -> None:
+    from decal_jax import partitioning  # pylint: disable=import-outside-toplevel
+    self.names = partitioning._flat_axes(params_axes)  # pylint: disable=protected-access
+    if self.rules is None:
+      self.rules = partitioning.adafactor_factor_rules()
+
+  def factored_dims(self, path, shape: Sequence[int], min_dim: int
+                    ) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """(row axes, column axes) of the factored statistics, or None (unfactored)."""
+    names = self.names.get(tuple(str(getattr(k, "key", k)) for k in path))
+    if names is not None and len(names) == len(shape) + 1 and "layers" in names:
+      names = tuple(n for n in names if n != "layers")  # a slice of a scanned stack
+    kinds = [self.rules.get(n, "none") for n in names] if names else None
+    if kinds is None or (len(shape) <= 2 and "batch" not in kinds):
+      return _two_largest(shape, min_dim)
+    if len(kinds) != len(shape):
+      raise ValueError(f"Parameter {path}: {len(names)} axis names {names} for shape {shape}.")
+    rows = tuple(i for i, kind in enumerate(kinds) if kind == "row")
+    cols = tuple(i for i, kind in enumerate(kinds) if kind == "column")
+    return (rows, cols) if rows and cols else None
+
+
+def _two_largest(shape: Sequence[int], min_dim: int):
+  """The heuristic: factor the two largest axes (second largest, largest) if both >= min_dim."""
+  if len(shape) < 2:
+    return None
+  order = np.argsort(shape)
+  if shape[order[-2]] < min_dim:
+    return None
+  return (int(order[-2]),), (int(order[-1]),)
+
+
+def scale_by_factored_rms(axes: _ParamAxes, decay_rate: float = 0.8, min_dim: int = 128,
+                          epsilon: float = 1e-30) -> optax.GradientTransformation:
+  """Adafactor's scaling by the root of a (factored) second-moment estimate, each array
+  factored over the axes `axes.factored_dims` names (optax's `FactoredState` layout).
+
+  With rows R and columns C of a factored array: v_row (the squared gradient + epsilon
+  averaged over C) and v_col (averaged over R) decay with rate 1 - (t + 1)^-decay_rate,
+  and the gradient is divided by sqrt(v_row / mean_R(v_row) * v_col). Unfactored arrays
+  keep v of their own shape and divide by sqrt(v)."""
+
+  def init(params):
+    def one(path, p):
+      dims = axes.factored_dims(path, p.shape, min_dim)
+      small = jnp.zeros((1,), p.dtype)
+      if dims is None:
+        return small, small, jnp.zeros_like(p)
+      rows, cols = dims
+      return (jnp.zeros(np.delete(p.shape, cols), p.dtype),
+              jnp.zeros(np.delete(p.shape, rows), p.dtype), small)
+    return _factored_state(jnp.zeros([], jnp.int32), jax.tree_util.tree_map_with_path(
+        one, params))
+
+  def update(grads, state, params=None):
+    del params
+    decay = 1.0 - (state.count.astype(jnp.float32) + 1.0) ** -decay_rate
+    outputs = jax.tree_util.tree_map_with_path(
+        lambda path, g, v_row, v_col, v: _scale_one(
+            g, v_row, v_col, v, decay, axes.factored_dims(path, g.shape, min_dim), epsilon),
+        grads, state.v_row, state.v_col, state.v)
+    scaled = jax.tree_util.tree_map(lambda o: o[0], outputs, is_leaf=_is_result)
+    return scaled, _factored_state(optax.safe_int32_increment(state.count), jax.tree_util.tree_map(
+        lambda o: o[1:], outputs, is_leaf=_is_result))
+
+  return optax.GradientTransformation(init, update)
+
+
+def _is_result(x) -> bool:
+  return isinstance(x, tuple) and len(x) == 4 and not hasattr(x, "_fields")
+
+
+def _factored_state(count, triples):
+  pick = lambda i: jax.tree_util.tree_map(  # noqa: E731
+      lambda t: t[i], triples, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 3)
+  return optax.FactoredState(count=count, v_row=pick(0), v_col=pick(1), v=pick(2))
+
+
+def _scale_one(g, v_row, v_col, v, decay, dims, epsilon):
+  """(scaled gradient, new v_row, new v_col, new v) of one array."""
+  g_sqr = jnp.square(g) + epsilon
+  if dims is None:
+    new_v = decay * v + (1.0 - decay) * g_sqr  # same shape as g
+    return g * new_v ** -0.5, v_row, v_col, new_v
+  rows, cols = dims
+  new_row = decay * v_row + (1.0 - decay) * jnp.mean(g_sqr, axis=cols)  # g without C axes
+  new_col = decay * v_col + (1.0 - decay) * jnp.mean(g_sqr, axis=rows)  # g without R axes
+  rows_left = tuple(r - sum(c < r for c in cols) for r in rows)  # R's place in new_row
+  row_factor = (new_row / jnp.mean(new_row, axis=rows_left, keepdims=True)) ** -0.5
+  col_factor = new_col ** -0.5
+  scaled = g * jnp.expand_dims(row_factor, cols) * jnp.expand_dims(col_factor, rows)
+  return scaled, new_row, new_col, v
 
 
 def per_layer(inner: optax.GradientTransformation,

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import checkpoints, partitioning, vocabulary_record
+from decal_jax import checkpoints, optimizers, partitioning, vocabulary_record
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
 
@@ -29,10 +29,15 @@ def check_model_dir(model_dir: str, binding: str) -> None:
                              "--gin.MODEL_DIR=\"'runs/my_run'\".")
 
 
+def abstract_variables(model: BaseModel, cfg: DatasetConfig):
+  """The model's variables ('params', 'params_axes') as ShapeDtypeStructs."""
+  shapes = model.input_shapes(cfg.task_feature_lengths)
+  return jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
+
+
 def abstract_params(model: BaseModel, cfg: DatasetConfig, partitioner):
   """(params as ShapeDtypeStructs carrying their mesh shardings, those shardings)."""
-  shapes = model.input_shapes(cfg.task_feature_lengths)
-  variables = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
+  variables = abstract_variables(model, cfg)
   shardings = partitioner.params_shardings(variables["params_axes"], variables["params"])
   abstract = jax.tree_util.tree_map(
       lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), variables["params"],
@@ -41,8 +46,10 @@ def abstract_params(model: BaseModel, cfg: DatasetConfig, partitioner):
 
 
 def init_state(model: BaseModel, optimizer, partitioner, cfg: DatasetConfig, seed: int):
-  """Sharded {'params', 'opt_state', 'step'} built directly on the mesh."""
+  """Sharded {'params', 'opt_state', 'step'} built directly on the mesh. An optimizer of
+  `optimizers` that factors by logical axis names (Adafactor) is given the model's here."""
   shapes = model.input_shapes(cfg.task_feature_lengths)
+  optimizers.set_param_axes(optimizer, abstract_variables(model, cfg)["params_axes"])
   _, params_sharding = abstract_params(model, cfg, partitioner)
 
   def make(rng):

@@ -2,6 +2,7 @@
 AdamW against numpy, and the update wrappers (scaled parts) against the plain optimizer."""
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -109,3 +110,65 @@ def test_each_optimizer_carries_its_schedule_for_the_trainer_to_log():
   plain = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(cosine, weight_decay=0.01))
   np.testing.assert_array_equal(adamw.update(grads, adamw.init(params), params)[0]["w"],
                                 plain.update(grads, plain.init(params), params)[0]["w"])
+
+
+def numpy_adafactor_step(param, grad, v_row, v_col, step, lr, rows, cols):
+  """One Adafactor step re-derived in float64 (Shazeer & Stern 2018; T5X's `Adafactor`
+  with decay_rate 0.8, clipping 1.0, parameter scale, no momentum), the second moment
+  factored into row statistics (averaged over `cols`) and column statistics (over `rows`)."""
+  decay = 1.0 - (step + 1.0) ** -0.8
+  g2 = grad ** 2 + 1e-30
+  v_row = decay * v_row + (1 - decay) * g2.mean(axis=cols)
+  v_col = decay * v_col + (1 - decay) * g2.mean(axis=rows)
+  r = np.expand_dims(v_row / v_row.mean(), cols)  # back to param rank
+  c = np.expand_dims(v_col, rows)
+  y = grad / np.sqrt(r * c)
+  y = y / max(1.0, np.sqrt(np.mean(y ** 2)))  # update clipping at RMS 1
+  scale = lr * max(np.sqrt(np.mean(param ** 2)), 1e-3)  # relative step
+  return param - scale * y, v_row, v_col
+
+
+@pytest.mark.parametrize("names, rows, cols", [(("embed", "heads", "kv"), (0,), (1, 2)),
+                                               (("heads", "kv", "embed"), (2,), (0, 1))])
+def test_adafactor_factors_attention_kernels_by_axis_names_as_t5x(names, rows, cols):
+  """With the model's axis names, a rank-3 attention kernel keeps statistics [embed] and
+  [heads, kv] (T5X's standard factor rules; optax's heuristic keeps a full one), and two
+  steps equal the float64 re-derivation."""
+  from flax.linen.partitioning import AxisMetadata
+  rng = np.random.RandomState(0)
+  shape = (8, 2, 3) if rows == (0,) else (2, 3, 8)
+  param = rng.randn(*shape)
+  grads = [rng.randn(*shape) for _ in range(2)]
+  opt = optimizers.adafactor(lambda step: 0.1)
+  optimizers.set_param_axes(opt, {"attn": {"kernel_axes": AxisMetadata(names)}})
+  p = {"attn": {"kernel": jnp.asarray(param, jnp.float32)}}
+  state = opt.init(p)
+  factored = state[0]
+  assert factored.v_row["attn"]["kernel"].shape == (8,)
+  assert factored.v_col["attn"]["kernel"].shape == (2, 3)
+  assert factored.v["attn"]["kernel"].shape == (1,)  # no full-size statistics
+  want, v_row, v_col = param, np.zeros(8), np.zeros((2, 3))
+  for step, g in enumerate(grads):
+    updates, state = opt.update({"attn": {"kernel": jnp.asarray(g, jnp.float32)}}, state, p)
+    p = optax.apply_updates(p, updates)
+    want, v_row, v_col = numpy_adafactor_step(want, g, v_row, v_col, step, 0.1, rows, cols)
+  # float32 means of 6-48 terms against float64: a few ulps of values near 1.
+  np.testing.assert_allclose(np.asarray(p["attn"]["kernel"]), want, rtol=2e-5, atol=2e-6)
+
+
+def test_adafactor_without_axis_names_is_optax_adafactor():
+  """Before `set_param_axes` (or for an optimizer used outside the trainer) every array is
+  factored by the two-largest-axes heuristic: the same updates as optax's adafactor, to the
+  bit, including a rank-3 array that stays unfactored."""
+  rng = np.random.RandomState(1)
+  params = {"k3": jnp.asarray(rng.randn(256, 4, 8), jnp.float32),
+            "m": jnp.asarray(rng.randn(256, 128), jnp.float32),
+            "s": jnp.asarray(rng.rand(16) + 0.5, jnp.float32)}
+  grads = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.randn(*x.shape), jnp.float32), params)
+  ours = optimizers.adafactor(lambda step: 0.01)
+  plain = optax.adafactor(learning_rate=lambda step: 0.01, min_dim_size_to_factor=128,
+                          momentum=None)
+  a, _ = ours.update(grads, ours.init(params), params)
+  b, _ = plain.update(grads, plain.init(params), params)
+  for key in params:
+    np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
