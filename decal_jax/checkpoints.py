@@ -34,6 +34,10 @@ class ArchitectureMismatchError(ValueError):
   pass
 
 
+class OptimizerStateMismatchError(ValueError):
+  """An intact checkpoint whose optimizer state another optimizer (setting) wrote."""
+
+
 class DamagedCheckpointError(RuntimeError):
   """A checkpoint whose files no longer read back (truncated or partly deleted)."""
 
@@ -247,8 +251,18 @@ class Checkpointer:
       return read(), ""
     except ArchitectureMismatchError:
       raise
-    except Exception:  # pylint: disable=broad-except  # told apart by `damage`
+    except Exception as e:  # pylint: disable=broad-except  # told apart by `damage`
       reason = self.damage(step)
+      if not reason and "is not compatible with the stored shape" in str(e):
+        raise OptimizerStateMismatchError(
+            f"checkpoint_{step} in {self.directory} is intact, with this run's architecture, "
+            f"but its optimizer state has other shapes than this run's optimizer makes "
+            f"({one_line(e)}): it was written with another optimizer or setting. Resume with "
+            "the one it was written with; a run of decal_jax's Adafactor from before it "
+            "factored attention kernels by axis name resumes with "
+            "--gin.optimizers.adafactor.factor_by_axis_names=False. Or start a new MODEL_DIR "
+            "from its weights alone: --gin.INITIAL_CHECKPOINT_PATH=<this MODEL_DIR>. Nothing "
+            "was changed on disk.") from e
       if not reason:
         raise
       return None, reason

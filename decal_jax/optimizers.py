@@ -68,7 +68,8 @@ def schedule_of(optimizer) -> Optional[Callable]:
 def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
               clipping_threshold: float = 1.0, multiply_by_parameter_scale: bool = True,
               min_dim_size_to_factor: int = 128,
-              factor_rules: Optional[Mapping[str, str]] = None) -> optax.GradientTransformation:
+              factor_rules: Optional[Mapping[str, str]] = None,
+              factor_by_axis_names: bool = True) -> optax.GradientTransformation:
   """T5's Adafactor: factored second moments, no momentum, update clipping, relative step.
 
   Which axes a parameter's second moment is factored over follows T5X's Adafactor: a
@@ -80,11 +81,14 @@ def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
   >= `min_dim_size_to_factor` (T5X's and optax's heuristic). The names come from the model's
   `params_axes` (`set_param_axes`, which `train_state.init_state` calls); until they are set,
   every parameter is factored by the heuristic (optax's `adafactor`, rank > 2 unfactored).
+  `factor_by_axis_names=False` keeps the heuristic for good: the optimizer state of
+  checkpoints written before this factoring (decal_jax before 0.1.0's change; their
+  attention kernels have full second moments), which a resume must read back.
 
   Parameters stacked by `nn.scan` (T5Config.scan_layers) are updated one layer at a time
   (`per_layer`), so a scanned run takes the same steps as the unrolled one."""
   learning_rate = learning_rate or rsqrt_schedule()
-  axes = _ParamAxes(factor_rules)
+  axes = _ParamAxes(factor_rules, enabled=factor_by_axis_names)
   chain = [scale_by_factored_rms(axes, decay_rate, min_dim_size_to_factor)]
   if clipping_threshold is not None:
     chain.append(optax.clip_by_block_rms(clipping_threshold))
@@ -109,11 +113,14 @@ class _ParamAxes:
   """Logical axis names per parameter path, set once the model is known (T5X's
   `Adafactor.set_param_axes`), and the factoring they imply."""
 
-  def __init__(self, rules: Optional[Mapping[str, str]]):
+  def __init__(self, rules: Optional[Mapping[str, str]], enabled: bool = True):
     self.rules = dict(rules) if rules is not None else None
+    self.enabled = enabled
     self.names: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
 
   def set(self, params_axes) -> None:
+    if not self.enabled:
+      return
     from decal_jax import partitioning  # pylint: disable=import-outside-toplevel
     self.names = partitioning._flat_axes(params_axes)  # pylint: disable=protected-access
     if self.rules is None:

@@ -776,6 +776,33 @@ def _tiny_vocabulary(path, words):
   return vocabularies.t5_vocabulary(str(path))
 
 
+def test_resuming_a_checkpoint_of_the_earlier_adafactor_factoring_names_the_setting(tmp_path):
+  """Attention kernels [embed, heads, kv] used to keep a full second moment (optax's shape
+  heuristic); now [embed] and [heads, kv] ones (T5X's axis names). An old run's optimizer
+  state cannot be read into the new layout: refused naming the setting that reads it, and
+  resumed with that setting."""
+  from decal_jax import optimizers  # pylint: disable=g-import-not-at-top
+  earlier = lambda: optimizers.adafactor(  # noqa: E731
+      optimizers.rsqrt_schedule(0.5, warmup_steps=5), factor_by_axis_names=False)
+  model_dir = tmp_path / "run"
+  run = lambda steps, optimizer: trainer.train(  # noqa: E731  (as _train_tiny, any optimizer)
+      model=_model(), train_dataset_cfg=_cfg(), model_dir=str(model_dir), total_steps=steps,
+      optimizer=optimizer, checkpoint_period=1, eval_period=1000, eval_batches=1,
+      log_period=1, show_example=False)
+  run(1, earlier())
+  before = _files(model_dir)
+  with pytest.raises(checkpoints.OptimizerStateMismatchError) as err:
+    _train_tiny(model_dir, 2)
+  message = str(err.value)
+  assert message.startswith(f"checkpoint_1 in {model_dir} is intact, with this run's "
+                            "architecture, but its optimizer state has other shapes")
+  assert "--gin.optimizers.adafactor.factor_by_axis_names=False" in message
+  assert "Nothing was changed on disk." in message
+  assert _files(model_dir) == before
+  run(2, earlier())
+  assert (model_dir / "checkpoint_2").is_dir()
+
+
 def test_resuming_with_another_vocabulary_is_refused_naming_both_and_the_fix(
     two_checkpoints, tmp_path):
   model_dir = _copy(two_checkpoints, tmp_path)
