@@ -81,7 +81,11 @@ def _rewrite_gin_args(argv: Sequence[str], prog: str):
 
 
 def parse_flags(argv: Sequence[str], prog: str) -> None:
-  """Parses `argv` (without the program name) into FLAGS; a bad flag raises UsageError."""
+  """Parses `argv` (without the program name) into FLAGS; a bad flag raises UsageError.
+  Every call starts from the defaults: absl adds a repeated flag's values to those of an
+  earlier parse, so an entry point called twice in one process would otherwise also apply
+  the first call's --gin_file / --gin.NAME=VALUE."""
+  FLAGS.unparse_flags()
   try:
     rest = FLAGS([prog] + _rewrite_gin_args(argv, prog))
   except flags.Error as e:

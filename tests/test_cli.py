@@ -14,6 +14,7 @@ import time
 import pytest
 
 import paths
+from decal_jax import cli
 
 REPO = paths.REPO
 HEAVY = ("jax", "tensorflow", "seqio")
@@ -177,3 +178,16 @@ def test_multiprocess_gpu_alone_asks_jax_to_detect_the_cluster(monkeypatch):
   finally:
     cli.FLAGS.unparse_flags()
   assert os.environ["DECAL_DISTRIBUTED"] == "auto"
+
+
+def test_each_parse_starts_from_the_defaults_not_the_last_calls_flags():
+  """absl adds a repeated flag's values to an earlier parse's: an entry point called twice in
+  one process (a notebook, a test) must not also apply the first call's gin files and
+  bindings."""
+  cli.parse_flags(["--gin_file=first.gin", "--gin.A=1", "--multiprocess_gpu"], "decal-train")
+  assert (cli.FLAGS.gin_file, cli.FLAGS.gin_bindings) == (["first.gin"], ["A = 1"])
+  cli.parse_flags(["--gin_file=second.gin", "--gin.B=2"], "decal-train")
+  assert (cli.FLAGS.gin_file, cli.FLAGS.gin_bindings) == (["second.gin"], ["B = 2"])
+  assert not cli.FLAGS.multiprocess_gpu
+  cli.parse_flags([], "decal-train")
+  assert (cli.FLAGS.gin_file, cli.FLAGS.gin_bindings) == ([], [])
