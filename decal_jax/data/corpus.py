@@ -10,7 +10,7 @@ on iteration order or on the Python process (`hash()` salting plays no part).
 import functools
 import hashlib
 import re
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import seqio
 import tensorflow as tf
@@ -91,29 +91,32 @@ def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> 
   ds = tf.data.Dataset.from_tensor_slices({"text": docs})
   if split != "train" or not shuffle_files:
     return ds
-  return _reshuffled_passes(ds, len(docs), seed or 0)
+  return reshuffled_passes(ds, len(docs), seed or 0)
 
 
-def _reshuffled_passes(ds: tf.data.Dataset, n: int, seed: int) -> tf.data.Dataset:
-  """TRAIN_PASSES passes over the `n` elements of `ds`, pass i ordered by seed (seed, i)."""
+def reshuffled_passes(ds: tf.data.Dataset, n: int, seed: int,
+                      passes: int = TRAIN_PASSES) -> tf.data.Dataset:
+  """`passes` passes over the `n` elements of `ds`, pass i ordered by seed (seed, i)."""
   def one_pass(i):  # i: scalar int64 pass index
     return ds.shuffle(n, seed=seed * 100_003 + i, reshuffle_each_iteration=False)
-  return tf.data.Dataset.range(TRAIN_PASSES).flat_map(one_pass)
+  return tf.data.Dataset.range(passes).flat_map(one_pass)
 
 
-class _BuiltinSource(seqio.FunctionDataSource):
+class StreamingSource(seqio.FunctionDataSource):
   """FunctionDataSource whose shuffled training stream is not cached in memory.
 
-  seqio caches any source with fewer than ~10k input examples in memory; the training
-  stream here is TRAIN_PASSES reshuffled passes, so caching it would only grow memory.
+  seqio caches any source with fewer than ~10k input examples in memory; a training stream
+  of reshuffled passes would only grow memory. Other splits count `count(split)` examples.
   """
 
+  def __init__(self, dataset_fn, splits, count: Callable[[str], int]):
+    super().__init__(dataset_fn, splits=splits)
+    self._count = count
+
   def num_input_examples(self, split: str) -> Optional[int]:
-    if split == "train":
-      return None
-    return len(documents()[split])
+    return None if split == "train" else self._count(split)
 
 
 def data_source() -> seqio.FunctionDataSource:
   """The built-in corpus as a seqio source: splits 'train' / 'validation', feature 'text'."""
-  return _BuiltinSource(_dataset_fn, splits=SPLITS)
+  return StreamingSource(_dataset_fn, SPLITS, lambda split: len(documents()[split]))

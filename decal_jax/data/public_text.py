@@ -78,18 +78,9 @@ def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> 
   ds = tf.data.Dataset.from_tensor_slices({"text": docs})
   if split != "train" or not shuffle_files:
     return ds
-  base = (seed or 0) * 100_003
-  return tf.data.Dataset.range(TRAIN_PASSES).flat_map(
-      lambda i: ds.shuffle(len(docs), seed=base + i, reshuffle_each_iteration=False))
-
-
-class _Source(seqio.FunctionDataSource):
-  """Reads the files only when data is read; the training stream is not cached in memory."""
-
-  def num_input_examples(self, split: str) -> Optional[int]:
-    return None if split == "train" else len(documents()[split])
+  return corpus.reshuffled_passes(ds, len(docs), seed or 0, TRAIN_PASSES)
 
 
 def data_source() -> seqio.FunctionDataSource:
   """The public text as a seqio source: splits 'train' / 'validation', feature 'text'."""
-  return _Source(_dataset_fn, splits=SPLITS)
+  return corpus.StreamingSource(_dataset_fn, SPLITS, lambda split: len(documents()[split]))
