@@ -30,6 +30,7 @@ from decal_jax.data import convert, hf_vocabularies, local_files, pipeline, voca
 from decal_jax.retrieval import beir, index
 
 import paths
+import processes
 from retrieval.test_retrieval_e2e import _write_fixture
 from retrieval.test_retrieval_index import _build, _ragged_corpus
 from test_trainer import LENGTHS, _cfg, _model, _optimizer
@@ -1129,22 +1130,17 @@ except run_lock.ModelDirLockedError as e:
 def test_a_refused_multi_process_run_stops_every_process(tmp_path, locked):
   """Process 0 alone takes the lock; refused, it tells the others, which would otherwise
   wait for it in their first collective."""
-  from test_partitioning import _env, _free_port
+  from test_partitioning import _env
   model_dir = tmp_path / "m"
   model_dir.mkdir()
   if locked:
     _write_lock(model_dir, 4242, host="another-host.example")
-  port = _free_port()
+  port = processes.free_port()
   procs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESS_HOLD, str(port), str(i),
                              str(model_dir)], env=dict(_env(), PYTHONPATH=str(REPO)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
-  try:
-    outs = [proc.communicate(timeout=300) for proc in procs]
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
+  outs = processes.communicate_all(procs, timeout=300)
   assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
   out0, out1 = ([line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
                 for out, _ in outs)  # (the rest: Gloo's notes)

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 
 import paths
+import processes
 
 REPO = paths.REPO
 
@@ -324,10 +324,6 @@ def test_mesh_shape_and_distributed_settings_errors():
 
 
 # ------------------------------------------------------------------------------ multi-host
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 def _train_losses(model_dir: pathlib.Path):
@@ -358,14 +354,9 @@ def _launch(process_id: int, port: int, model_dir: pathlib.Path) -> subprocess.P
 
 
 def test_two_processes_match_one(tmp_path, eight):
-  port, model_dir = _free_port(), tmp_path / "model"
+  port, model_dir = processes.free_port(), tmp_path / "model"
   procs = [_launch(i, port, model_dir) for i in range(2)]
-  try:
-    finished = [proc.communicate(timeout=600) for proc in procs]
-  finally:
-    for proc in procs:
-      if proc.poll() is None:  # one failed or hung: do not leave the other waiting
-        proc.kill()
+  finished = processes.communicate_all(procs, timeout=600)
   for proc, (_, stderr) in zip(procs, finished):
     assert proc.returncode == 0, stderr[-4000:]
   (out0, _), (out1, _) = finished

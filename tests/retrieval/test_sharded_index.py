@@ -12,7 +12,6 @@ is one process of the 2-process run:
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import zlib
@@ -153,26 +152,16 @@ def _saved_params():
           "scale": rng.standard_normal(4).astype(np.float32)}
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def _two_processes(*args: str):
   """Runs this file as processes 0 and 1 (with `args`); their RESULT records, stdouts."""
+  import processes  # pylint: disable=import-outside-toplevel  (tests/: not on a worker's path)
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-  port = _free_port()
+  port = processes.free_port()
   procs = [subprocess.Popen([sys.executable, __file__, *args, str(port), str(i)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True) for i in range(2)]
-  try:
-    finished = [proc.communicate(timeout=120) for proc in procs]
-  finally:
-    for proc in procs:
-      if proc.poll() is None:  # one failed or hung: do not leave the other waiting
-        proc.kill()
+  finished = processes.communicate_all(procs, timeout=120)
   errors = "\n".join(err[-3000:] for _, err in finished)
   if any(p.returncode for p in procs) and "distributed" in errors.lower() and (
       "unavailable" in errors.lower() or "deadline" in errors.lower()):
