@@ -210,7 +210,7 @@ class Partitioner:
   @contextlib.contextmanager
   def activate(self):
     """Mesh + axis rules, so the layers' logical `with_sharding_constraint` take effect."""
-    with self.mesh, nn_partitioning.axis_rules(self.rules):
+    with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
       yield
 
   # ---------------------------------------------------------------- helpers
