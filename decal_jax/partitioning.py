@@ -210,7 +210,9 @@ class Partitioner:
   @contextlib.contextmanager
   def activate(self):
     """Mesh + axis rules, so the layers' logical `with_sharding_constraint` take effect."""
-    with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
+    # `with mesh:` is deprecated from jax 0.10; jax.set_mesh exists from 0.7.1.
+    use_mesh = jax.set_mesh if hasattr(jax, "set_mesh") else (lambda mesh: mesh)
+    with use_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
       yield
 
   # ---------------------------------------------------------------- helpers
