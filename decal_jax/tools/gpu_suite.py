@@ -19,6 +19,13 @@ recorded as such while the next part runs:
   gpthf        decal_jax/tools/bench_gpthf.py --preset paper;
   retrieval    decal_jax/tools/bench_retrieval.py, T5.1.1-small at C = 1, 2, 4, 8 (SciFact when
                --beir_folder or ../shared/data/beir/scifact exists, else the built-in folder);
+  retrieval_scale  decal_jax/tools/bench_retrieval_scale.py: exact vs approximate search x
+               residual bits x C on SciFact + TREC-DL 2019, then the 1M-passage synthetic
+               corpus at C = 4 (exact scan on the GPU against the approximate search);
+  retention    decal_jax/tools/retention_table.py at 1,200 steps per run (the budget
+               docs/results/retention_cpu.md extrapolates for separating the ratios), for
+               its time limit; finished runs are kept in retention_gpu.json (--record), so
+               the next run, on any machine, continues with the runs not yet done;
   ablation     decal_jax/tools/ablate.py --budget gpu for the time left. Finished variants are kept in
                ablation_gpu_runs.json (ablate.py --record): the next run, on any machine,
                restores them and continues with the variants not yet done.
@@ -51,6 +58,18 @@ REPO = pathlib.Path.cwd()  # run from the repository root: docs/results/, runs/,
 from decal_jax import fileio  # noqa: E402  (light: the suite itself never touches the GPU)
 
 GOAL_MFU = 0.40
+# What a GPU image may lack that the library's data path needs (the workplace's own image has
+# jax, flax, optax and orbax but none of these, and TensorFlow is too large to carry there).
+DEVICE_IMAGE_LACKS = ("tensorflow", "tensorflow_text", "seqio", "clu", "gin", "t5")
+REFUSE_IMPORTS = """# written by gpu_suite --dry_run: refuses the imports a GPU image may lack
+import importlib.abc, sys
+class _Refuse(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in {lacks!r}:
+      raise ImportError(f"{{name}} is not on the GPU image (gpu_suite.DEVICE_IMAGE_LACKS)")
+sys.meta_path.insert(0, _Refuse())
+"""
+RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
 PROFILED_RATIO = 4
 CUDNN = "ATTENTION_KERNEL='cudnn'"
@@ -103,13 +122,21 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       ratios=RATIOS, batch=128, lengths=(512, 128), steps=20, probe_steps=5, warmup=3,
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
       minutes=dict(train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
-                   ablation=40),
+                   retrieval_scale=8, retention=12, ablation=40),
       tools=dict(
           nuggets=["--contexts", "16384,65536", "--dtype", "bfloat16"],
           squid=["--preset", "qwen2"],
           gpthf=["--preset", "paper"],
           retrieval=["--size", "small", "--ratios", *map(str, RATIOS), "--encode_repeats", "3",
                      "--repeats", "5"] + (["--beir_folder", beir_folder] if beir_folder else []),
+          retrieval_scale=["--passage_length", "128", "--max_queries", "300", "--ratios", "1",
+                           "2", "4", "8", "--bits", "1", "2", "4", "none", "--num_centroids",
+                           "0.25", "--synthetic_passages", "0"]
+          + (["--beir_folder", beir_folder] if beir_folder else []),
+          retrieval_scale_synthetic=["--beir_folder", "", "--msmarco_folder", "",
+                                     "--synthetic_passages", "1000000", "--ratios", "4", "--bits",
+                                     "2", "none", "--num_centroids", "0.25"],
+          retention=["--steps", str(RETENTION_STEPS)],
           ablation=["--budget", "gpu"]))
 
 
@@ -123,7 +150,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       profile_steps=1, probe_minutes=3, grace_s=20,
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
       minutes=dict(train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
-                   ablation=5),
+                   retrieval_scale=3, retention=4, ablation=5),
       tools=dict(
           nuggets=["--contexts", "32,64", "--dtype", "bfloat16", "--emb_dim", "32", "--layers",
                    "1", "--heads", "2", "--kv_heads", "1", "--head_dim", "16", "--mlp_dim", "64",
@@ -136,6 +163,14 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
                      "--projection_dim", "16", "--passage_length", "32", "--query_length", "8",
                      "--ratios", "1", "2", "--max_docs", "40", "--batch_size", "16",
                      "--repeats", "1"],
+          retrieval_scale=["--passage_length", "32", "--max_docs", "200", "--max_queries", "10",
+                           "--msmarco_folder", "", "--synthetic_passages", "0", "--dim", "16",
+                           "--ratios", "1", "4", "--bits", "2", "none"],
+          retrieval_scale_synthetic=["--beir_folder", "", "--msmarco_folder", "",
+                                     "--synthetic_passages", "300", "--synthetic_length", "8",
+                                     "--synthetic_topics", "20", "--synthetic_queries", "10",
+                                     "--dim", "16", "--ratios", "4", "--bits", "2", "none"],
+          retention=["--methods", "decal", "--ratios", "4", "--seeds", "0", "--dry_run"],
           ablation=["--budget", str(budget)]))
 
 
@@ -159,6 +194,7 @@ class Suite:
   part_deadline: float = 0.0
   commands: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
   details: Dict[str, object] = dataclasses.field(default_factory=dict)
+  refuse_dir: Optional[pathlib.Path] = None  # its sitecustomize.py refuses DEVICE_IMAGE_LACKS
 
   def left(self) -> float:
     return self.deadline - time.time()
@@ -177,6 +213,8 @@ class Suite:
                PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
     if self.dry_run:
       env["JAX_PLATFORMS"] = "cpu"
+      if self.refuse_dir:  # a device-image part: refuse what the image lacks
+        env["PYTHONPATH"] = os.pathsep.join([str(self.refuse_dir), env["PYTHONPATH"]])
     with open(log, "a") as f:
       f.write(f"\n$ {self.commands[self.part][-1]}\n")
       f.flush()
@@ -292,18 +330,42 @@ def _tool_part(tool: str, stem: str, plot: bool = True) -> Callable[[Suite], str
   return run
 
 
+def part_retrieval_scale(suite: Suite) -> str:
+  """bench_retrieval_scale on the real corpora (every C x bits), then the synthetic scale run."""
+  for key, stem in (("retrieval_scale", "retrieval_scale_gpu"),
+                    ("retrieval_scale_synthetic", "retrieval_scale_synthetic_gpu")):
+    suite.call(["-m", "decal_jax.tools.bench_retrieval_scale", *suite.scale.tools[key], "--out",
+                str(suite.out / f"{stem}.md"), "--plot", str(suite.out / f"{stem}.png")])
+  return ""
+
+
+def _resumable(suite: Suite, argv: Sequence[str], record: pathlib.Path, out: pathlib.Path,
+               what: str) -> str:
+  """A tool that records each finished run in `record` and continues from it, run for the
+  part's time left (minus the grace for SIGTERM's checkpoint); a note of what it finished."""
+  suite.part_deadline -= suite.scale.grace_s
+  _, stopped = suite.call([*argv, "--record", str(record), "--out", str(out)], check=False)
+  done = json.loads(record.read_text()) if record.exists() else {}
+  done = len(done.get("results", done))  # ablate.py nests its runs under "results"
+  if not stopped and not out.exists():
+    raise PartFailed(f"{argv[1]} failed with {done} {what} done; see the log")
+  return (f"{done} {what} done" + ("; stopped at the time limit: the same command "
+                                   "continues" if stopped else ""))
+
+
+def part_retention(suite: Suite) -> str:
+  """retention_table.py at RETENTION_STEPS for the time left; resumable from its record."""
+  return _resumable(suite, ["-m", "decal_jax.tools.retention_table", *suite.scale.tools[
+      "retention"], "--work", str(suite.work / "retention")], suite.out / "retention_gpu.json",
+                    suite.out / "retention_gpu.md", "runs")
+
+
 def part_ablation(suite: Suite) -> str:
   """ablate.py for the time left (minus the grace for SIGTERM's checkpoint)."""
-  record = suite.out / "ablation_gpu_runs.json"
-  suite.part_deadline -= suite.scale.grace_s
-  _, stopped = suite.call(["-m", "decal_jax.tools.ablate", *suite.scale.tools["ablation"], "--work",
-                           str(suite.work), "--record", str(record), "--out",
-                           str(suite.out / "ablation_gpu.md")], check=False)
-  done = len(json.loads(record.read_text())["results"]) if record.exists() else 0
-  if not stopped and not (suite.out / "ablation_gpu.md").exists():
-    raise PartFailed(f"ablate.py failed with {done} variants done; see the log")
-  return (f"{done} variants done" + ("; stopped at the time limit: the same command "
-                                     "continues" if stopped else ""))
+  return _resumable(suite, ["-m", "decal_jax.tools.ablate", *suite.scale.tools["ablation"],
+                            "--work", str(suite.work / "ablate")],
+                    suite.out / "ablation_gpu_runs.json",
+                    suite.out / "ablation_gpu.md", "variants")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,19 +373,26 @@ class Part:
   name: str
   run: Callable[[Suite], str]
   outputs: Tuple[str, ...]  # files it must write (or update) in the output folder
+  # Runs on a GPU image without TensorFlow / seqio (DEVICE_IMAGE_LACKS); --dry_run proves it
+  # by running the part with those imports refused.
+  device_image: bool = False
 
 
 PARTS = [
     Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",)),
     Part("train", part_train, ("bench_train_gpu.jsonl",)),
     Part("nuggets", _tool_part("bench_nuggets", "nuggets_cache_gpu", plot=False),
-         ("nuggets_cache_gpu.md",)),
+         ("nuggets_cache_gpu.md",), device_image=True),
     Part("squid", _tool_part("bench_squid", "squid_latency_gpu"),
-         ("squid_latency_gpu.md", "squid_latency_gpu.png")),
+         ("squid_latency_gpu.md", "squid_latency_gpu.png"), device_image=True),
     Part("gpthf", _tool_part("bench_gpthf", "gpthf_efficiency_gpu"),
          ("gpthf_efficiency_gpu.md", "gpthf_efficiency_gpu.png")),
     Part("retrieval", _tool_part("bench_retrieval", "retrieval_bench_gpu"),
          ("retrieval_bench_gpu.md", "retrieval_bench_gpu.png")),
+    Part("retrieval_scale", part_retrieval_scale,
+         ("retrieval_scale_gpu.md", "retrieval_scale_gpu.png",
+          "retrieval_scale_synthetic_gpu.md"), device_image=True),
+    Part("retention", part_retention, ("retention_gpu.md", "retention_gpu.json")),
     Part("ablation", part_ablation, ("ablation_gpu.md", "ablation_gpu_runs.json")),
 ]
 
@@ -334,6 +403,11 @@ def run_part(suite: Suite, part: Part, device: str) -> dict:
   start = time.time()
   limit = min(60 * suite.scale.minutes[part.name], suite.left())
   suite.part, suite.part_deadline = part.name, start + limit
+  suite.refuse_dir = None
+  if suite.dry_run and part.device_image:
+    suite.refuse_dir = suite.work / "refuse_imports"
+    fileio.write_text_atomic(suite.refuse_dir / "sitecustomize.py",
+                             REFUSE_IMPORTS.format(lacks=set(DEVICE_IMAGE_LACKS)))
   row = dict(part=part.name, device=device, limit_s=round(limit),
              date=datetime.datetime.now().isoformat(timespec="seconds"),
              log=str(suite.logs / f"{part.name}.log"))
@@ -431,8 +505,9 @@ def parse_args(argv):
                  help="default docs/results (--dry_run: a temporary folder)")
   p.add_argument("--log_dir", type=pathlib.Path, default=None,
                  help="default runs/gpu_suite/logs (--dry_run: OUT_DIR/logs)")
-  p.add_argument("--work", type=pathlib.Path, default=None, help="the ablation's runs "
-                 "(default runs/ablate/gpu; --dry_run: OUT_DIR/ablate)")
+  p.add_argument("--work", type=pathlib.Path, default=None, help="the ablation's and the "
+                 "retention table's runs, in WORK/ablate and WORK/retention (default "
+                 "runs/gpu_suite; --dry_run: OUT_DIR/work)")
   p.add_argument("--beir_folder", default=None, help="the retrieval benchmark's corpus "
                  "(default: ../shared/data/beir/scifact if present, else the built-in one)")
   p.add_argument("--archive", type=pathlib.Path, default=None,
@@ -448,7 +523,7 @@ def parse_args(argv):
     a.out_dir = (pathlib.Path(tempfile.mkdtemp(prefix="gpu_suite_")) if a.dry_run
                  else REPO / "docs" / "results")
   a.log_dir = a.log_dir or (a.out_dir / "logs" if a.dry_run else REPO / "runs/gpu_suite/logs")
-  a.work = a.work or (a.out_dir / "ablate" if a.dry_run else REPO / "runs/ablate/gpu")
+  a.work = a.work or (a.out_dir / "work" if a.dry_run else REPO / "runs/gpu_suite")
   scifact = REPO.parent / "shared" / "data" / "beir" / "scifact"
   a.beir_folder = a.beir_folder or (str(scifact) if scifact.exists() else None)
   return a

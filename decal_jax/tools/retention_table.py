@@ -222,7 +222,7 @@ def report(a, rows, results, planned: int) -> str:
   minutes = sum(r["seconds"] for r in results) / 60
   loads = sorted({r["load_average"] for r in results})
   lines = benchmarking.header(
-      "Information retained vs compression ratio (real text, CPU scale)",
+      "Information retained vs compression ratio (real text)",
       benchmarking.command("decal_jax.tools.retention_table", a.argv),
       f"wall time: {minutes:.1f} min for the {len(results)} runs (training + evaluation, "
       f"process start-up not included); load average (1/5/15 min) at the end of each run: "

@@ -13,11 +13,13 @@ REPO = paths.REPO
 gpu_suite = importlib.import_module("decal_jax.tools.gpu_suite")
 
 FAILED_PART = "nuggets"  # runs its tool, then a command that exits 3
-MARKDOWN = {"nuggets": "nuggets_cache_gpu.md", "squid": "squid_latency_gpu.md",
-            "gpthf": "gpthf_efficiency_gpu.md", "retrieval": "retrieval_bench_gpu.md",
-            "ablation": "ablation_gpu.md"}
+MARKDOWN = {"nuggets_cache_gpu.md": "bench_nuggets", "squid_latency_gpu.md": "bench_squid",
+            "gpthf_efficiency_gpu.md": "bench_gpthf", "retrieval_bench_gpu.md": "bench_retrieval",
+            "retrieval_scale_gpu.md": "bench_retrieval_scale",
+            "retrieval_scale_synthetic_gpu.md": "bench_retrieval_scale",
+            "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate"}
 PLOTS = ("squid_latency_gpu.png", "gpthf_efficiency_gpu.png", "retrieval_bench_gpu.png",
-         "ablation_gpu.png")
+         "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png")
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +95,46 @@ def test_decal_4x_is_profiled_and_its_top_ops_are_in_the_summary(result):
 
 def test_each_benchmark_wrote_its_results_with_command_and_device(result):
   _, out = result
-  for name, file in MARKDOWN.items():
+  for file, tool in MARKDOWN.items():
     text = (out / file).read_text()
-    tool = "ablate" if name == "ablation" else f"bench_{name}"
     assert f"- command: `python -m decal_jax.tools.{tool}" in text, file
     assert "JAX backend: cpu (cpu)" in text, file
     assert "\n|---" in text, file  # a table
   for file in PLOTS:
     assert (out / file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
+
+
+def test_the_scale_and_retention_parts_measure_what_they_name(result):
+  _, out = result
+  def rows(name):  # the JSON lines at the end of bench_retrieval_scale's report
+    text = (out / name).read_text().split("```jsonl\n", 1)[1].split("```", 1)[0]
+    return [json.loads(line) for line in text.splitlines()]
+  real, synthetic = rows("retrieval_scale_gpu.md"), rows("retrieval_scale_synthetic_gpu.md")
+  assert {(r["corpus"], r["ratio"], r["search"], r["bits"]) for r in real} == {
+      ("scifact", c, s, b) for c in (1, 4)
+      for s, b in (("exact", "float16"), ("approximate", 2), ("approximate", "none"))}
+  assert {(r["corpus"], r["num_docs"], r["ratio"]) for r in synthetic} == {
+      ("synthetic 300 passages", 300, 4)}
+  record = json.loads((out / "retention_gpu.json").read_text())
+  assert [(r["method"], r["ratio"], r["seed"]) for r in record.values()] == [("decal", 4, 0)]
+  assert 0 <= next(iter(record.values()))["teacher_forced_accuracy"] <= 1
+
+
+def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
+  """The parts marked device_image ran (status ok above) under a sitecustomize that refuses
+  every DEVICE_IMAGE_LACKS import: so they run on a GPU image without TensorFlow / seqio."""
+  import subprocess
+  import sys
+  _, out = result
+  assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
+      "nuggets", "squid", "retrieval_scale"}
+  env = {"PYTHONPATH": str(out / "work" / "refuse_imports"), "PATH": "/usr/bin:/bin"}
+  for lacking in gpu_suite.DEVICE_IMAGE_LACKS:
+    run = subprocess.run([sys.executable, "-c", f"import {lacking}"], env=env,
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 1 and "is not on the GPU image" in run.stderr, (lacking, run.stderr)
+  run = subprocess.run([sys.executable, "-c", "import json, numpy"], env=env, check=False)
+  assert run.returncode == 0  # everything else imports
 
 
 def test_the_ablation_continues_from_its_record_on_a_fresh_machine(result, tmp_path):
@@ -156,3 +190,17 @@ def test_the_gpu_benchmark_flags_exist(part, tool):
           "squid": lambda: args.preset == "qwen2", "gpthf": lambda: args.preset == "paper",
           "retrieval": lambda: args.size == "small" and args.beir_folder == "beir/folder"
           }[part]()
+
+
+def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
+  """What the dry run cannot run at the GPU's size: the 1M-passage run's and the real
+  corpora's arguments parse to the corpora, C and bit widths the docs name."""
+  scale = gpu_suite.gpu_scale("beir/folder")
+  bench = _tool("bench_retrieval_scale")
+  real = bench.parse_args(scale.tools["retrieval_scale"] + ["--out", "x.md", "--plot", "x.png"])
+  assert real.beir_folder == "beir/folder" and real.synthetic_passages == 0
+  assert real.ratios == [1, 2, 4, 8] and real.bits == ["1", "2", "4", "none"]
+  synthetic = bench.parse_args(scale.tools["retrieval_scale_synthetic"] + ["--out", "x.md"])
+  assert synthetic.synthetic_passages == 1_000_000 and synthetic.ratios == [4]
+  assert synthetic.beir_folder == synthetic.msmarco_folder == ""
+  assert scale.tools["retention"] == ["--steps", str(gpu_suite.RETENTION_STEPS)]
