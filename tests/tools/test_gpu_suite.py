@@ -199,7 +199,7 @@ def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
   bench = _tool("bench_retrieval_scale")
   real = bench.parse_args(scale.tools["retrieval_scale"] + ["--out", "x.md", "--plot", "x.png"])
   assert real.beir_folder == "beir/folder" and real.synthetic_passages == 0
-  assert real.ratios == [1, 2, 4, 8] and real.bits == ["1", "2", "4", "none"]
+  assert real.ratios == [1, 2, 4, 8] and real.bits == [1, 2, 4, None]
   synthetic = bench.parse_args(scale.tools["retrieval_scale_synthetic"] + ["--out", "x.md"])
   assert synthetic.synthetic_passages == 1_000_000 and synthetic.ratios == [4]
   assert synthetic.beir_folder == synthetic.msmarco_folder == ""
