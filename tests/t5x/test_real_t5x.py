@@ -6,8 +6,9 @@ download): `python -m t5x.train` a few steps with the drop-in gin files (gin/t5x
 `t5x.infer` and `t5x.eval` (decoding metrics: SQuAD on the built-in QA task) from that
 checkpoint (DeCAL also fine-tuned from it by T5X's finetune.gin); and in process, T5X's own
 `predict_batch` (greedy) equals decal_jax's decoding on the same parameters, Dodo's
-compressor through T5X's beam expansion of its nuggets, decoder-only families with T5X's
-per-row prompt prefill.
+compressor through T5X's beam expansion of its nuggets, Squid's through its prefix's keys
+and values (the query joined to the context), decoder-only families with T5X's per-row
+prompt prefill.
 
   PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x
 """
@@ -68,10 +69,18 @@ FAMILIES = {
                 TINY_DECODER + ["--gin.decoder.DecoderConfig.num_layers=2",
                                 "--gin.SCORER_LAYER=1", "--gin.NUGGET_THRESHOLD=0.0"] + UNPACKED),
 }
+# Squid's small and large decoders (scoped configs), each one layer
+TINY_SQUID = [f"--gin.{scope}/decoder.DecoderConfig.{k}={v}" for scope in ("small", "large")
+              for k, v in dict(emb_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                               mlp_dim=64, num_layers=1).items()]
+FAMILIES["squid"] = ("t5x/squid_tiny.gin", "decal_builtin_squid_restore",
+                     "{'inputs': 32, 'query': 16, 'targets': 40}", TINY_SQUID + UNPACKED)
 STEPS = 2
 # also fine-tuned by T5X's finetune.gin from its pretraining checkpoint, on the QA task
 FINETUNED = {"decal_c4"}
 EVAL_TASK = "decal_builtin_qa"  # inputs -> targets with SQuAD metrics, built-in vocabulary
+# Squid's is the same QA with the question as its query (SQuAD metrics too)
+EVAL_TASKS = {"squid": ("decal_builtin_squid_qa", "{'inputs': 32, 'query': 16, 'targets': 8}")}
 
 
 def _run(entry: str, family: str, *args: str, cwd: pathlib.Path,
@@ -91,9 +100,12 @@ def _run(entry: str, family: str, *args: str, cwd: pathlib.Path,
   return log
 
 
-def _eval_lengths(family: str) -> str:
-  return ENC_DEC_LENGTHS if FAMILIES[family][2] == ENC_DEC_LENGTHS else \
-      "{'inputs': 24, 'targets': 8}"
+def _eval_task(family: str):
+  """(task, lengths) that t5x.infer / t5x.eval read for `family`."""
+  if family in EVAL_TASKS:
+    return EVAL_TASKS[family]
+  return EVAL_TASK, (ENC_DEC_LENGTHS if FAMILIES[family][2] == ENC_DEC_LENGTHS else
+                     "{'inputs': 24, 'targets': 8}")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -107,13 +119,14 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
        cwd=tmp_path)
   checkpoint = model_dir / f"checkpoint_{STEPS}"
   assert (checkpoint / "_CHECKPOINT_METADATA").exists()  # T5X's Orbax checkpoint
-  common = [f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
-            f"--gin.TASK_FEATURE_LENGTHS={_eval_lengths(family)}",
+  eval_task, eval_lengths = _eval_task(family)
+  common = [f"--gin.MIXTURE_OR_TASK_NAME='{eval_task}'",
+            f"--gin.TASK_FEATURE_LENGTHS={eval_lengths}",
             f"--gin.CHECKPOINT_PATH='{checkpoint}'", "--gin.utils.DatasetConfig.batch_size=4",
             "--gin.utils.DatasetConfig.split='validation'"]
   _run("infer", family, *common, f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'infer'}'",
        cwd=tmp_path)
-  predictions = list((tmp_path / "infer").glob(f"{EVAL_TASK}-predict.jsonl-*-of-*"))
+  predictions = list((tmp_path / "infer").glob(f"{eval_task}-predict.jsonl-*-of-*"))
   rows = [json.loads(line) for p in predictions if not p.name.endswith("COMPLETED")
           for line in p.read_text().splitlines()]
   assert rows and all(isinstance(r["prediction"], str) for r in rows)
