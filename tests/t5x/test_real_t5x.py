@@ -225,3 +225,40 @@ def test_t5x_prefilled_greedy_decodes_equal_ours_decoder_only(family):
     mine = np.asarray(ours.generate(params, jnp.asarray(prompt[None], jnp.int32), new,
                                     temperature=0.0))[0]
     np.testing.assert_array_equal(theirs[row, :new], mine, err_msg=f"row {row}")
+
+
+@pytest.mark.parametrize("memory_ratio", [None, 4], ids=["fixed_n", "ratio"])
+def test_t5x_squid_greedy_decodes_equal_ours(memory_ratio):
+  """T5X's EncoderDecoderModel around squid.SquidT5X, fed [context; query]: contexts of 32,
+  20 and 12 tokens (N = 8 memory vectors each, or ceil(n / 4) = 8, 5 and 3) with queries of
+  4, 6 and 2 tokens in one batch. T5X's greedy `predict_batch` (beam-expanding the prefix's
+  keys and values) equals decal_jax's SquidModel (context and query apart) on the same
+  parameters, and so do the teacher-forced logits through T5X's `_compute_logits`."""
+  from decal_jax import models as our_models
+  from decal_jax.networks import squid
+  q = 6
+  t5x_model = _parse([FAMILIES["squid"][0]], _bindings("squid") + [
+      f"QUERY_LENGTH = {q}", f"MEMORY_RATIO = {memory_ratio}"])
+  ours = our_models.SquidModel(squid.Squid(t5x_model.module.config),
+                               t5x_model.input_vocabulary, t5x_model.output_vocabulary)
+  batch_size, n, t = 3, 32, 8
+  params = t5x_model.get_initial_variables(
+      jax.random.PRNGKey(1), {"encoder_input_tokens": (1, n + q),
+                              "decoder_input_tokens": (1, t)})["params"]
+  rng = np.random.RandomState(0)
+  context, query = rng.randint(3, 200, (batch_size, n)), rng.randint(3, 200, (batch_size, q))
+  for row, (n_b, q_b) in enumerate([(32, 4), (20, 6), (12, 2)]):
+    context[row, n_b:], query[row, q_b:] = 0, 0
+  answers = rng.randint(3, 200, (batch_size, t))
+  targets = {"decoder_input_tokens": jnp.asarray(np.roll(answers, 1, axis=1) * (
+      np.arange(t) > 0), jnp.int32), "decoder_target_tokens": jnp.asarray(answers, jnp.int32)}
+  theirs_batch = dict(targets, encoder_input_tokens=jnp.asarray(
+      np.concatenate([context, query], axis=1), jnp.int32))
+  our_batch = dict(targets, encoder_input_tokens=jnp.asarray(context, jnp.int32),
+                   query_tokens=jnp.asarray(query, jnp.int32))
+  np.testing.assert_array_equal(t5x_model._compute_logits(params, theirs_batch),
+                                ours._compute_logits(params, our_batch))
+  theirs, _ = t5x_model.predict_batch_with_aux(params, theirs_batch, num_decodes=1)
+  mine, _ = ours.predict_batch_with_aux(params, our_batch, num_decodes=1)
+  np.testing.assert_array_equal(np.asarray(theirs), np.asarray(mine))
+  assert len(set(np.asarray(mine).ravel().tolist())) > 1  # not one repeated token
