@@ -4,11 +4,11 @@ Skipped, with the reason, where `import t5x` fails (CI: T5X is not on the packag
 docs/t5x.md installs it). For each family, at a tiny size on the built-in tasks (no
 download): `python -m t5x.train` a few steps with the drop-in gin files (gin/t5x/), then
 `t5x.infer` and `t5x.eval` (decoding metrics: SQuAD on the built-in QA task) from that
-checkpoint (DeCAL also fine-tuned from it by T5X's finetune.gin); and in process, T5X's own
-`predict_batch` (greedy) equals decal_jax's decoding on the same parameters, Dodo's
-compressor through T5X's beam expansion of its nuggets, Squid's through its prefix's keys
-and values (the query joined to the context), decoder-only families with T5X's per-row
-prompt prefill.
+checkpoint (DeCAL and Squid also fine-tuned from it by T5X's finetune.gin); and in
+process, T5X's own `predict_batch` (greedy) equals decal_jax's decoding on the same
+parameters, Dodo's compressor through T5X's beam expansion of its nuggets, Squid's through
+its prefix's keys and values (the query joined to the context), decoder-only families with
+T5X's per-row prompt prefill.
 
   PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x
 """
@@ -77,7 +77,8 @@ FAMILIES["squid"] = ("t5x/squid_tiny.gin", "decal_builtin_squid_restore",
                      "{'inputs': 32, 'query': 16, 'targets': 40}", TINY_SQUID + UNPACKED)
 STEPS = 2
 # also fine-tuned by T5X's finetune.gin from its pretraining checkpoint, on the QA task
-FINETUNED = {"decal_c4"}
+# (Squid: its stage 3 from stage 1's checkpoint)
+FINETUNED = {"decal_c4", "squid"}
 EVAL_TASK = "decal_builtin_qa"  # inputs -> targets with SQuAD metrics, built-in vocabulary
 # Squid's is the same QA with the question as its query (SQuAD metrics too)
 EVAL_TASKS = {"squid": ("decal_builtin_squid_qa", "{'inputs': 32, 'query': 16, 'targets': 8}")}
@@ -141,10 +142,11 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
 
 def _finetune(family: str, initial: pathlib.Path, tmp_path: pathlib.Path) -> None:
   """t5x/runs/finetune.gin from the 2-step pretraining (INITIAL_CHECKPOINT_PATH): T5X
-  restores its step and parameters, then trains STEPS more steps on decal_builtin_qa."""
+  restores its step and parameters, then trains STEPS more steps on the QA task."""
   model_dir = tmp_path / "finetune"
-  log = _run("train", family, f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
-             f"--gin.TASK_FEATURE_LENGTHS={ENC_DEC_LENGTHS}",
+  task, lengths = _eval_task(family)
+  log = _run("train", family, f"--gin.MIXTURE_OR_TASK_NAME='{task}'",
+             f"--gin.TASK_FEATURE_LENGTHS={lengths}",
              f"--gin.TRAIN_STEPS={2 * STEPS}", "--gin.BATCH_SIZE=4",
              f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{initial}'",
              "--gin.EVAL_STEPS=1", f"--gin.EVAL_PERIOD={STEPS}",
