@@ -233,14 +233,16 @@ def test_t5x_prefilled_greedy_decodes_equal_ours_decoder_only(family):
 def test_t5x_squid_greedy_decodes_equal_ours(memory_ratio):
   """T5X's EncoderDecoderModel around squid.SquidT5X, fed [context; query]: contexts of 32,
   20 and 12 tokens (N = 8 memory vectors each, or ceil(n / 4) = 8, 5 and 3) with queries of
-  4, 6 and 2 tokens in one batch. T5X's greedy `predict_batch` (beam-expanding the prefix's
-  keys and values) equals decal_jax's SquidModel (context and query apart) on the same
-  parameters, and so do the teacher-forced logits through T5X's `_compute_logits`."""
+  4, 6 and 2 tokens in one batch. T5X's greedy `predict_batch` and its 3-beam search
+  (beam-expanding the prefix's keys and values) equal decal_jax's SquidModel (context and
+  query apart) on the same parameters, and so do the teacher-forced logits through T5X's
+  `_compute_logits`."""
   from decal_jax import models as our_models
   from decal_jax.networks import squid
   q = 6
   t5x_model = _parse([FAMILIES["squid"][0]], _bindings("squid") + [
       f"QUERY_LENGTH = {q}", f"MEMORY_RATIO = {memory_ratio}"])
+  assert t5x_model.module.config.memory_ratio == memory_ratio
   ours = our_models.SquidModel(squid.Squid(t5x_model.module.config),
                                t5x_model.input_vocabulary, t5x_model.output_vocabulary)
   batch_size, n, t = 3, 32, 8
@@ -264,3 +266,9 @@ def test_t5x_squid_greedy_decodes_equal_ours(memory_ratio):
   mine, _ = ours.predict_batch_with_aux(params, our_batch, num_decodes=1)
   np.testing.assert_array_equal(np.asarray(theirs), np.asarray(mine))
   assert len(set(np.asarray(mine).ravel().tolist())) > 1  # not one repeated token
+  # 3 beams: T5X tiles the one array per beam; every beam, in order, is ours
+  theirs, _ = t5x_model.predict_batch_with_aux(params, theirs_batch, num_decodes=3,
+                                               return_all_decodes=True)
+  mine, _ = ours.predict_batch_with_aux(params, our_batch, num_decodes=3,
+                                        return_all_decodes=True)
+  np.testing.assert_array_equal(np.asarray(theirs), np.asarray(mine))  # [3, 3, t]
