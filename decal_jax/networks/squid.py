@@ -243,7 +243,6 @@ class Squid(nn.Module):
                        max_decode_length=max_decode_length)
 
 
-
 class SquidT5X(Squid):
   """Squid with T5X's encoder-decoder interface: `encoder_input_tokens` `[batch, n + q]` is
   the context (right-padded to n) followed by the query (right-padded to q =
