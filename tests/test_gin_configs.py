@@ -158,6 +158,8 @@ T5X_FILES = {"t5x/decal_t5_1_1_tiny.gin": ("EncoderDecoderModel", "Transformer")
              "t5x/decal_t5_1_1_large.gin": ("EncoderDecoderModel", "Transformer"),
              "t5x/dodo_tiny.gin": ("EncoderDecoderModel", "Dodo"),
              "t5x/dodo_llama2_7b.gin": ("EncoderDecoderModel", "Dodo"),
+             "t5x/squid_tiny.gin": ("EncoderDecoderModel", "SquidT5X"),
+             "t5x/squid_qwen2.gin": ("EncoderDecoderModel", "SquidT5X"),
              "t5x/decoder_tiny.gin": ("DecoderOnlyModel", "Decoder"),
              "t5x/gpthf_tiny.gin": ("DecoderOnlyModel", "Gpthf"),
              "t5x/gpthf_8_4.gin": ("DecoderOnlyModel", "Gpthf"),
@@ -167,7 +169,7 @@ T5X_FILES = {"t5x/decal_t5_1_1_tiny.gin": ("EncoderDecoderModel", "Transformer")
              "t5x/de_decal_t5_1_1_small.gin": ("DualEncoderModel", "DualEncoder"),
              "t5x/de_decal_t5_1_1_base.gin": ("DualEncoderModel", "DualEncoder")}
 T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin",
-                                "t5x/dual_encoder.gin"} | {
+                                "t5x/dual_encoder.gin", "t5x/squid.gin"} | {
     f"t5x/runs/{run}.gin" for run in ("pretrain", "finetune", "eval", "infer",
                                       "train_dual_encoder", "eval_dual_encoder")}  # tests/t5x
 # The gin configurable of each T5X model class (the dual encoder's is decal_jax's own).
@@ -262,7 +264,9 @@ def _param_axes(module, decoder_only: bool):
   """Every parameter's logical axis names (eval_shape: nothing is materialised)."""
   from flax.linen import partitioning as nn_partitioning
   ones = jnp.ones((1, 8), jnp.int32)
-  args = (ones, ones) if decoder_only else (ones, ones, ones)
+  # Squid's T5X network reads [context; query]: its encoder input holds the query too
+  encoder = jnp.ones((1, 8 + getattr(module, "query_length", 0)), jnp.int32)
+  args = (ones, ones) if decoder_only else (encoder, ones, ones)
   shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *args,
                                               enable_dropout=False))
   axes = nn_partitioning.get_axis_names(shapes["params_axes"])
@@ -312,15 +316,14 @@ def test_t5x_families_name_axes_the_factor_rules_know(t5x_modules, name):
   from decal_jax import partitioning
   model_class, _ = T5X_FILES[name]
   decoder_only = model_class == "DecoderOnlyModel"
-  compressors = ["latents"] if decoder_only or "dodo" in name else [
-      "latents", "attn_pool", "memory_tokens"]
+  llama = decoder_only or "dodo" in name or "squid" in name  # LLaMA-style decoders
+  compressors = ["latents"] if llama else ["latents", "attn_pool", "memory_tokens"]
   for compressor in compressors:
-    _parse(name, bindings=[] if decoder_only or "dodo" in name else
-           [f"COMPRESSOR = '{compressor}'"])
+    _parse(name, bindings=[] if llama else [f"COMPRESSOR = '{compressor}'"])
     names = _param_axes(_arg(_build_model(), "module"), decoder_only)
     ours = "adafactor_factor_rules" in str(gin.query_parameter("%FACTOR_RULES"))
     known = set(partitioning.adafactor_factor_rules()) if ours else T5X_FACTOR_NAMES
-    assert ours == (decoder_only or "dodo" in name)  # T5's families: T5X's own rules
+    assert ours == llama  # T5's families: T5X's own rules
     assert names <= known, (compressor, names - known)
   rules = partitioning.adafactor_factor_rules()
   assert {k: rules[k] for k in ("vocab", "embed", "mlp", "heads", "kv")} == {
@@ -581,6 +584,34 @@ def test_squid_tiny_builds_a_small_and_a_larger_decoder():
   flat = _squid_shapes(model)
   assert flat["projector/dense_0/kernel"].shape == (64, 128)
   assert flat["large_decoder/token_embedder/embedding"].shape == (4224, 128)
+  gin.clear_config()
+
+
+@pytest.mark.parametrize("size", ["tiny", "qwen2"])
+def test_t5x_squid_files_join_the_query_where_the_network_reads_it(t5x_modules, monkeypatch,
+                                                                   size):
+  """t5x/squid_<size>.gin: T5X's model class gets the feature converter that puts the query
+  in the last QUERY_LENGTH encoder columns, and SquidT5X reads it there; its parameters are
+  those of models/squid_<size>.gin's Squid (name for name, shape for shape), so a decal_jax
+  Squid checkpoint (or an imported Qwen2 pair) is one."""
+  import flax
+  from decal_jax.models.squid import SquidT5XFeatureConverter
+  monkeypatch.delenv("DECAL_HF_TOKENIZER", raising=False)
+  _parse(f"t5x/squid_{size}.gin", bindings=["QUERY_LENGTH = 12"])
+  model = _build_model()
+  module = _arg(model, "module")
+  assert module.query_length == 12
+  converter_cls = (model.kwargs["feature_converter_cls"] if isinstance(model, _Recorder)
+                   else model.FEATURE_CONVERTER_CLS)  # where T5X's class keeps it
+  converter = converter_cls(pack=False)  # as T5X's utils.get_dataset builds it
+  assert isinstance(converter, SquidT5XFeatureConverter) and converter.query_length == 12
+  joined = jnp.ones((1, 16 + 12), jnp.int32)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), joined, joined[:, :4],
+                                              joined[:, :4], enable_dropout=False))["params"]
+  theirs = {k: v.shape for k, v in flax.traverse_util.flatten_dict(shapes, sep="/").items()}
+  _parse(f"models/squid_{size}.gin")
+  ours = {k: v.shape for k, v in _squid_shapes(_build_model()).items()}
+  assert theirs == ours
   gin.clear_config()
 
 

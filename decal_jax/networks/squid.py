@@ -15,6 +15,13 @@ skipped), so a batch of mixed lengths gets the positions each row would get alon
 module has T5X `EncoderDecoderModel`'s method names (`encode` = compress + read, `decode`,
 `__call__`); `models.SquidModel` adds the query feature, compress-once / answer-many
 inference and generation.
+
+`SquidT5X` is the same network (the same parameters) for `t5x.models.EncoderDecoderModel`,
+which feeds a module only `encoder_input_tokens` and beam-expands `encode`'s output as one
+array: its encoder input is [context; query], the query in the last `query_length` columns
+(`models.squid.SquidT5XFeatureConverter` joins them), and `encode` returns the prefix's keys
+and values stacked, `[batch, 2, layers, N + query_length, kv_heads, head_dim]`; `decode`
+rebuilds the prefix's validity and length from the joined tokens.
 """
 import dataclasses
 from typing import NamedTuple, Optional
@@ -235,3 +242,62 @@ class Squid(nn.Module):
                        decoder_positions, enable_dropout=enable_dropout, decode=decode,
                        max_decode_length=max_decode_length)
 
+
+class SquidT5X(Squid):
+  """Squid with T5X's encoder-decoder interface: `encoder_input_tokens` `[batch, n + q]` is
+  the context (right-padded to n) followed by the query (right-padded to q =
+  `query_length`); `encode` returns the prefix as one array. Parameters are `Squid`'s."""
+  query_length: int = 16
+
+  def split(self, encoder_input_tokens: Array):
+    """`[batch, n + q]` -> context `[batch, n]`, query `[batch, q]`."""
+    tokens = check_tokens(encoder_input_tokens, "encoder_input_tokens")
+    q = self.query_length
+    if q < 0 or tokens.shape[1] <= q:
+      raise ValueError(
+          f"encoder_input_tokens has {tokens.shape[1]} columns but SquidT5X.query_length = "
+          f"{q}: the encoder input is [context; query] with the query in the last "
+          "query_length columns. Bind QUERY_LENGTH to TASK_FEATURE_LENGTHS['query'] "
+          "(models.squid.SquidT5XFeatureConverter checks it).")
+    return tokens[:, :tokens.shape[1] - q], tokens[:, tokens.shape[1] - q:]
+
+  def prefix_valid(self, encoder_input_tokens: Array) -> Array:
+    """Which of the prefix's N + q items are real `[batch, N + q]`: `read`'s validity."""
+    context, query = self.split(encoder_input_tokens)
+    memory = self.memory_tokens(context, self.config.small.emb_dim)  # valid [b, N]
+    return jnp.concatenate([memory.valid, query > 0], axis=1)  # [b, N + q]
+
+  def encode(self, encoder_input_tokens: Array, encoder_segment_ids=None,
+             encoder_positions=None, *, enable_dropout: bool = True) -> Array:
+    """[context; query] -> the prefix's keys and values `[batch, 2, layers, P, kv, d]`."""
+    context, query = self.split(encoder_input_tokens)
+    prefix = Squid.encode(self, context, query, encoder_segment_ids, encoder_positions,
+                          enable_dropout=enable_dropout)
+    return jnp.stack([prefix.keys, prefix.values], axis=1)  # [b, 2, layers, P, kv, d]
+
+  def decode(self, encoded: Array, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
+             decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
+             max_decode_length: Optional[int] = None) -> Array:
+    """Answer logits `[batch, t, vocab]` from `encode`'s array and the joined tokens."""
+    valid = self.prefix_valid(encoder_input_tokens)  # [b, P]
+    prefix = Prefix(encoded[:, 0], encoded[:, 1], valid,
+                    jnp.sum(valid, axis=1, dtype=jnp.int32))
+    return Squid.decode(self, prefix, encoder_input_tokens, decoder_input_tokens,
+                        decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                        decoder_positions, enable_dropout=enable_dropout, decode=decode,
+                        max_decode_length=max_decode_length)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+               decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None) -> Array:
+    """Teacher-forced answer logits `[batch, t, vocab]` (what `Squid` gives with the query
+    passed apart)."""
+    context, query = self.split(encoder_input_tokens)
+    prefix = Squid.encode(self, context, query, encoder_segment_ids, encoder_positions,
+                          enable_dropout=enable_dropout)
+    return Squid.decode(self, prefix, context, decoder_input_tokens, decoder_target_tokens,
+                        encoder_segment_ids, decoder_segment_ids, decoder_positions,
+                        enable_dropout=enable_dropout, decode=decode,
+                        max_decode_length=max_decode_length)

@@ -13,7 +13,7 @@ import pytest
 
 from decal_jax import models, optimizers
 from decal_jax.networks.decoder import DecoderConfig
-from decal_jax.networks.squid import Squid, SquidConfig
+from decal_jax.networks.squid import Squid, SquidConfig, SquidT5X
 from tests.numpy_llama import Llama, rms_norm
 
 SMALL = DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -217,3 +217,76 @@ def test_ratio_mode_needs_enough_memory_rows():
   with pytest.raises(ValueError, match="need 5 memory tokens .*SquidConfig.memory_tokens >= 5"):
     model.get_initial_variables(jax.random.PRNGKey(0), {
         "encoder_input_tokens": (1, 10), "decoder_input_tokens": (1, 4)})
+
+
+# ------------------------------------------------------------------------------ T5X's interface
+def _joined(batch):
+  """[context; query] in one `[batch, n + q]` array: what SquidT5X reads as its encoder input."""
+  return np.concatenate([batch["encoder_input_tokens"], batch["query_tokens"]], axis=1)
+
+
+@pytest.mark.parametrize("config", [CONFIG, dataclasses.replace(CONFIG, memory_ratio=3,
+                                                                memory_tokens=4)],
+                         ids=["fixed_n", "ratio"])
+def test_t5x_interface_reads_the_query_from_the_joined_input(config):
+  """SquidT5X (Squid's parameters) on [context; query]: teacher-forced logits equal the
+  numpy re-derivation, and decoding step by step from `encode`'s one array (rebuilding
+  the prefix's validity from the joined tokens, as T5X's beam search calls it) equals them."""
+  params = _params(_model(config))
+  batch = _batch()
+  module = SquidT5X(config, query_length=batch["query_tokens"].shape[1])
+  joined = jnp.asarray(_joined(batch))
+  tokens = jnp.asarray(batch["decoder_input_tokens"])
+  full = jax.jit(functools.partial(module.apply, enable_dropout=False))(
+      {"params": params}, joined, tokens, tokens)
+  for b in range(2):
+    want = numpy_squid(config, params, _real(batch["encoder_input_tokens"][b]),
+                       _real(batch["query_tokens"][b]), batch["decoder_input_tokens"][b])
+    np.testing.assert_allclose(full[b], want, atol=2e-4, rtol=2e-4)
+  encoded = jax.jit(functools.partial(module.apply, enable_dropout=False,
+                                      method=module.encode))(
+      {"params": params}, joined)  # [b, 2, layers, N + q, kv, d]
+  n_memory = config.memory_count(batch["encoder_input_tokens"].shape[1])
+  assert encoded.shape == (2, 2, LARGE.num_layers, n_memory + 4, LARGE.kv_heads,
+                           LARGE.head_dim)
+  _, cache = module.apply({"params": params}, jnp.ones_like(joined), jnp.ones_like(tokens),
+                          jnp.ones_like(tokens), decode=True, enable_dropout=False,
+                          mutable=["cache"])
+  cache = cache["cache"]
+  decode_step = jax.jit(functools.partial(module.apply, decode=True, enable_dropout=False,
+                                          mutable=["cache"], method=module.decode))
+  for t in range(tokens.shape[1]):
+    token = tokens[:, t:t + 1]  # [b, 1]
+    step, new = decode_step({"params": params, "cache": cache}, encoded, joined, token, token)
+    cache = new["cache"]
+    np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_t5x_interface_needs_room_for_the_query():
+  params = _params(_model())
+  module = SquidT5X(CONFIG, query_length=12)
+  with pytest.raises(ValueError, match="11 columns but SquidT5X.query_length = 12"):
+    module.apply({"params": params}, jnp.ones((1, 11), jnp.int32), enable_dropout=False,
+                 method=module.encode)
+
+
+def test_t5x_feature_converter_joins_context_and_query():
+  """seqio task features -> T5X's encoder-decoder features, the query padded into the last
+  QUERY_LENGTH encoder columns; a 'query' length other than QUERY_LENGTH is refused."""
+  import tensorflow as tf
+  from decal_jax.models.squid import SquidT5XFeatureConverter
+  ds = tf.data.Dataset.from_tensors({"inputs": tf.constant([5, 6, 7], tf.int32),
+                                     "query": tf.constant([8, 9], tf.int32),
+                                     "targets": tf.constant([10, 11, 1], tf.int32)})
+  lengths = {"inputs": 5, "query": 3, "targets": 4}
+  out = next(iter(SquidT5XFeatureConverter(query_length=3)(ds, lengths).as_numpy_iterator()))
+  np.testing.assert_array_equal(out["encoder_input_tokens"], [5, 6, 7, 0, 0, 8, 9, 0])
+  np.testing.assert_array_equal(out["decoder_target_tokens"], [10, 11, 1, 0])
+  np.testing.assert_array_equal(out["decoder_input_tokens"], [0, 10, 11, 1])
+  np.testing.assert_array_equal(out["decoder_loss_weights"], [1, 1, 1, 0])
+  assert set(out) == {"encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens",
+                      "decoder_loss_weights"}
+  with pytest.raises(ValueError, match=r"'query'\] = 3 .*QUERY_LENGTH = 4 .*QUERY_LENGTH=3"):
+    SquidT5XFeatureConverter(query_length=4)(ds, lengths)
+  with pytest.raises(ValueError, match="packed examples are not supported"):
+    SquidT5XFeatureConverter(pack=True)

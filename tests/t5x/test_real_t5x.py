@@ -4,10 +4,11 @@ Skipped, with the reason, where `import t5x` fails (CI: T5X is not on the packag
 docs/t5x.md installs it). For each family, at a tiny size on the built-in tasks (no
 download): `python -m t5x.train` a few steps with the drop-in gin files (gin/t5x/), then
 `t5x.infer` and `t5x.eval` (decoding metrics: SQuAD on the built-in QA task) from that
-checkpoint (DeCAL also fine-tuned from it by T5X's finetune.gin); and in process, T5X's own
-`predict_batch` (greedy) equals decal_jax's decoding on the same parameters, Dodo's
-compressor through T5X's beam expansion of its nuggets, decoder-only families with T5X's
-per-row prompt prefill.
+checkpoint (DeCAL and Squid also fine-tuned from it by T5X's finetune.gin); and in
+process, T5X's own `predict_batch` (greedy) equals decal_jax's decoding on the same
+parameters, Dodo's compressor through T5X's beam expansion of its nuggets, Squid's through
+its prefix's keys and values (the query joined to the context), decoder-only families with
+T5X's per-row prompt prefill.
 
   PYTHONPATH=$PWD:/path/to/t5x-site python -m pytest -q tests/t5x
 """
@@ -68,10 +69,19 @@ FAMILIES = {
                 TINY_DECODER + ["--gin.decoder.DecoderConfig.num_layers=2",
                                 "--gin.SCORER_LAYER=1", "--gin.NUGGET_THRESHOLD=0.0"] + UNPACKED),
 }
+# Squid's small and large decoders (scoped configs), each one layer
+TINY_SQUID = [f"--gin.{scope}/decoder.DecoderConfig.{k}={v}" for scope in ("small", "large")
+              for k, v in dict(emb_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                               mlp_dim=64, num_layers=1).items()]
+FAMILIES["squid"] = ("t5x/squid_tiny.gin", "decal_builtin_squid_restore",
+                     "{'inputs': 32, 'query': 16, 'targets': 40}", TINY_SQUID + UNPACKED)
 STEPS = 2
 # also fine-tuned by T5X's finetune.gin from its pretraining checkpoint, on the QA task
-FINETUNED = {"decal_c4"}
+# (Squid: its stage 3 from stage 1's checkpoint)
+FINETUNED = {"decal_c4", "squid"}
 EVAL_TASK = "decal_builtin_qa"  # inputs -> targets with SQuAD metrics, built-in vocabulary
+# Squid's is the same QA with the question as its query (SQuAD metrics too)
+EVAL_TASKS = {"squid": ("decal_builtin_squid_qa", "{'inputs': 32, 'query': 16, 'targets': 8}")}
 
 
 def _run(entry: str, family: str, *args: str, cwd: pathlib.Path,
@@ -91,9 +101,12 @@ def _run(entry: str, family: str, *args: str, cwd: pathlib.Path,
   return log
 
 
-def _eval_lengths(family: str) -> str:
-  return ENC_DEC_LENGTHS if FAMILIES[family][2] == ENC_DEC_LENGTHS else \
-      "{'inputs': 24, 'targets': 8}"
+def _eval_task(family: str):
+  """(task, lengths) that t5x.infer / t5x.eval read for `family`."""
+  if family in EVAL_TASKS:
+    return EVAL_TASKS[family]
+  return EVAL_TASK, (ENC_DEC_LENGTHS if FAMILIES[family][2] == ENC_DEC_LENGTHS else
+                     "{'inputs': 24, 'targets': 8}")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -107,13 +120,14 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
        cwd=tmp_path)
   checkpoint = model_dir / f"checkpoint_{STEPS}"
   assert (checkpoint / "_CHECKPOINT_METADATA").exists()  # T5X's Orbax checkpoint
-  common = [f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
-            f"--gin.TASK_FEATURE_LENGTHS={_eval_lengths(family)}",
+  eval_task, eval_lengths = _eval_task(family)
+  common = [f"--gin.MIXTURE_OR_TASK_NAME='{eval_task}'",
+            f"--gin.TASK_FEATURE_LENGTHS={eval_lengths}",
             f"--gin.CHECKPOINT_PATH='{checkpoint}'", "--gin.utils.DatasetConfig.batch_size=4",
             "--gin.utils.DatasetConfig.split='validation'"]
   _run("infer", family, *common, f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'infer'}'",
        cwd=tmp_path)
-  predictions = list((tmp_path / "infer").glob(f"{EVAL_TASK}-predict.jsonl-*-of-*"))
+  predictions = list((tmp_path / "infer").glob(f"{eval_task}-predict.jsonl-*-of-*"))
   rows = [json.loads(line) for p in predictions if not p.name.endswith("COMPLETED")
           for line in p.read_text().splitlines()]
   assert rows and all(isinstance(r["prediction"], str) for r in rows)
@@ -128,10 +142,11 @@ def test_t5x_trains_infers_and_evaluates(family, tmp_path):
 
 def _finetune(family: str, initial: pathlib.Path, tmp_path: pathlib.Path) -> None:
   """t5x/runs/finetune.gin from the 2-step pretraining (INITIAL_CHECKPOINT_PATH): T5X
-  restores its step and parameters, then trains STEPS more steps on decal_builtin_qa."""
+  restores its step and parameters, then trains STEPS more steps on the QA task."""
   model_dir = tmp_path / "finetune"
-  log = _run("train", family, f"--gin.MIXTURE_OR_TASK_NAME='{EVAL_TASK}'",
-             f"--gin.TASK_FEATURE_LENGTHS={ENC_DEC_LENGTHS}",
+  task, lengths = _eval_task(family)
+  log = _run("train", family, f"--gin.MIXTURE_OR_TASK_NAME='{task}'",
+             f"--gin.TASK_FEATURE_LENGTHS={lengths}",
              f"--gin.TRAIN_STEPS={2 * STEPS}", "--gin.BATCH_SIZE=4",
              f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{initial}'",
              "--gin.EVAL_STEPS=1", f"--gin.EVAL_PERIOD={STEPS}",
@@ -212,3 +227,48 @@ def test_t5x_prefilled_greedy_decodes_equal_ours_decoder_only(family):
     mine = np.asarray(ours.generate(params, jnp.asarray(prompt[None], jnp.int32), new,
                                     temperature=0.0))[0]
     np.testing.assert_array_equal(theirs[row, :new], mine, err_msg=f"row {row}")
+
+
+@pytest.mark.parametrize("memory_ratio", [None, 4], ids=["fixed_n", "ratio"])
+def test_t5x_squid_greedy_decodes_equal_ours(memory_ratio):
+  """T5X's EncoderDecoderModel around squid.SquidT5X, fed [context; query]: contexts of 32,
+  20 and 12 tokens (N = 8 memory vectors each, or ceil(n / 4) = 8, 5 and 3) with queries of
+  4, 6 and 2 tokens in one batch. T5X's greedy `predict_batch` and its 3-beam search
+  (beam-expanding the prefix's keys and values) equal decal_jax's SquidModel (context and
+  query apart) on the same parameters, and so do the teacher-forced logits through T5X's
+  `_compute_logits`."""
+  from decal_jax import models as our_models
+  from decal_jax.networks import squid
+  q = 6
+  t5x_model = _parse([FAMILIES["squid"][0]], _bindings("squid") + [
+      f"QUERY_LENGTH = {q}", f"MEMORY_RATIO = {memory_ratio}"])
+  assert t5x_model.module.config.memory_ratio == memory_ratio
+  ours = our_models.SquidModel(squid.Squid(t5x_model.module.config),
+                               t5x_model.input_vocabulary, t5x_model.output_vocabulary)
+  batch_size, n, t = 3, 32, 8
+  params = t5x_model.get_initial_variables(
+      jax.random.PRNGKey(1), {"encoder_input_tokens": (1, n + q),
+                              "decoder_input_tokens": (1, t)})["params"]
+  rng = np.random.RandomState(0)
+  context, query = rng.randint(3, 200, (batch_size, n)), rng.randint(3, 200, (batch_size, q))
+  for row, (n_b, q_b) in enumerate([(32, 4), (20, 6), (12, 2)]):
+    context[row, n_b:], query[row, q_b:] = 0, 0
+  answers = rng.randint(3, 200, (batch_size, t))
+  targets = {"decoder_input_tokens": jnp.asarray(np.roll(answers, 1, axis=1) * (
+      np.arange(t) > 0), jnp.int32), "decoder_target_tokens": jnp.asarray(answers, jnp.int32)}
+  theirs_batch = dict(targets, encoder_input_tokens=jnp.asarray(
+      np.concatenate([context, query], axis=1), jnp.int32))
+  our_batch = dict(targets, encoder_input_tokens=jnp.asarray(context, jnp.int32),
+                   query_tokens=jnp.asarray(query, jnp.int32))
+  np.testing.assert_array_equal(t5x_model._compute_logits(params, theirs_batch),
+                                ours._compute_logits(params, our_batch))
+  theirs, _ = t5x_model.predict_batch_with_aux(params, theirs_batch, num_decodes=1)
+  mine, _ = ours.predict_batch_with_aux(params, our_batch, num_decodes=1)
+  np.testing.assert_array_equal(np.asarray(theirs), np.asarray(mine))
+  assert len(set(np.asarray(mine).ravel().tolist())) > 1  # not one repeated token
+  # 3 beams: T5X tiles the one array per beam; every beam, in order, is ours
+  theirs, _ = t5x_model.predict_batch_with_aux(params, theirs_batch, num_decodes=3,
+                                               return_all_decodes=True)
+  mine, _ = ours.predict_batch_with_aux(params, our_batch, num_decodes=3,
+                                        return_all_decodes=True)
+  np.testing.assert_array_equal(np.asarray(theirs), np.asarray(mine))  # [3, 3, t]
