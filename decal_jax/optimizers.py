@@ -140,6 +140,8 @@ class _ParamAxes:
       names = tuple(n for n in names if n != "layers")  # a slice of a scanned stack
     kinds = [self.rules.get(n, "none") for n in names] if names else None
     if kinds is None or (len(shape) <= 2 and "batch" not in kinds):
+      # T5X factors a scanned [layers, a, b] stack by its names even below
+      # min_dim; a slice here takes the heuristic, the steps of the unrolled matrix.
       return _two_largest(shape, min_dim), ()
     if len(kinds) != len(shape):
       raise ValueError(f"Parameter {path}: {len(names)} axis names {names} for shape {shape}.")
