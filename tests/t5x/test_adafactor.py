@@ -12,12 +12,13 @@ import pytest
 # `t5x.adafactor`, not `t5x`: without T5X, this tests/t5x folder imports as `t5x`.
 pytest.importorskip("t5x.adafactor", reason="the real T5X is not importable: put a T5X "
                     "install on PYTHONPATH (docs/t5x.md) to run tests/t5x/")
+from flax import traverse_util  # noqa: E402
 from flax.linen import partitioning as flax_partitioning  # noqa: E402
 from t5x import adafactor  # noqa: E402
 
 from decal_jax import optimizers  # noqa: E402
 
-# name: (shape, logical axis names, scale of param and gradient slices along axis 1)
+# name: (shape, logical axis names)
 PARAMS = {
     "attention/query/kernel": ((8, 2, 4), ("embed", "heads", "kv")),
     "attention/out/kernel": ((2, 4, 8), ("heads", "kv", "embed")),
@@ -29,17 +30,6 @@ PARAMS = {
     "relpos/rel_embedding": ((2, 32), ("heads", "relpos_buckets")),
     "layer_norm/scale": ((8,), ("embed",)),
 }
-
-
-def _nested(flat):
-  tree = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = tree
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = value
-  return tree
 
 
 def _slice_scales(shape, flip: bool) -> np.ndarray:
@@ -61,8 +51,10 @@ def _case():
            for step in range(3)]
   axes = {k + "_axes": flax_partitioning.AxisMetadata(names)
           for k, (_, names) in PARAMS.items()}
-  as32 = lambda flat: _nested({k: jnp.asarray(v, jnp.float32) for k, v in flat.items()})  # noqa: E731
-  return as32(params), _nested(axes), [as32(g) for g in grads]
+  def as32(flat):
+    return traverse_util.unflatten_dict(
+        {k: jnp.asarray(v, jnp.float32) for k, v in flat.items()}, sep="/")
+  return as32(params), traverse_util.unflatten_dict(axes, sep="/"), [as32(g) for g in grads]
 
 
 def test_three_steps_equal_t5x_adafactor_with_axis_names():
