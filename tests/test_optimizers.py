@@ -229,7 +229,8 @@ def _attention_case():
 @pytest.mark.parametrize("wrap, factor", [
     (lambda opt: optimizers.partially_frozen(opt, trainable=("attn",)), 1.0),
     (lambda opt: optimizers.scaled_updates(opt, {"attn": 0.5}), 0.5),
-    (lambda opt: optimizers.with_schedule(opt, 0.1), 1.0)])
+    (lambda opt: optimizers.with_schedule(opt, 0.1), 1.0)],
+    ids=["partially_frozen", "scaled_updates", "with_schedule"])
 def test_wrappers_pass_the_axis_names_on_to_adafactor(wrap, factor):
   """`set_param_axes` on `partially_frozen` / `scaled_updates` / `with_schedule` of an
   adafactor reaches it: the [embed, heads, kv] kernel keeps [embed] and [heads, kv]
