@@ -141,10 +141,34 @@ class Checkpointer:
           "changed on disk.")
     return change
 
+  def saved_optimizer_state(self, step: int) -> Dict[str, list]:
+    """{'0/v_row/encoder/.../kernel': [shape...], ...}: the optimizer state that
+    checkpoint_<step> holds, read from its metadata (no array is read)."""
+    saved = ocp.StandardCheckpointHandler().metadata(
+        self.directory / f"checkpoint_{step}" / "state").tree
+    return leaf_shapes(saved.get("opt_state", {}))
+
+  def check_optimizer_state(self, step: int, abstract_opt_state: Any) -> None:
+    """Raises OptimizerStateMismatchError unless the saved optimizer state has the leaves
+    and shapes of `abstract_opt_state` (what this run's optimizer makes); an empty state
+    (of an optimizer without one, e.g. SGD) matches only an empty one."""
+    saved, current = self.saved_optimizer_state(step), leaf_shapes(abstract_opt_state)
+    if saved != current:
+      raise OptimizerStateMismatchError(
+          f"checkpoint_{step} in {self.directory} is intact, with this run's architecture, "
+          "but its optimizer state has other shapes than this run's optimizer makes:\n"
+          f"{describe_mismatch(saved, current)}\nIt was written with another optimizer or "
+          "setting. Resume with the one it was written with; a run of decal_jax's Adafactor "
+          "from before it factored attention kernels by axis name resumes with "
+          "--gin.optimizers.adafactor.factor_by_axis_names=False. Or start a new MODEL_DIR "
+          "from its weights alone: --gin.INITIAL_CHECKPOINT_PATH=<this MODEL_DIR>. Nothing "
+          "was changed on disk.")
+
   def restore(self, step: int, abstract_state: Any) -> Tuple[Any, Dict[str, int]]:
     """Restores onto `abstract_state` (ShapeDtypeStructs carrying the target shardings, so
     a checkpoint written on one mesh loads onto another)."""
     self.check_architecture(step, abstract_state["params"])
+    self.check_optimizer_state(step, abstract_state["opt_state"])
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["data"])
@@ -251,25 +275,29 @@ class Checkpointer:
       return read(), ""
     except ArchitectureMismatchError:
       raise
-    except Exception as e:  # pylint: disable=broad-except  # told apart by `damage`
+    except Exception:  # pylint: disable=broad-except  # told apart by `damage`
       reason = self.damage(step)
-      if not reason and "is not compatible with the stored shape" in str(e):
-        raise OptimizerStateMismatchError(
-            f"checkpoint_{step} in {self.directory} is intact, with this run's architecture, "
-            f"but its optimizer state has other shapes than this run's optimizer makes "
-            f"({one_line(e)}): it was written with another optimizer or setting. Resume with "
-            "the one it was written with; a run of decal_jax's Adafactor from before it "
-            "factored attention kernels by axis name resumes with "
-            "--gin.optimizers.adafactor.factor_by_axis_names=False. Or start a new MODEL_DIR "
-            "from its weights alone: --gin.INITIAL_CHECKPOINT_PATH=<this MODEL_DIR>. Nothing "
-            "was changed on disk.") from e
       if not reason:
-        raise
+        raise  # intact: another optimizer state (OptimizerStateMismatchError) or a bug
       return None, reason
 
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def leaf_shapes(tree: Any) -> Dict[str, list]:
+  """{'a/0/b': [shape...]} of every array leaf of `tree` (dict keys, sequence indices and
+  named-tuple fields alike, so that a state and its Orbax metadata, which stores named
+  tuples as dicts and tuples as lists, give the same names)."""
+  def name(key) -> str:
+    for field in ("key", "idx", "name"):
+      if hasattr(key, field):
+        return str(getattr(key, field))
+    return str(key)
+  return {"/".join(name(k) for k in path): list(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+          if hasattr(leaf, "shape")}
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:

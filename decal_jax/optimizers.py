@@ -51,12 +51,15 @@ class Scheduled(optax.GradientTransformation):
 
 def with_schedule(optimizer: optax.GradientTransformation,
                   learning_rate: Union[float, Callable, None]) -> Scheduled:
-  """`optimizer` with `learning_rate` (a schedule or a constant) attached for logging."""
+  """`optimizer` with `learning_rate` (a schedule or a constant) attached for logging. The
+  logical axis names holder of an `adafactor` inside (`param_axes`) is kept, so that
+  `set_param_axes` reaches it through every wrapper built here."""
   scheduled = Scheduled(optimizer.init, optimizer.update)
   if learning_rate is not None and not callable(learning_rate):
     scheduled.learning_rate = lambda step, rate=float(learning_rate): rate
   else:
     scheduled.learning_rate = learning_rate
+  scheduled.param_axes = getattr(optimizer, "param_axes", None)
   return scheduled
 
 
@@ -65,9 +68,9 @@ def schedule_of(optimizer) -> Optional[Callable]:
   return getattr(optimizer, "learning_rate", None)
 
 
-def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
-              clipping_threshold: float = 1.0, multiply_by_parameter_scale: bool = True,
-              min_dim_size_to_factor: int = 128,
+def adafactor(learning_rate: Union[float, Callable, None] = None, decay_rate: float = 0.8,
+              clipping_threshold: Optional[float] = 1.0,
+              multiply_by_parameter_scale: bool = True, min_dim_size_to_factor: int = 128,
               factor_rules: Optional[Mapping[str, str]] = None,
               factor_by_axis_names: bool = True) -> optax.GradientTransformation:
   """T5's Adafactor: factored second moments, no momentum, update clipping, relative step.
@@ -78,25 +81,23 @@ def adafactor(learning_rate: Optional[Callable] = None, decay_rate: float = 0.8,
   'vocab' column axes; 'stack' a batch axis kept apart), so an attention kernel
   `[embed, heads, kv]` keeps statistics `[embed]` and `[heads, kv]` instead of a full
   `[embed, heads, kv]` one; a matrix is factored over its two largest axes when both are
-  >= `min_dim_size_to_factor` (T5X's and optax's heuristic). The names come from the model's
-  `params_axes` (`set_param_axes`, which `train_state.init_state` calls); until they are set,
-  every parameter is factored by the heuristic (optax's `adafactor`, rank > 2 unfactored).
-  `factor_by_axis_names=False` keeps the heuristic for good: the optimizer state of
-  checkpoints written before this factoring (decal_jax before 0.1.0's change; their
-  attention kernels have full second moments), which a resume must read back.
+  >= `min_dim_size_to_factor` (T5X's and optax's heuristic). As in T5X, each slice of a
+  batch axis (a fused `[embed, stack, heads, kv]` QKV kernel's q, k and v) is clipped and
+  scaled by its own RMS. The names come from the model's `params_axes` (`set_param_axes`,
+  which `train_state.init_state` calls, also through `partially_frozen` /
+  `scaled_updates`); until they are set, every parameter is factored by the heuristic
+  (optax's `adafactor`, rank > 2 unfactored). `factor_by_axis_names=False` keeps the
+  heuristic for good: the optimizer state of checkpoints written before this factoring
+  (decal_jax before 0.1.0's change; their attention kernels have full second moments),
+  which a resume must read back.
 
   Parameters stacked by `nn.scan` (T5Config.scan_layers) are updated one layer at a time
   (`per_layer`), so a scanned run takes the same steps as the unrolled one."""
   learning_rate = learning_rate or rsqrt_schedule()
   axes = _ParamAxes(factor_rules, enabled=factor_by_axis_names)
-  chain = [scale_by_factored_rms(axes, decay_rate, min_dim_size_to_factor)]
-  if clipping_threshold is not None:
-    chain.append(optax.clip_by_block_rms(clipping_threshold))
-  chain.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
-  if multiply_by_parameter_scale:
-    chain.append(optax.scale_by_param_block_rms())
-  chain.append(optax.scale(-1.0))
-  scheduled = with_schedule(per_layer(optax.chain(*chain)), learning_rate)
+  step = scale_by_adafactor(axes, learning_rate, decay_rate, clipping_threshold,
+                            multiply_by_parameter_scale, min_dim_size_to_factor)
+  scheduled = with_schedule(per_layer(step), learning_rate)
   scheduled.param_axes = axes
   return scheduled
 
@@ -107,6 +108,9 @@ def set_param_axes(optimizer, params_axes) -> None:
   holder = getattr(optimizer, "param_axes", None)
   if isinstance(holder, _ParamAxes):
     holder.set(params_axes)
+
+
+Dims = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (row axes, column axes)
 
 
 class _ParamAxes:
@@ -126,23 +130,29 @@ class _ParamAxes:
     if self.rules is None:
       self.rules = partitioning.adafactor_factor_rules()
 
-  def factored_dims(self, path, shape: Sequence[int], min_dim: int
-                    ) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
-    """(row axes, column axes) of the factored statistics, or None (unfactored)."""
+  def factoring(self, path, shape: Sequence[int], min_dim: int) -> Tuple[Optional[Dims],
+                                                                         Tuple[int, ...]]:
+    """((row axes, column axes) of the factored statistics, or None: unfactored; the batch
+    axes, whose slices keep their own clipping and parameter-scale RMS), as T5X's
+    `Adafactor._parse_rule`."""
     names = self.names.get(tuple(str(getattr(k, "key", k)) for k in path))
     if names is not None and len(names) == len(shape) + 1 and "layers" in names:
       names = tuple(n for n in names if n != "layers")  # a slice of a scanned stack
     kinds = [self.rules.get(n, "none") for n in names] if names else None
     if kinds is None or (len(shape) <= 2 and "batch" not in kinds):
-      return _two_largest(shape, min_dim)
+      # T5X factors a scanned [layers, a, b] stack by its names even below
+      # min_dim; a slice here takes the heuristic, the steps of the unrolled matrix.
+      return _two_largest(shape, min_dim), ()
     if len(kinds) != len(shape):
       raise ValueError(f"Parameter {path}: {len(names)} axis names {names} for shape {shape}.")
     rows = tuple(i for i, kind in enumerate(kinds) if kind == "row")
     cols = tuple(i for i, kind in enumerate(kinds) if kind == "column")
-    return (rows, cols) if rows and cols else None
+    batch = tuple(i for i, kind in enumerate(kinds) if kind == "batch")
+    return ((rows, cols) if rows and cols else None), batch
 
 
-def _two_largest(shape: Sequence[int], min_dim: int):
+
+def _two_largest(shape: Sequence[int], min_dim: int) -> Optional[Dims]:
   """The heuristic: factor the two largest axes (second largest, largest) if both >= min_dim."""
   if len(shape) < 2:
     return None
@@ -152,19 +162,54 @@ def _two_largest(shape: Sequence[int], min_dim: int):
   return (int(order[-2]),), (int(order[-1]),)
 
 
-def scale_by_factored_rms(axes: _ParamAxes, decay_rate: float = 0.8, min_dim: int = 128,
-                          epsilon: float = 1e-30) -> optax.GradientTransformation:
-  """Adafactor's scaling by the root of a (factored) second-moment estimate, each array
-  factored over the axes `axes.factored_dims` names (optax's `FactoredState` layout).
+def scale_by_adafactor(axes: _ParamAxes, learning_rate: Union[float, Callable],
+                       decay_rate: float = 0.8, clipping_threshold: Optional[float] = 1.0,
+                       multiply_by_parameter_scale: bool = True, min_dim: int = 128,
+                       epsilon: float = 1e-30) -> optax.GradientTransformation:
+  """Adafactor's update of every array in one function (`_adafactor_one`): the gradient
+  divided by the root of its (factored) second-moment estimate, clipped to RMS
+  `clipping_threshold`, times the learning rate and the parameter's RMS (at least 1e-3),
+  negated. Clipping and parameter RMS are taken per slice of the batch axes
+  (`_ParamAxes.factoring`).
 
-  With rows R and columns C of a factored array: v_row (the squared gradient + epsilon
-  averaged over C) and v_col (averaged over R) decay with rate 1 - (t + 1)^-decay_rate,
-  and the gradient is divided by sqrt(v_row / mean_R(v_row) * v_col). Unfactored arrays
-  keep v of their own shape and divide by sqrt(v)."""
+  Its state has the layout of the optax chain that computed these steps one by one before
+  (`_state_layout`: `FactoredState`, empty clipping state, the schedule's count, ...), so
+  checkpoints written by it resume."""
+  layout = _state_layout(axes, learning_rate, clipping_threshold, multiply_by_parameter_scale,
+                         min_dim)
+  rate_at = 1 + (clipping_threshold is not None)  # the schedule's state in the chain
 
+  def update(grads, state, params=None):
+    if params is None and multiply_by_parameter_scale:
+      raise ValueError(optax.NO_PARAMS_MSG)
+    factored = state[0]
+    rate = (learning_rate(state[rate_at].count) if callable(learning_rate)
+            else learning_rate)
+    decay = 1.0 - (factored.count.astype(jnp.float32) + 1.0) ** -decay_rate
+    params = grads if params is None else params  # unread without the parameter scale
+    outputs = jax.tree_util.tree_map_with_path(
+        lambda path, g, p, v_row, v_col, v: _adafactor_one(
+            g, p, v_row, v_col, v, decay, rate, *axes.factoring(path, g.shape, min_dim),
+            clipping_threshold, multiply_by_parameter_scale, epsilon),
+        grads, params, factored.v_row, factored.v_col, factored.v)
+    updates = jax.tree_util.tree_map(lambda o: o[0], outputs, is_leaf=_is_result)
+    new = list(state)
+    new[0] = _factored_state(optax.safe_int32_increment(factored.count), jax.tree_util.tree_map(
+        lambda o: o[1:], outputs, is_leaf=_is_result))
+    if callable(learning_rate):
+      new[rate_at] = optax.ScaleByScheduleState(
+          count=optax.safe_int32_increment(state[rate_at].count))
+    return updates, tuple(new)
+
+  return optax.GradientTransformation(layout.init, update)
+
+
+def _state_layout(axes, learning_rate, clipping_threshold, multiply_by_parameter_scale,
+                  min_dim) -> optax.GradientTransformation:
+  """The chain whose state `scale_by_adafactor` keeps (only its `init` is used)."""
   def init(params):
     def one(path, p):
-      dims = axes.factored_dims(path, p.shape, min_dim)
+      dims, _ = axes.factoring(path, p.shape, min_dim)
       small = jnp.zeros((1,), p.dtype)
       if dims is None:
         return small, small, jnp.zeros_like(p)
@@ -174,18 +219,14 @@ def scale_by_factored_rms(axes: _ParamAxes, decay_rate: float = 0.8, min_dim: in
     return _factored_state(jnp.zeros([], jnp.int32), jax.tree_util.tree_map_with_path(
         one, params))
 
-  def update(grads, state, params=None):
-    del params
-    decay = 1.0 - (state.count.astype(jnp.float32) + 1.0) ** -decay_rate
-    outputs = jax.tree_util.tree_map_with_path(
-        lambda path, g, v_row, v_col, v: _scale_one(
-            g, v_row, v_col, v, decay, axes.factored_dims(path, g.shape, min_dim), epsilon),
-        grads, state.v_row, state.v_col, state.v)
-    scaled = jax.tree_util.tree_map(lambda o: o[0], outputs, is_leaf=_is_result)
-    return scaled, _factored_state(optax.safe_int32_increment(state.count), jax.tree_util.tree_map(
-        lambda o: o[1:], outputs, is_leaf=_is_result))
-
-  return optax.GradientTransformation(init, update)
+  chain = [optax.GradientTransformation(init, None)]
+  if clipping_threshold is not None:
+    chain.append(optax.clip_by_block_rms(clipping_threshold))
+  chain.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
+  if multiply_by_parameter_scale:
+    chain.append(optax.scale_by_param_block_rms())
+  chain.append(optax.scale(-1.0))
+  return optax.chain(*chain)
 
 
 def _is_result(x) -> bool:
@@ -198,20 +239,32 @@ def _factored_state(count, triples):
   return optax.FactoredState(count=count, v_row=pick(0), v_col=pick(1), v=pick(2))
 
 
-def _scale_one(g, v_row, v_col, v, decay, dims, epsilon):
-  """(scaled gradient, new v_row, new v_col, new v) of one array."""
+def _adafactor_one(g, p, v_row, v_col, v, decay, rate, dims, batch, clipping_threshold,
+                   multiply_by_parameter_scale, epsilon):
+  """(update, new v_row, new v_col, new v) of one array. With rows R and columns C
+  (`dims`), v_row (the squared gradient + epsilon averaged over C) and v_col (over R) decay
+  with `decay`, and the gradient is divided by sqrt(v_row / mean_R(v_row) * v_col);
+  unfactored, v of the array's shape, and it is divided by sqrt(v). RMS over all axes but
+  `batch`."""
   g_sqr = jnp.square(g) + epsilon
   if dims is None:
-    new_v = decay * v + (1.0 - decay) * g_sqr  # same shape as g
-    return g * new_v ** -0.5, v_row, v_col, new_v
-  rows, cols = dims
-  new_row = decay * v_row + (1.0 - decay) * jnp.mean(g_sqr, axis=cols)  # g without C axes
-  new_col = decay * v_col + (1.0 - decay) * jnp.mean(g_sqr, axis=rows)  # g without R axes
-  rows_left = tuple(r - sum(c < r for c in cols) for r in rows)  # R's place in new_row
-  row_factor = (new_row / jnp.mean(new_row, axis=rows_left, keepdims=True)) ** -0.5
-  col_factor = new_col ** -0.5
-  scaled = g * jnp.expand_dims(row_factor, cols) * jnp.expand_dims(col_factor, rows)
-  return scaled, new_row, new_col, v
+    v = decay * v + (1.0 - decay) * g_sqr  # same shape as g
+    y = g * v ** -0.5
+  else:
+    rows, cols = dims
+    v_row = decay * v_row + (1.0 - decay) * jnp.mean(g_sqr, axis=cols)  # g without C axes
+    v_col = decay * v_col + (1.0 - decay) * jnp.mean(g_sqr, axis=rows)  # g without R axes
+    rows_left = tuple(r - sum(c < r for c in cols) for r in rows)  # R's place in v_row
+    row_factor = (v_row / jnp.mean(v_row, axis=rows_left, keepdims=True)) ** -0.5
+    y = g * jnp.expand_dims(row_factor, cols) * jnp.expand_dims(v_col ** -0.5, rows)
+  over = tuple(i for i in range(g.ndim) if i not in batch)  # one RMS per batch slice
+  rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x), axis=over, keepdims=True))  # noqa: E731
+  if clipping_threshold is not None:
+    y = y / jnp.maximum(1.0, rms(y) / clipping_threshold)
+  y = jnp.asarray(rate, y.dtype) * y
+  if multiply_by_parameter_scale:
+    y = y * jnp.maximum(rms(p), 1e-3)
+  return -y, v_row, v_col, v
 
 
 def per_layer(inner: optax.GradientTransformation,
@@ -284,8 +337,8 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
     return tree
 
   optimizer = optimizer or adamw()
-  return with_schedule(optax.multi_transform(
-      {"train": optimizer, "freeze": optax.set_to_zero()}, labels), schedule_of(optimizer))
+  return _wrapping(optimizer, optax.multi_transform(
+      {"train": optimizer, "freeze": optax.set_to_zero()}, labels))
 
 
 def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
@@ -309,4 +362,12 @@ def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
   transforms = {fragment: optax.chain(optimizer, optax.scale(factor))
                 for fragment, factor in scales.items()}
   transforms["__rest__"] = optimizer
-  return with_schedule(optax.multi_transform(transforms, labels), schedule_of(optimizer))
+  return _wrapping(optimizer, optax.multi_transform(transforms, labels))
+
+
+def _wrapping(optimizer, transform: optax.GradientTransformation) -> Scheduled:
+  """`transform` (built around `optimizer`) with `optimizer`'s schedule and axis names
+  holder, so that `schedule_of` and `set_param_axes` see through the wrapper."""
+  wrapped = with_schedule(transform, schedule_of(optimizer))
+  wrapped.param_axes = getattr(optimizer, "param_axes", None)
+  return wrapped

@@ -804,6 +804,41 @@ def test_resuming_a_checkpoint_of_the_earlier_adafactor_factoring_names_the_sett
   assert (model_dir / "checkpoint_2").is_dir()
 
 
+@pytest.mark.parametrize("other", ["heuristic factoring", "adamw"])
+def test_another_optimizer_state_is_refused_from_the_metadata_before_any_array_is_read(
+    tmp_path, other):
+  """The saved optimizer state's shapes (Orbax metadata) are compared with what this run's
+  optimizer makes before restoring: the message names the leaf and both shapes, and no
+  array of the state is read."""
+  from flax.linen.partitioning import AxisMetadata  # pylint: disable=g-import-not-at-top
+  from decal_jax import optimizers  # pylint: disable=g-import-not-at-top
+  params = {"attn": {"kernel": jnp.zeros((8, 2, 3))}}
+  axes = {"attn": {"kernel_axes": AxisMetadata(("embed", "heads", "kv"))}}
+  written = (optimizers.adamw() if other == "adamw"
+             else optimizers.adafactor(factor_by_axis_names=False))
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  ckpt.save(1, {"params": params, "opt_state": written.init(params),
+                "step": jnp.zeros((), jnp.int32)}, {"batches_consumed": 1}, force=True)
+  current = optimizers.adafactor()
+  optimizers.set_param_axes(current, axes)
+  state = {"params": params, "opt_state": current.init(params), "step": jnp.zeros((), jnp.int32)}
+  reads = []
+  restore = ckpt.manager.restore
+  ckpt.manager.restore = lambda step, args: reads.append(sorted(args.keys())) or restore(
+      step, args=args)
+  with pytest.raises(checkpoints.OptimizerStateMismatchError) as err:
+    ckpt.restore(1, checkpoints.abstract_like(state))
+  assert all("state" not in items for items in reads)
+  message = str(err.value)
+  if other == "adamw":  # AdamW's moments mu / nu in place of Adafactor's v_row / v_col
+    assert "only in the model:      0/v_row/attn/kernel [8]" in message
+    assert "only in the checkpoint: 1/0/mu/attn/kernel [8, 2, 3]" in message
+  else:  # the full second moment the heuristic kept, [embed] / [heads, kv] ones now
+    assert "shape differs:          0/v/attn/kernel checkpoint [8, 2, 3] vs model [1]" in message
+    assert "0/v_col/attn/kernel checkpoint [1] vs model [2, 3]" in message
+  ckpt.close()
+
+
 def test_resuming_with_another_vocabulary_is_refused_naming_both_and_the_fix(
     two_checkpoints, tmp_path):
   model_dir = _copy(two_checkpoints, tmp_path)

@@ -112,19 +112,23 @@ def test_each_optimizer_carries_its_schedule_for_the_trainer_to_log():
                                 plain.update(grads, plain.init(params), params)[0]["w"])
 
 
-def numpy_adafactor_step(param, grad, v_row, v_col, step, lr, rows, cols):
+def numpy_adafactor_step(param, grad, v_row, v_col, step, lr, rows, cols, batch=()):
   """One Adafactor step re-derived in float64 (Shazeer & Stern 2018; T5X's `Adafactor`
   with decay_rate 0.8, clipping 1.0, parameter scale, no momentum), the second moment
-  factored into row statistics (averaged over `cols`) and column statistics (over `rows`)."""
+  factored into row statistics (averaged over `cols`) and column statistics (over `rows`);
+  the clipping and parameter RMS taken per slice of the `batch` axes."""
+  over = tuple(i for i in range(param.ndim) if i not in batch)
+  rms = lambda x: np.sqrt(np.mean(x ** 2, axis=over, keepdims=True))  # noqa: E731
   decay = 1.0 - (step + 1.0) ** -0.8
   g2 = grad ** 2 + 1e-30
   v_row = decay * v_row + (1 - decay) * g2.mean(axis=cols)
   v_col = decay * v_col + (1 - decay) * g2.mean(axis=rows)
-  r = np.expand_dims(v_row / v_row.mean(), cols)  # back to param rank
-  c = np.expand_dims(v_col, rows)
+  rows_in_v_row = tuple(r - sum(c < r for c in cols) for r in rows)
+  r = np.expand_dims(v_row / v_row.mean(axis=rows_in_v_row, keepdims=True), cols)
+  c = np.expand_dims(v_col, rows)  # both back to param rank
   y = grad / np.sqrt(r * c)
-  y = y / max(1.0, np.sqrt(np.mean(y ** 2)))  # update clipping at RMS 1
-  scale = lr * max(np.sqrt(np.mean(param ** 2)), 1e-3)  # relative step
+  y = y / np.maximum(1.0, rms(y))  # update clipping at RMS 1
+  scale = lr * np.maximum(rms(param), 1e-3)  # relative step
   return param - scale * y, v_row, v_col
 
 
@@ -172,3 +176,79 @@ def test_adafactor_without_axis_names_is_optax_adafactor():
   b, _ = plain.update(grads, plain.init(params), params)
   for key in params:
     np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
+def _fused_qkv_case():
+  """A fused QKV kernel [embed, stack, heads, kv] whose q, k and v slices have parameter
+  and gradient scales 100x apart, and its numpy re-derivation's arguments."""
+  rng = np.random.RandomState(2)
+  scales = np.array([1.0, 0.01, 5.0])[None, :, None, None]
+  param = rng.randn(8, 3, 2, 4) * scales
+  grads = [rng.randn(8, 3, 2, 4) * scales[..., ::-1] * (1 + 20 * (step == 1))
+           for step in range(3)]
+  return param, grads
+
+
+def test_adafactor_clips_and_scales_each_stack_slice_of_a_fused_kernel_as_t5x():
+  """T5X's Adafactor takes the update-clipping and parameter-scale RMS of a fused
+  [embed, stack, heads, kv] kernel per 'stack' slice (q, k, v on their own): three steps
+  equal the float64 re-derivation with per-slice RMS, and differ from the whole-array one."""
+  from flax.linen.partitioning import AxisMetadata
+  param, grads = _fused_qkv_case()
+  opt = optimizers.adafactor(lambda step: 0.1)
+  optimizers.set_param_axes(opt, {"qkv": {"kernel_axes": AxisMetadata(
+      ("embed", "stack", "heads", "kv"))}})
+  p = {"qkv": {"kernel": jnp.asarray(param, jnp.float32)}}
+  state = opt.init(p)
+  assert state[0].v_row["qkv"]["kernel"].shape == (8, 3)  # [embed, stack]
+  assert state[0].v_col["qkv"]["kernel"].shape == (3, 2, 4)  # [stack, heads, kv]
+  want = whole = param
+  stats = stats_whole = (np.zeros((8, 3)), np.zeros((3, 2, 4)))
+  for step, g in enumerate(grads):
+    updates, state = opt.update({"qkv": {"kernel": jnp.asarray(g, jnp.float32)}}, state, p)
+    p = optax.apply_updates(p, updates)
+    want, *stats = numpy_adafactor_step(want, g, *stats, step, 0.1, (0,), (2, 3), batch=(1,))
+    whole, *stats_whole = numpy_adafactor_step(whole, g, *stats_whole, step, 0.1, (0,), (2, 3))
+  got = np.asarray(p["qkv"]["kernel"])
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+  assert np.abs(got - whole).max() > 100 * np.abs(got - want).max()  # the test tells them apart
+
+
+def _attention_case():
+  """Params {'attn': [embed 8, heads 2, kv 3] kernel, 'base': matrix}, their axis names and
+  two gradients."""
+  from flax.linen.partitioning import AxisMetadata
+  rng = np.random.RandomState(3)
+  params = {"attn": {"kernel": rng.randn(8, 2, 3)}, "base": {"w": rng.randn(4, 5)}}
+  axes = {"attn": {"kernel_axes": AxisMetadata(("embed", "heads", "kv"))},
+          "base": {"w_axes": AxisMetadata(("embed", "mlp"))}}
+  grads = [jax.tree_util.tree_map(lambda x: rng.randn(*x.shape), params) for _ in range(2)]
+  return params, axes, grads
+
+
+@pytest.mark.parametrize("wrap, factor", [
+    (lambda opt: optimizers.partially_frozen(opt, trainable=("attn",)), 1.0),
+    (lambda opt: optimizers.scaled_updates(opt, {"attn": 0.5}), 0.5),
+    (lambda opt: optimizers.with_schedule(opt, 0.1), 1.0)],
+    ids=["partially_frozen", "scaled_updates", "with_schedule"])
+def test_wrappers_pass_the_axis_names_on_to_adafactor(wrap, factor):
+  """`set_param_axes` on `partially_frozen` / `scaled_updates` / `with_schedule` of an
+  adafactor reaches it: the [embed, heads, kv] kernel keeps [embed] and [heads, kv]
+  statistics (by the shape heuristic it would keep a full one) and steps as the float64
+  re-derivation of that factoring (times the wrapper's factor)."""
+  params, axes, grads = _attention_case()
+  opt = wrap(optimizers.adafactor(lambda step: 0.1))
+  optimizers.set_param_axes(opt, axes)
+  p = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+  state = opt.init(p)
+  shapes = sorted(x.shape for x in jax.tree_util.tree_leaves(state) if x.ndim)
+  assert (8,) in shapes and (2, 3) in shapes and (8, 2, 3) not in shapes
+  want, v_row, v_col = params["attn"]["kernel"], np.zeros(8), np.zeros((2, 3))
+  for step, g in enumerate(grads):
+    g32 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), g)
+    updates, state = opt.update(g32, state, p)
+    new, v_row, v_col = numpy_adafactor_step(want, g["attn"]["kernel"], v_row, v_col, step,
+                                             0.1, (0,), (1, 2))
+    np.testing.assert_allclose(np.asarray(updates["attn"]["kernel"]), factor * (new - want),
+                               rtol=2e-5, atol=1e-6)
+    p, want = optax.apply_updates(p, updates), want + factor * (new - want)
