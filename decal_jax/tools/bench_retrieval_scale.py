@@ -43,6 +43,7 @@ import numpy as np
 
 from decal_jax import benchmarking
 from decal_jax.retrieval import beir, bm25, index, ir_metrics, msmarco, residual
+from decal_jax.retrieval import codec as codec_lib
 
 DATA = os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))  # from a checkout
 
@@ -203,7 +204,7 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
     exact_ndcg, exact_recall = rows[-1]["ndcg@10"], rows[-1]["recall@100"]
     _log(rows[-1])
     centroids = codes = None
-    k = max(int(args.num_centroids * residual.default_num_centroids(exact.num_vectors)), 1)
+    k = max(int(args.num_centroids * codec_lib.default_num_centroids(exact.num_vectors)), 1)
     for bits in args.bits:
       approx, build_s = _timed(residual.build_residual_index,
                                os.path.join(tmp, f"c{ratio}-b{bits}"), exact, bits, k,
@@ -348,7 +349,7 @@ def parse_args(argv=None):
   try:
     args.bits = [None if b == "none" else int(b) for b in args.bits]
     for b in args.bits:
-      residual.check_bits(b, args.dim)
+      codec_lib.check_bits(b, args.dim)
   except ValueError as e:
     parser.error(f"--bits: {e}")
   if min(args.ratios) < 1:

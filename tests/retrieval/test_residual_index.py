@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from decal_jax.retrieval import index as index_lib
+from decal_jax.retrieval import codec as codec_lib
 from decal_jax.retrieval import pipeline, residual
 
 DIM = 16
@@ -74,7 +75,7 @@ def _numpy_codec(x, centroids, bits):
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_codec_round_trip_equals_numpy_rederivation(bits, scale):
   x = scale * _clustered(np.random.default_rng(bits), 600)
-  codec, backend = residual.Codec.train(x, bits, num_centroids=12, seed=0, backend="numpy")
+  codec, backend = codec_lib.Codec.train(x, bits, num_centroids=12, seed=0, backend="numpy")
   assert backend == "numpy" and codec.centroids.shape == (12, DIM)
   assert codec.normalize == (scale == 1.0)  # unit vectors decode to unit vectors
   codes, packed = codec.encode(x)
@@ -94,8 +95,8 @@ def test_codec_round_trip_equals_numpy_rederivation(bits, scale):
 def test_error_shrinks_with_bits_and_none_is_lossless():
   x = _clustered(np.random.default_rng(5), 2000)
   errors = {}
-  for bits in residual.BITS:
-    codec, _ = residual.Codec.train(x, bits, num_centroids=16, seed=1, backend="numpy")
+  for bits in codec_lib.BITS:
+    codec, _ = codec_lib.Codec.train(x, bits, num_centroids=16, seed=1, backend="numpy")
     errors[bits] = float(np.mean((codec.decode(*codec.encode(x)) - x) ** 2))
   assert errors[None] == 0.0
   assert errors[1] > errors[2] > errors[4] > errors[8]
@@ -105,9 +106,9 @@ def test_error_shrinks_with_bits_and_none_is_lossless():
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_pack_unpack_round_trip(bits):
   buckets = np.random.default_rng(0).integers(0, 2 ** bits, (7, 24)).astype(np.uint8)
-  packed = residual.pack_buckets(buckets, bits)
+  packed = codec_lib.pack_buckets(buckets, bits)
   assert packed.shape == (7, 24 * bits // 8)
-  np.testing.assert_array_equal(residual.unpack_buckets(packed, bits), buckets)
+  np.testing.assert_array_equal(codec_lib.unpack_buckets(packed, bits), buckets)
   # the first value of a byte sits in its lowest bits
   assert packed[0, 0] & (2 ** bits - 1) == buckets[0, 0]
 
@@ -119,17 +120,17 @@ def test_kmeans_backends_find_separated_clusters():
   for backend in ("numpy", "faiss"):
     if backend == "faiss":
       pytest.importorskip("faiss")
-    found, used = residual.kmeans(x.astype(np.float32), 6, iterations=20, seed=0,
-                                  backend=backend)
+    found, used = codec_lib.kmeans(x.astype(np.float32), 6, iterations=20, seed=0,
+                                   backend=backend)
     assert used == backend
     # each true center has a found centroid within the noise, and vice versa
     distances = np.linalg.norm(found[:, None] - centers[None], axis=-1)  # [6, 6]
     assert distances.min(axis=0).max() < 0.1 and distances.min(axis=1).max() < 0.1
   with pytest.raises(ValueError, match="multiple of 4"):
-    residual.Codec.train(x[:, :6], 2, 2)
+    codec_lib.Codec.train(x[:, :6], 2, 2)
 
 
-@pytest.mark.parametrize("bits", residual.BITS)
+@pytest.mark.parametrize("bits", codec_lib.BITS)
 def test_index_files_and_bytes_per_vector(tmp_path, bits):
   docs = _corpus()
   exact = _exact(tmp_path / "exact", docs, dtype="float16")
