@@ -174,10 +174,12 @@ class Codec:
     if self.bits is None:
       return np.asarray(payload, np.float32)
     packed = np.asarray(payload)  # [n, d * b / 8]
-    residuals = self.byte_table[np.arange(packed.shape[1])[None, :], packed]  # [n, d*b/8, 8/b]
+    positions = 256 * np.arange(packed.shape[1], dtype=np.int32)  # [d * b / 8]
+    residuals = np.take(self.byte_table.reshape(-1, 8 // self.bits), packed + positions,
+                        axis=0)  # [n, d * b / 8, 8 / b]: one lookup per byte
     out = self.centroids[np.asarray(codes, np.int64)] + residuals.reshape(len(packed), self.dim)
     if self.normalize:
-      out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+      out /= np.maximum(np.sqrt(np.einsum("nd,nd->n", out, out)), 1e-12)[:, None]
     return out
 
   @functools.cached_property

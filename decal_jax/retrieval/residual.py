@@ -14,26 +14,28 @@ Layout of a residual index directory (built whole in `<directory>.tmp-<random>`,
     meta.json      the exact index's encoder config, fingerprint and corpus fingerprint (so
                    the same config and corpus checks apply), the codec settings, sizes
 
-Approximate search (PLAID's stages, `ResidualIndex.search`), per query:
+Approximate search (PLAID's stages, `ResidualIndex.search`), for a batch of queries at once:
   1. probe: each valid query vector probes the `nprobe` cells (centroids) L2-nearest to its
      direction, i.e. the cells a document vector equal to the unit query vector would be
-     stored in (largest q.c / |q| - |c|^2 / 2);
-  2. candidates: the documents in those cells' inverted lists (built at index time);
-  3. centroid interaction: each candidate scores the sum over query vectors of its best
-     vector, where a vector counts its centroid's score q.c, or its exact score against the
-     decompressed vector when it lies in a cell that query vector probed; the best
-     `candidates` (default `default_candidates`) are kept;
+     stored in (largest q.c / |q| - |c|^2 / 2); the centroid scores q.c of the batch are
+     one matmul;
+  2. candidates and pruned interaction, from the inverted lists alone (built at index time):
+     the candidates are the documents in the probed cells; per query vector a candidate
+     scores the q.c of its best probed cell that holds one of its vectors (floored at 0; 0
+     if none), and sums these over the query vectors (one scatter-max over all probed lists of the batch);
+     the best 4 x `candidates` are kept;
+  3. centroid interaction: MaxSim with each of those documents' vectors standing for its
+     centroid (q.c, looked up, nothing decompressed); the best `candidates` (default
+     `default_candidates`) are kept;
   4. rerank: exact MaxSim over their decompressed vectors, top k.
-With nprobe = every centroid, candidates >= the corpus and b = None it ranks as the exact
-index does (documents with no vector are in no inverted list, so they are never returned).
-Each step is vectorised numpy over the query's candidates; the centroid scores of a batch
-of queries are one matmul.
-
+Ties go to the lower document index at every cut. With nprobe = every centroid,
+candidates >= the corpus and b = None it ranks as the exact index does (documents with no
+vector are in no inverted list, so they are never returned).
 """
 import datetime
 import functools
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tqdm
@@ -49,12 +51,10 @@ _FILES = ("centroids.npy", "codes.npy", "residuals.npy", "offsets.npy", "doc_ids
 
 
 # ------------------------------------------------------------------------------- defaults
-def default_candidates(top_k: int, num_docs: int) -> int:
-  """Documents reranked exactly per query when the caller gives none: 4 x top_k (PLAID's
-  ratio for k = 100) at least, up to 4,096 as the corpus grows; on SciFact with the
-  benchmark's stand-in encoder, C >= 2 needed nearly every probed document reranked to stay
-  within 0.005 NDCG@10 of exact (docs/results/retrieval_scale_cpu.md)."""
-  return max(4 * top_k, min(num_docs, 4096))
+def default_candidates(top_k: int) -> int:
+  """Documents decompressed and reranked exactly per query when the caller gives none:
+  4 x top_k (PLAID's ratio for k = 100; the centroid interaction ranks 4 x as many)."""
+  return 4 * top_k
 
 
 # ------------------------------------------------------------------------------- build
@@ -235,84 +235,123 @@ class ResidualIndex(exact.StoredIndex):
   # ----------------------------------------------------------------------------- search
   def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
              nprobe: int = DEFAULT_NPROBE, candidates: Optional[int] = None,
-             query_batch_size: int = 32) -> Tuple[np.ndarray, np.ndarray]:
+             query_batch_size: int = 64) -> Tuple[np.ndarray, np.ndarray]:
     """Approximate MaxSim top-k (module doc): (scores float32 `[q, k]`, doc indices int32
     `[q, k]`), best first, ties by doc index, k = min(top_k, num_docs); a query with fewer
     than k candidates is padded with index -1 and score -inf. candidates: the documents
-    reranked exactly per query (None: `default_candidates(top_k, num_docs)`)."""
+    decompressed and reranked exactly per query (None: `default_candidates(top_k)`); the
+    centroid interaction ranks 4 x as many. query_batch_size: queries searched together
+    (fewer when their pruned-interaction table, queries x query vectors x documents, would
+    pass 2^25 entries)."""
     query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, self.dim)
-    candidates = default_candidates(top_k, self.num_docs) if candidates is None else candidates
+    candidates = default_candidates(top_k) if candidates is None else candidates
     if min(top_k, nprobe, candidates, query_batch_size) < 1:
       raise ValueError(f"top_k, nprobe, candidates and query_batch_size must be >= 1, got "
                        f"{top_k}, {nprobe}, {candidates}, {query_batch_size}.")
     k = min(top_k, self.num_docs)
     scores = np.full((len(query_vectors), k), -np.inf, np.float32)
     ids = np.full((len(query_vectors), k), -1, np.int32)
-    for start in range(0, len(query_vectors), query_batch_size):
-      batch = np.asarray(query_vectors[start:start + query_batch_size], np.float32)
-      centroid_scores = batch @ self.codec.centroids.T  # [b, mq, num_centroids], one matmul
-      for i, (q, valid) in enumerate(zip(batch, query_valid[start:start + query_batch_size])):
-        found_scores, found = self._search_one(q[valid], centroid_scores[i, valid], k,
-                                               min(nprobe, self.num_centroids), candidates)
-        scores[start + i, :len(found)], ids[start + i, :len(found)] = found_scores, found
+    per_query = max(query_vectors.shape[1] * self.num_docs, 1)
+    step = max(1, min(query_batch_size, (1 << 25) // per_query))
+    for start in range(0, len(query_vectors), step):
+      batch = np.asarray(query_vectors[start:start + step], np.float32)  # [b, mq, d]
+      valid = query_valid[start:start + step]  # [b, mq]
+      found = self._search_batch(batch, valid, k, min(nprobe, self.num_centroids), candidates)
+      for i, (found_scores, found_ids) in enumerate(found):
+        scores[start + i, :len(found_ids)], ids[start + i, :len(found_ids)] = (found_scores,
+                                                                               found_ids)
     return scores, ids
+
+  def _search_batch(self, q: np.ndarray, valid: np.ndarray, k: int, nprobe: int,
+                    candidates: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The four stages for a batch of queries `[b, mq, d]`, valid `[b, mq]` -> per query
+    (scores, doc indices) of at most k docs, best first."""
+    flat = q.reshape(-1, q.shape[2]) @ self.codec.centroids.T  # [b * mq, K], one matmul
+    centroid_scores = np.where(valid[..., None], flat.reshape(*q.shape[:2], -1), 0)  # [b, mq, K]
+    probed = self.probe(q, centroid_scores, nprobe)  # [b, mq, nprobe]
+    rough, present = self.pruned_interaction(centroid_scores, probed, valid)  # [b, docs]
+    groups = [docs[_best(docs, score[docs], 4 * candidates)] for docs, score in
+              ((np.flatnonzero(row), score) for score, row in zip(rough, present))]
+    full = self.centroid_interaction(centroid_scores, groups)  # per query: [docs kept]
+    groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
+    out = []
+    for query, query_valid, docs in zip(q, valid, groups):
+      s = self.rerank(query[query_valid], docs)  # [docs]
+      best = _best(docs, s, k, ordered=True)
+      out.append((s[best].astype(np.float32), docs[best].astype(np.int32)))
+    return out
 
   def probe(self, q: np.ndarray, centroid_scores: np.ndarray, nprobe: int) -> np.ndarray:
     """The cells each query vector probes: the nprobe centroids L2-nearest to its direction
     (the cells a document vector equal to the unit query vector would be stored in; the
-    largest q.c / |q| - |c|^2 / 2). `[mq, d]`, `[mq, num_centroids]` -> `[mq, nprobe]`."""
-    norms = np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)  # [mq, 1]
-    closeness = centroid_scores / norms - 0.5 * self.centroid_norms2[None, :]  # [mq, k]
-    return np.argpartition(-closeness, nprobe - 1, axis=1)[:, :nprobe]
+    largest q.c / |q| - |c|^2 / 2). `[..., mq, d]`, `[..., mq, K]` -> `[..., mq, nprobe]`."""
+    norms = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)  # [..., mq, 1]
+    closeness = centroid_scores / norms - 0.5 * self.centroid_norms2  # [..., mq, K]
+    return np.argpartition(-closeness, nprobe - 1, axis=-1)[..., :nprobe]
 
   @functools.cached_property
   def centroid_norms2(self) -> np.ndarray:
     """|c|^2 of each centroid `[num_centroids]`."""
     return np.sum(self.codec.centroids ** 2, axis=1)
 
-  def candidate_docs(self, cells: np.ndarray) -> np.ndarray:
-    """The sorted distinct docs in the inverted lists of the given cells."""
-    cells = np.unique(cells)
-    return np.unique(self.ivf[_ranges(self.ivf_offsets[cells], self.ivf_offsets[cells + 1])])
+  def pruned_interaction(self, centroid_scores: np.ndarray, probed: np.ndarray,
+                         valid: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Candidates and their first, pruned score, from the inverted lists alone: per query
+    vector, a document scores the q.c of its best probed cell holding one of its vectors,
+    floored at 0 (0 when none does), and sums these over the query vectors. `[b, mq, K]`,
+    `[b, mq, nprobe]`, `[b, mq]` -> (scores float32 `[b, docs]`, candidate bool `[b, docs]`:
+    a document in some probed cell of the query)."""
+    b, mq, _ = probed.shape
+    cell_scores = np.take_along_axis(centroid_scores, probed, axis=2)[valid]  # [pv, nprobe]
+    vector = np.repeat(np.flatnonzero(valid.ravel()), probed.shape[2])  # [pv * nprobe]
+    cells = probed[valid].ravel()  # [pv * nprobe]
+    starts, stops = self.ivf_offsets[cells], self.ivf_offsets[cells + 1]
+    docs = self.ivf[_ranges(starts, stops)]  # [hits]
+    vector = np.repeat(vector, stops - starts)  # [hits]
+    best = np.zeros((b * mq, self.num_docs), np.float32)  # [b * mq, docs]
+    np.maximum.at(best, (vector, docs), np.repeat(cell_scores.ravel(), stops - starts))
+    present = np.zeros((b, self.num_docs), bool)
+    present[vector // mq, docs] = True
+    return best.reshape(b, mq, -1).sum(axis=1), present
 
-  def centroid_interaction(self, q: np.ndarray, centroid_scores: np.ndarray,
-                           probed: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """Approximate MaxSim (PLAID's centroid interaction, refined): each doc vector stands for
-    its centroid (score q.c), except that a vector in a cell the query vector probed gets its
-    exact score against the decompressed vector; a doc scores the sum over query vectors of
-    its best. q `[mq, d]`, centroid_scores `[mq, k]`, probed `[mq, nprobe]`, sorted docs
-    `[c]` -> `[c]`."""
+  def centroid_interaction(self, centroid_scores: np.ndarray, groups: Sequence[np.ndarray]
+                           ) -> List[np.ndarray]:
+    """PLAID's centroid interaction: MaxSim with every vector of a document standing for its
+    centroid (score q.c; no decompression). `[b, mq, K]`, per query its sorted docs ->
+    per query `[docs]`."""
+    docs = np.concatenate(groups)  # [g]
+    query = np.repeat(np.arange(len(groups)), [len(g) for g in groups])  # [g]
+    counts = self.offsets[docs + 1] - self.offsets[docs]  # [g], each >= 1
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
     codes = np.asarray(self.codes[rows], np.int64)  # [r]
-    sims = centroid_scores[:, codes]  # [mq, r]
-    in_probe = np.zeros(centroid_scores.shape, bool)  # [mq, k]
-    np.put_along_axis(in_probe, probed, True, axis=1)
-    mask = in_probe[:, codes]  # [mq, r]
-    hit = np.flatnonzero(mask.any(axis=0))  # rows in some probed cell
-    exact_sims = q @ self.vectors(rows[hit]).T  # [mq, hits]
-    sims[:, hit] = np.where(mask[:, hit], exact_sims, sims[:, hit])
-    return self._maxsim(sims, docs)
+    sims = centroid_scores[np.repeat(query, counts), :, codes]  # [r, mq]
+    scores = _segment_max(sims, counts).sum(axis=1)  # [g]
+    return np.split(scores, np.cumsum([len(g) for g in groups])[:-1])
 
-  def _maxsim(self, sims: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """sims `[mq, vectors of docs, end to end]` -> MaxSim per doc `[len(docs)]`."""
-    counts = self.offsets[docs + 1] - self.offsets[docs]  # [docs], each >= 1
-    starts = np.cumsum(counts) - counts
-    return np.maximum.reduceat(sims, starts, axis=1).sum(axis=0)  # [docs]
+  def rerank(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Exact MaxSim of one query's valid vectors `[mq, d]` over the decompressed vectors of
+    sorted docs `[c]` -> `[c]`."""
+    if len(docs) == 0:
+      return np.zeros(0, np.float32)
+    counts = self.offsets[docs + 1] - self.offsets[docs]  # [c]
+    rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
+    sims = np.einsum("rd,md->rm", self.vectors(rows), q)  # [r, mq]
+    return _segment_max(sims, counts).sum(axis=1)  # [c]
 
-  def _search_one(self, q: np.ndarray, centroid_scores: np.ndarray, k: int, nprobe: int,
-                  candidates: int) -> Tuple[np.ndarray, np.ndarray]:
-    """One query's valid vectors `[mq, d]` and their centroid scores `[mq, num_centroids]`
-    -> (scores, doc indices) of at most k docs."""
-    if len(q) == 0:
-      return np.zeros(0, np.float32), np.zeros(0, np.int32)
-    probed = self.probe(q, centroid_scores, nprobe)  # [mq, nprobe]
-    docs = self.candidate_docs(probed)  # [c]
-    if len(docs) == 0:  # only centroids without vectors were probed
-      return np.zeros(0, np.float32), np.zeros(0, np.int32)
-    if len(docs) > candidates:
-      rough = self.centroid_interaction(q, centroid_scores, probed, docs)  # [c]
-      docs = np.sort(docs[np.lexsort((docs, -rough))[:candidates]])
-    rows = _ranges(self.offsets[docs], self.offsets[docs + 1])
-    scores = self._maxsim(q @ self.vectors(rows).T, docs)  # [c]
-    best = np.lexsort((docs, -scores))[:k]
-    return scores[best].astype(np.float32), docs[best].astype(np.int32)
+
+def _segment_max(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  """The max over consecutive row segments of the given (>= 1) lengths: `[r, m]` -> `[s, m]`."""
+  if len(counts) == 0:
+    return np.zeros((0, values.shape[1]), values.dtype)
+  return np.maximum.reduceat(values, np.cumsum(counts) - counts, axis=0)
+
+
+def _best(docs: np.ndarray, scores: np.ndarray, n: int, ordered: bool = False) -> np.ndarray:
+  """Positions of the n best (score, then lower doc index) of docs `[c]` with scores `[c]`:
+  in doc order, or best first when `ordered`."""
+  if len(docs) > n:  # the n-th best score; every doc at or above it competes
+    kept = np.flatnonzero(scores >= np.partition(scores, len(docs) - n)[len(docs) - n])
+  else:
+    kept = np.arange(len(docs))
+  kept = kept[np.lexsort((docs[kept], -scores[kept]))[:n]]
+  return kept if ordered else np.sort(kept)

@@ -217,7 +217,7 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
         rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
                          search="approximate", bits="none" if bits is None else bits,
                          nprobe=nprobe, candidates=candidates or residual.default_candidates(
-                             args.top_k, exact.num_docs),
+                             args.top_k),
                          num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
                          meta["centroid_bytes"] / exact.num_docs,
                          kmeans=approx.meta["kmeans_backend"]))

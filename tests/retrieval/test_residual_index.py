@@ -182,8 +182,11 @@ def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
   np.testing.assert_array_equal(ids, want_ids)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
   # the default candidate count covers a corpus this small (4 x top_k >= 120 docs)
-  assert residual.default_candidates(30, len(docs)) >= len(docs)
+  assert residual.default_candidates(30) >= len(docs)
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10)[1], want_ids)
+  # one query at a time ranks as the batch does
+  np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
+                                              query_batch_size=1)[1], want_ids)
   # with fewer probes the result is a subset of the candidates, still exactly scored
   few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8)
   reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
@@ -226,30 +229,31 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
 
 
 def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
-  """Re-derivation of one query's approximate search from the decoded documents: probe the
-  nprobe centroids nearest (L2) to each unit query vector; candidates = docs with a vector
-  assigned (L2) to a probed centroid; keep the `candidates` best by the sum over query
-  vectors of the best score among the doc's vectors, a vector scoring its decoded value's
-  dot product when it lies in a cell that query vector probed, else its centroid's; rerank
-  those by exact MaxSim over their decoded vectors."""
+  """Re-derivation of one query's approximate search, document by document: probe the nprobe
+  centroids nearest (L2) to each unit query vector; candidates = docs with a vector
+  assigned (L2) to a probed centroid; pruned score = the sum over query vectors of the best
+  q.c among the probed cells holding one of the doc's vectors, floored at 0; keep the
+  4 x candidates best; centroid interaction = the sum over query vectors of the best q.c
+  among the doc's vectors' centroids; keep the candidates best; rerank those by exact MaxSim
+  over their decoded vectors."""
   centroids = approx.codec.centroids
   dots = q @ centroids.T  # [mq, k]
   unit = q / np.linalg.norm(q, axis=1, keepdims=True)
   distances = np.linalg.norm(unit[:, None] - centroids[None], axis=-1)  # [mq, k]
   probed = [set(np.argsort(row, kind="stable")[:nprobe]) for row in distances]
-  found = {}
+  pruned, full = {}, {}
   for d, vectors in enumerate(docs):
     if len(vectors) == 0:
       continue
     cells = np.argmin(np.linalg.norm(vectors[:, None] - centroids[None], axis=-1), axis=1)
     if any(c in p for c in cells for p in probed):
-      decoded = approx.doc_vectors(d)  # [count, dim]
-      found[d] = sum(max(float(qv @ v) if c in p else row[c]
-                         for c, v in zip(cells, decoded))
-                     for qv, row, p in zip(q, dots, probed))
-  kept = sorted(found, key=lambda d: (-found[d], d))[:candidates]
+      pruned[d] = sum(max([0.0] + [row[c] for c in cells if c in p])
+                      for row, p in zip(dots, probed))
+      full[d] = sum(max(row[c] for c in cells) for row in dots)
+  kept = sorted(pruned, key=lambda d: (-pruned[d], d))[:4 * candidates]
+  kept = sorted(kept, key=lambda d: (-full[d], d))[:candidates]
   exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
-  return sorted(exact, key=lambda d: (-exact[d], d))[:k], found
+  return sorted(exact, key=lambda d: (-exact[d], d))[:k], pruned, full
 
 
 @pytest.mark.parametrize("bits", [2, None])
@@ -259,18 +263,24 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
                                          kmeans_backend="numpy")
   queries, valid = _queries(seed=11)
-  scores, ids = approx.search(queries, valid, top_k=10, nprobe=2, candidates=20)
+  scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=6)
   for i in range(len(queries)):
     q = queries[i][valid[i]]
-    want, found = _numpy_approximate(approx, docs, q, nprobe=2, candidates=20, k=10)
-    assert len(found) > 20  # the cap applies
-    assert ids[i][ids[i] >= 0].tolist() == want
-    # the centroid-interaction score of every probed doc, against the re-derivation
-    probed = approx.probe(q, q @ approx.codec.centroids.T, 2)
-    cand = approx.candidate_docs(probed)
-    assert cand.tolist() == sorted(found)
-    rough = approx.centroid_interaction(q, q @ approx.codec.centroids.T, probed, cand)
-    np.testing.assert_allclose(rough, [found[d] for d in cand], rtol=1e-5, atol=1e-6)
+    want, pruned, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=6, k=4)
+    assert len(pruned) > 4 * 6  # both caps apply
+    assert ids[i].tolist() == want
+    # the stages' scores of every candidate, against the re-derivation
+    centroid_scores = (q @ approx.codec.centroids.T)[None]  # [1, mq, k]
+    probed = approx.probe(q[None], centroid_scores, 2)
+    rough, present = approx.pruned_interaction(centroid_scores, probed, np.ones((1, len(q)),
+                                                                                bool))
+    cand = np.flatnonzero(present[0])
+    assert cand.tolist() == sorted(pruned)
+    np.testing.assert_allclose(rough[0, cand], [pruned[d] for d in cand], rtol=1e-5,
+                               atol=1e-6)
+    interaction = approx.centroid_interaction(centroid_scores, [cand])[0]
+    np.testing.assert_allclose(interaction, [full[d] for d in cand], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
 
 
 def test_codes_reuse_gives_the_same_index(tmp_path):
