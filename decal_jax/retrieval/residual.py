@@ -24,9 +24,10 @@ Approximate search (PLAID's stages, `ResidualIndex.search`), for a batch of quer
      scores the q.c of its best probed cell that holds one of its vectors (floored at 0; 0
      if none), and sums these over the query vectors (one scatter-max over all probed lists of the batch);
      the best 4 x `candidates` are kept;
-  3. centroid interaction: MaxSim with each of those documents' vectors standing for its
-     centroid (q.c, looked up, nothing decompressed); the best `candidates` (default
-     `default_candidates`) are kept;
+  3. centroid interaction, refined: MaxSim with each of those documents' vectors standing
+     for its centroid (q.c), except that a vector in a cell the query vector probed scores
+     exactly against its decompressed value (only those vectors are decompressed); the best
+     `candidates` (default `default_candidates`) are kept;
   4. rerank: exact MaxSim over their decompressed vectors, top k.
 Ties go to the lower document index at every cut. With nprobe = every centroid,
 candidates >= the corpus and b = None it ranks as the exact index does (documents with no
@@ -272,7 +273,7 @@ class ResidualIndex(exact.StoredIndex):
     rough, present = self.pruned_interaction(centroid_scores, probed, valid)  # [b, docs]
     groups = [docs[_best(docs, score[docs], 4 * candidates)] for docs, score in
               ((np.flatnonzero(row), score) for score, row in zip(rough, present))]
-    full = self.centroid_interaction(centroid_scores, groups)  # per query: [docs kept]
+    full = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
     groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
     out = []
     for query, query_valid, docs in zip(q, valid, groups):
@@ -314,19 +315,34 @@ class ResidualIndex(exact.StoredIndex):
     present[vector // mq, docs] = True
     return best.reshape(b, mq, -1).sum(axis=1), present
 
-  def centroid_interaction(self, centroid_scores: np.ndarray, groups: Sequence[np.ndarray]
-                           ) -> List[np.ndarray]:
-    """PLAID's centroid interaction: MaxSim with every vector of a document standing for its
-    centroid (score q.c; no decompression). `[b, mq, K]`, per query its sorted docs ->
-    per query `[docs]`."""
+  def centroid_interaction(self, q: np.ndarray, centroid_scores: np.ndarray,
+                           probed: np.ndarray, groups: Sequence[np.ndarray]) -> List[np.ndarray]:
+    """Centroid interaction (PLAID's), refined: MaxSim with every vector of a document
+    standing for its centroid (score q.c), except that a vector in a cell the query vector
+    probed scores exactly against its decompressed value (only those are decompressed).
+    q `[b, mq, d]`, centroid_scores `[b, mq, K]` (0 for invalid query vectors), probed
+    `[b, mq, nprobe]` (of valid vectors only, or ignored there), per query its sorted docs
+    -> per query `[docs]`."""
+    b, mq, k = centroid_scores.shape
+    sizes = [len(g) for g in groups]
     docs = np.concatenate(groups)  # [g]
-    query = np.repeat(np.arange(len(groups)), [len(g) for g in groups])  # [g]
     counts = self.offsets[docs + 1] - self.offsets[docs]  # [g], each >= 1
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
+    row_query = np.repeat(np.repeat(np.arange(b), sizes), counts)  # [r], ascending
     codes = np.asarray(self.codes[rows], np.int64)  # [r]
-    sims = centroid_scores[np.repeat(query, counts), :, codes]  # [r, mq]
+    sims = centroid_scores[row_query, :, codes]  # [r, mq]
+    in_probe = np.zeros((b, mq, k), bool)
+    np.put_along_axis(in_probe, probed, True, axis=2)
+    in_probe &= np.any(centroid_scores != 0, axis=2, keepdims=True)  # not invalid vectors
+    mask = in_probe[row_query, :, codes]  # [r, mq]
+    hit = np.flatnonzero(mask.any(axis=1))  # rows in a cell some query vector probed
+    vectors = self.vectors(rows[hit])  # [h, d], grouped by query
+    bounds = np.searchsorted(row_query[hit], np.arange(b + 1))  # [b + 1]
+    exact_sims = np.concatenate([np.einsum("hd,md->hm", vectors[start:stop], q[j]) for j, (
+        start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))])  # [h, mq]
+    sims[hit] = np.where(mask[hit], exact_sims, sims[hit])
     scores = _segment_max(sims, counts).sum(axis=1)  # [g]
-    return np.split(scores, np.cumsum([len(g) for g in groups])[:-1])
+    return np.split(scores, np.cumsum(sizes)[:-1])
 
   def rerank(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
     """Exact MaxSim of one query's valid vectors `[mq, d]` over the decompressed vectors of

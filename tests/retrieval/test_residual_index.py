@@ -233,8 +233,9 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
   centroids nearest (L2) to each unit query vector; candidates = docs with a vector
   assigned (L2) to a probed centroid; pruned score = the sum over query vectors of the best
   q.c among the probed cells holding one of the doc's vectors, floored at 0; keep the
-  4 x candidates best; centroid interaction = the sum over query vectors of the best q.c
-  among the doc's vectors' centroids; keep the candidates best; rerank those by exact MaxSim
+  4 x candidates best; refined centroid interaction = the sum over query vectors of the best
+  score among the doc's vectors, a vector scoring its decoded value's dot product when it
+  lies in a cell that query vector probed, else its centroid's q.c; keep the candidates best; rerank those by exact MaxSim
   over their decoded vectors."""
   centroids = approx.codec.centroids
   dots = q @ centroids.T  # [mq, k]
@@ -249,7 +250,9 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
     if any(c in p for c in cells for p in probed):
       pruned[d] = sum(max([0.0] + [row[c] for c in cells if c in p])
                       for row, p in zip(dots, probed))
-      full[d] = sum(max(row[c] for c in cells) for row in dots)
+      decoded = approx.doc_vectors(d)  # [count, dim]
+      full[d] = sum(max(float(qv @ v) if c in p else row[c] for c, v in zip(cells, decoded))
+                    for qv, row, p in zip(q, dots, probed))
   kept = sorted(pruned, key=lambda d: (-pruned[d], d))[:4 * candidates]
   kept = sorted(kept, key=lambda d: (-full[d], d))[:candidates]
   exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
@@ -278,7 +281,7 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
     assert cand.tolist() == sorted(pruned)
     np.testing.assert_allclose(rough[0, cand], [pruned[d] for d in cand], rtol=1e-5,
                                atol=1e-6)
-    interaction = approx.centroid_interaction(centroid_scores, [cand])[0]
+    interaction = approx.centroid_interaction(q[None], centroid_scores, probed, [cand])[0]
     np.testing.assert_allclose(interaction, [full[d] for d in cand], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
 
