@@ -8,6 +8,7 @@ scan; this one the index and search that scale past one small corpus, issue 24.)
       --out docs/results/retrieval_scale_cpu.md --plot docs/results/retrieval_scale_cpu.png
   python -m decal_jax.tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
       --synthetic_passages 100000 --ratios 4 --bits 2 none --num_centroids 0.25 \
+      --nprobe 2 4 16 --candidates 100 200 default \
       --out docs/results/retrieval_scale_synthetic_cpu.md  # the scale run (1M: the target)
 
 Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and

@@ -235,8 +235,8 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
   q.c among the probed cells holding one of the doc's vectors, floored at 0; keep the
   4 x candidates best; refined centroid interaction = the sum over query vectors of the best
   score among the doc's vectors, a vector scoring its decoded value's dot product when it
-  lies in a cell that query vector probed, else its centroid's q.c; keep the candidates best; rerank those by exact MaxSim
-  over their decoded vectors."""
+  lies in a cell that query vector probed, else its centroid's q.c; keep the candidates
+  best; rerank those by exact MaxSim over their decoded vectors."""
   centroids = approx.codec.centroids
   dots = q @ centroids.T  # [mq, k]
   unit = q / np.linalg.norm(q, axis=1, keepdims=True)
