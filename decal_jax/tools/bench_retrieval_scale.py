@@ -8,7 +8,7 @@ scan; this one the index and search that scale past one small corpus, issue 24.)
       --out docs/results/retrieval_scale_cpu.md --plot docs/results/retrieval_scale_cpu.png
   python -m decal_jax.tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
       --synthetic_passages 100000 --ratios 4 --bits 2 none --num_centroids 0.25 \
-      --nprobe 2 4 16 --candidates 100 200 default \
+      --nprobe 2 4 16 --candidates 100 200 400 \
       --out docs/results/retrieval_scale_synthetic_cpu.md  # the scale run (1M: the target)
 
 Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and
@@ -219,7 +219,7 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
         rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
                          search="approximate", bits="none" if bits is None else bits,
                          nprobe=nprobe, candidates=candidates or residual.default_candidates(
-                             args.top_k),
+                             args.top_k, exact.num_docs),
                          num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
                          meta["centroid_bytes"] / exact.num_docs,
                          kmeans=approx.meta["kmeans_backend"]))
@@ -268,7 +268,7 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
       f"approximate: nprobe and candidates per row (defaults: nprobe "
-      f"{residual.DEFAULT_NPROBE}, candidates 4 top_k), centroids "
+      f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
       f"k-means on 65,536 sampled vectors, 10 iterations, shared by the bit widths of one C; "
       f"top {args.top_k}",

@@ -182,7 +182,7 @@ def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
   np.testing.assert_array_equal(ids, want_ids)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
   # the default candidate count covers a corpus this small (4 x top_k >= 120 docs)
-  assert residual.default_candidates(30) >= len(docs)
+  assert residual.default_candidates(30, len(docs)) >= len(docs)
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10)[1], want_ids)
   # one query at a time ranks as the batch does
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
