@@ -1,17 +1,5 @@
-"""A residual-compressed multi-vector index (ColBERTv2's codec) and approximate search on it.
-
-The codec: k-means centroids over a sample of the corpus's vectors; each vector is stored as
-the id of its nearest centroid (L2) and its residual (vector - centroid) quantised to b bits
-per dimension. Per dimension j, the 2^b - 1 bucket cutoffs are the sample residuals'
-quantiles at i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values) the
-mean of the sample residuals in each bucket (the quantile at (i + 0.5) / 2^b for a bucket
-the sample leaves empty); a residual value r decodes to the weight of the bucket holding it
-(the number of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a value
-inside the sample's range is off by at most its bucket's width; when the sample's vectors
-all have unit norm (as the encoders' do), the decoded vector is scaled back to unit norm.
-b is 1, 2, 4 or 8 (8 / b codes per byte, so d must be a multiple of 8 / b), or None: the
-vectors are kept as they are (the source index's dtype), with their centroid ids for the
-candidate step.
+"""A residual-compressed multi-vector index and approximate search on it; the codec (k-means
+centroids, b-bit residual buckets) is codec.py's.
 
 Layout of a residual index directory (built whole in `<directory>.tmp-<random>`, then renamed):
 
@@ -26,38 +14,40 @@ Layout of a residual index directory (built whole in `<directory>.tmp-<random>`,
     meta.json      the exact index's encoder config, fingerprint and corpus fingerprint (so
                    the same config and corpus checks apply), the codec settings, sizes
 
-Approximate search (PLAID's stages, `ResidualIndex.search`), per query:
+Approximate search (PLAID's stages, `ResidualIndex.search`), for a batch of queries at once:
   1. probe: each valid query vector probes the `nprobe` cells (centroids) L2-nearest to its
      direction, i.e. the cells a document vector equal to the unit query vector would be
-     stored in (largest q.c / |q| - |c|^2 / 2);
-  2. candidates: the documents in those cells' inverted lists (built at index time);
-  3. centroid interaction: each candidate scores the sum over query vectors of its best
-     vector, where a vector counts its centroid's score q.c, or its exact score against the
-     decompressed vector when it lies in a cell that query vector probed; the best
+     stored in (largest q.c / |q| - |c|^2 / 2); the centroid scores q.c of the batch are
+     one matmul;
+  2. candidates and pruned interaction, from the inverted lists alone (built at index time):
+     the candidates are the documents in the probed cells; per query vector a candidate
+     scores the q.c of its best probed cell that holds one of its vectors (floored at 0; 0
+     if none), and sums these over the query vectors (one scatter-max over the probed lists
+     of the whole batch); the best 4 x `candidates` are kept;
+  3. centroid interaction, refined: MaxSim with each of those documents' vectors standing
+     for its centroid (q.c), except that a vector in a cell the query vector probed scores
+     exactly against its decompressed value (only those vectors are decompressed); the best
      `candidates` (default `default_candidates`) are kept;
   4. rerank: exact MaxSim over their decompressed vectors, top k.
-With nprobe = every centroid, candidates >= the corpus and b = None it ranks as the exact
-index does (documents with no vector are in no inverted list, so they are never returned).
-Each step is vectorised numpy over the query's candidates; the centroid scores of a batch
-of queries are one matmul.
-
-k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in numpy
-(`kmeans_numpy`, Lloyd's iterations from a random sample of points): same results up to the
-clustering's own randomness, the numpy one slower on large samples.
+Ties go to the lower document index at every cut. With nprobe = every centroid,
+candidates >= the corpus and b = None it ranks as the exact index does (documents with no
+vector are in no inverted list, so they are never returned).
+Each stage is vectorised numpy over the batch (stage 4 and the exact part of stage 3 per
+query): the candidate counts vary per query, and a jit-compiled JAX variant padded to fixed
+shapes was not faster on this project's 2-core CPU host.
 """
 import datetime
 import functools
-import json
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tqdm
 
 from decal_jax import fileio
 from decal_jax.retrieval import index as exact
+from decal_jax.retrieval.codec import Codec, check_bits, train_codec
 
-BITS = (1, 2, 4, 8, None)
 FORMAT_VERSION = 1
 DEFAULT_NPROBE = 16
 _FILES = ("centroids.npy", "codes.npy", "residuals.npy", "offsets.npy", "doc_ids.json",
@@ -66,214 +56,14 @@ _FILES = ("centroids.npy", "codes.npy", "residuals.npy", "offsets.npy", "doc_ids
 
 # ------------------------------------------------------------------------------- defaults
 def default_candidates(top_k: int, num_docs: int) -> int:
-  """Documents reranked exactly per query when the caller gives none: 4 x top_k (PLAID's
-  ratio for k = 100) at least, up to 4,096 as the corpus grows; on SciFact with the
-  benchmark's stand-in encoder, C >= 2 needed nearly every probed document reranked to stay
-  within 0.005 NDCG@10 of exact (docs/results/retrieval_scale_cpu.md)."""
+  """Documents decompressed and reranked exactly per query when the caller gives none:
+  4 x top_k at least (PLAID's ratio for k = 100), up to 4,096 as the corpus grows (the
+  centroid interaction ranks 4 x as many). Quality first: on SciFact with the benchmark's
+  stand-in encoder, whose vectors do not cluster, 4 x top_k lost 0.01-0.24 NDCG@10 against
+  exact (uncompressed codes, C = 1-8) where 4,096 (most of the corpus) lost 0-0.024; on
+  clustered vectors 2 x top_k kept exact's recall at 8.5 x its speed
+  (docs/results/retrieval_scale_cpu.md, retrieval_scale_synthetic_cpu.md)."""
   return max(4 * top_k, min(num_docs, 4096))
-
-
-# ------------------------------------------------------------------------------- k-means
-def default_num_centroids(num_vectors: int) -> int:
-  """ColBERTv2's choice: the power of two at or below 16 * sqrt(num_vectors)."""
-  return 1 << int(np.floor(np.log2(16 * np.sqrt(max(num_vectors, 1)))))
-
-
-def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8192
-                      ) -> np.ndarray:
-  """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]` (faiss's
-  exhaustive search when installed, else numpy; both rank by |c|^2 - 2 x.c)."""
-  centroids = np.ascontiguousarray(centroids, np.float32)
-  try:
-    import faiss  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    faiss = None
-  if faiss is not None:
-    flat = faiss.IndexFlatL2(centroids.shape[1])
-    flat.add(centroids)
-  squared = np.sum(centroids ** 2, axis=1)  # [k]
-  out = np.empty(len(vectors), np.int64)
-  for start in range(0, len(vectors), chunk):
-    x = np.ascontiguousarray(vectors[start:start + chunk], np.float32)  # [c, d]
-    if faiss is not None:
-      out[start:start + chunk] = flat.search(x, 1)[1][:, 0]
-    else:
-      out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
-  return out
-
-
-def kmeans_numpy(sample: np.ndarray, k: int, iterations: int, seed: int) -> np.ndarray:
-  """Lloyd's k-means from k distinct random sample points; an empty cluster keeps its
-  centroid. `[n, d]` -> `[k, d]` float32."""
-  rng = np.random.default_rng(seed)
-  sample = np.asarray(sample, np.float32)
-  centroids = sample[rng.choice(len(sample), size=k, replace=False)].copy()  # [k, d]
-  for _ in range(iterations):
-    assigned = nearest_centroids(sample, centroids)  # [n]
-    counts = np.bincount(assigned, minlength=k)  # [k]
-    sums = np.zeros_like(centroids)
-    np.add.at(sums, assigned, sample)
-    filled = counts > 0
-    centroids[filled] = sums[filled] / counts[filled, None]
-  return centroids
-
-
-def kmeans(sample: np.ndarray, k: int, iterations: int = 10, seed: int = 0,
-           backend: str = "auto") -> Tuple[np.ndarray, str]:
-  """(centroids `[k, d]` float32, the backend that ran: 'faiss' or 'numpy').
-  backend: 'auto' (faiss when installed), 'faiss' or 'numpy'."""
-  if backend not in ("auto", "faiss", "numpy"):
-    raise ValueError(f"kmeans backend must be 'auto', 'faiss' or 'numpy', got {backend!r}.")
-  if backend != "numpy":
-    try:
-      import faiss  # pylint: disable=import-outside-toplevel
-    except ImportError:
-      if backend == "faiss":
-        raise ImportError("kmeans backend 'faiss' needs faiss-cpu: pip install "
-                          "'decal_jax[ann]' (or use backend 'auto' / 'numpy').") from None
-    else:
-      sample = np.ascontiguousarray(sample, np.float32)
-      model = faiss.Kmeans(sample.shape[1], k, niter=iterations, seed=seed, verbose=False,
-                           min_points_per_centroid=1, max_points_per_centroid=1 << 30)
-      model.train(sample)
-      return np.asarray(model.centroids, np.float32), "faiss"
-  return kmeans_numpy(sample, k, iterations, seed), "numpy"
-
-
-# ------------------------------------------------------------------------------- codec
-def pack_buckets(buckets: np.ndarray, bits: int) -> np.ndarray:
-  """Bucket ids `[n, d]` (each < 2^bits) -> bytes `[n, d * bits / 8]`, 8 / bits per byte,
-  the first of each group in the lowest bits."""
-  per_byte = 8 // bits
-  groups = buckets.astype(np.uint8).reshape(len(buckets), buckets.shape[1] // per_byte,
-                                            per_byte)  # [n, d/per, per]
-  shifts = (bits * np.arange(per_byte)).astype(np.uint8)  # [per]
-  return np.bitwise_or.reduce(groups << shifts, axis=2).astype(np.uint8)
-
-
-def unpack_buckets(packed: np.ndarray, bits: int) -> np.ndarray:
-  """The inverse of `pack_buckets`: `[n, d * bits / 8]` -> bucket ids uint8 `[n, d]`."""
-  per_byte = 8 // bits
-  shifts = (bits * np.arange(per_byte)).astype(np.uint8)  # [per]
-  parts = (packed[:, :, None] >> shifts) & np.uint8((1 << bits) - 1)  # [n, d/per, per]
-  return parts.reshape(len(packed), packed.shape[1] * per_byte)
-
-
-class Codec:
-  """Centroids and, for b bits, per-dimension bucket cutoffs and weights (module doc)."""
-
-  def __init__(self, centroids: np.ndarray, bits: Optional[int],
-               cutoffs: Optional[np.ndarray] = None, weights: Optional[np.ndarray] = None,
-               normalize: bool = False):
-    self.centroids = np.asarray(centroids, np.float32)  # [k, d]
-    self.bits = bits
-    self.cutoffs = cutoffs  # [d, 2^b - 1] or None
-    self.weights = weights  # [d, 2^b] or None
-    self.normalize = normalize  # decoded vectors scaled to unit norm (b bits only)
-
-  @classmethod
-  def train(cls, sample: np.ndarray, bits: Optional[int], num_centroids: int,
-            iterations: int = 10, seed: int = 0, backend: str = "auto",
-            centroids: Optional[np.ndarray] = None) -> Tuple["Codec", str]:
-    """(the codec learned from sample `[n, d]`, the k-means backend that ran); given
-    `centroids` (e.g. another bit width's), only the buckets are learned. Decoding
-    normalises when every sample vector has unit norm (to 1e-3), as the encoders' are."""
-    check_bits(bits, sample.shape[1])
-    if centroids is None:
-      centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
-    else:
-      centroids, used = np.asarray(centroids, np.float32), "given"
-    if bits is None:
-      return cls(centroids, None), used
-    residuals = sample - centroids[nearest_centroids(sample, centroids)]  # [n, d]
-    cutoffs, weights = bucket_table(residuals, bits)
-    unit = bool(np.all(np.abs(np.linalg.norm(sample, axis=1) - 1) < 1e-3))
-    return cls(centroids, bits, cutoffs, weights, unit), used
-
-  @property
-  def dim(self) -> int:
-    return int(self.centroids.shape[1])
-
-  @property
-  def code_dtype(self) -> np.dtype:
-    return np.dtype(np.uint16 if len(self.centroids) <= 1 << 16 else np.uint32)
-
-  def buckets(self, residuals: np.ndarray) -> np.ndarray:
-    """Residuals `[n, d]` -> bucket ids uint8 `[n, d]` (cutoffs <= the value, per dim)."""
-    return _buckets(self.cutoffs, residuals)
-
-  def encode(self, vectors: np.ndarray, codes: Optional[np.ndarray] = None
-             ) -> Tuple[np.ndarray, np.ndarray]:
-    """Vectors `[n, d]` -> (centroid ids `[n]`, packed residual codes `[n, d * b / 8]`, or
-    the vectors themselves when bits is None). codes: their nearest centroids, if known."""
-    codes = nearest_centroids(vectors, self.centroids) if codes is None else np.asarray(
-        codes, np.int64)  # [n]
-    if self.bits is None:
-      return codes.astype(self.code_dtype), vectors
-    residuals = np.asarray(vectors, np.float32) - self.centroids[codes]  # [n, d]
-    return codes.astype(self.code_dtype), pack_buckets(self.buckets(residuals), self.bits)
-
-  def decode(self, codes: np.ndarray, payload: np.ndarray) -> np.ndarray:
-    """(centroid ids `[n]`, payload as `encode` returns) -> vectors float32 `[n, d]`."""
-    if self.bits is None:
-      return np.asarray(payload, np.float32)
-    packed = np.asarray(payload)  # [n, d * b / 8]
-    residuals = self.byte_table[np.arange(packed.shape[1])[None, :], packed]  # [n, d*b/8, 8/b]
-    out = self.centroids[np.asarray(codes, np.int64)] + residuals.reshape(len(packed), self.dim)
-    if self.normalize:
-      out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return out
-
-  @functools.cached_property
-  def byte_table(self) -> np.ndarray:
-    """The decoded residual values of every packed byte at every byte position, so that
-    decoding is one lookup per byte: `[d * b / 8, 256, 8 / b]` float32."""
-    per_byte = 8 // self.bits
-    values = np.arange(256, dtype=np.uint8)[:, None]  # [256, 1]
-    buckets = unpack_buckets(values, self.bits)  # [256, 8 / b]
-    dims = np.arange(self.dim).reshape(-1, per_byte)  # [d * b / 8, 8 / b]
-    return self.weights[dims[:, None, :], buckets[None, :, :]]  # [d*b/8, 256, 8/b]
-
-  def bytes_per_vector(self, source_itemsize: int) -> int:
-    """Stored bytes of one vector: its centroid id plus its residual codes (or values)."""
-    payload = self.dim * source_itemsize if self.bits is None else self.dim * self.bits // 8
-    return self.code_dtype.itemsize + payload
-
-
-def _buckets(cutoffs: np.ndarray, residuals: np.ndarray) -> np.ndarray:
-  """Per dimension j, the number of cutoffs[j] <= each value: `[d, 2^b - 1]`, `[n, d]` ->
-  uint8 `[n, d]`."""
-  out = np.empty(residuals.shape, np.uint8)
-  for j in range(residuals.shape[1]):
-    out[:, j] = np.searchsorted(cutoffs[j], residuals[:, j], side="right")
-  return out
-
-
-def bucket_table(residuals: np.ndarray, bits: int) -> Tuple[np.ndarray, np.ndarray]:
-  """Per dimension, the 2^b - 1 cutoffs (the sample residuals' quantiles at i / 2^b) and the
-  2^b weights: the mean of the sample residuals in each bucket (the value that minimises the
-  bucket's squared error; the quantile at (i + 0.5) / 2^b for a bucket the sample leaves
-  empty). `[n, d]` -> (float32 `[d, 2^b - 1]`, float32 `[d, 2^b]`)."""
-  levels = 1 << bits
-  cutoffs = np.quantile(residuals, np.arange(1, levels) / levels, axis=0).T  # [d, 2^b-1]
-  weights = np.quantile(residuals, (np.arange(levels) + 0.5) / levels, axis=0).T  # [d, 2^b]
-  buckets = _buckets(cutoffs, residuals).astype(np.int64)  # [n, d]
-  flat = buckets + levels * np.arange(residuals.shape[1])[None, :]  # [n, d] (dim, bucket)
-  counts = np.bincount(flat.ravel(), minlength=weights.size).reshape(weights.shape)
-  sums = np.bincount(flat.ravel(), residuals.ravel(), weights.size).reshape(weights.shape)
-  filled = counts > 0
-  weights[filled] = sums[filled] / counts[filled]
-  return cutoffs.astype(np.float32), weights.astype(np.float32)
-
-
-def check_bits(bits: Optional[int], dim: int) -> None:
-  if bits not in BITS:
-    raise ValueError(f"residual bits must be one of {BITS} (None = uncompressed), got "
-                     f"{bits!r}.")
-  if bits is not None and dim % (8 // bits):
-    raise ValueError(f"{bits}-bit residuals pack {8 // bits} dimensions per byte, so the "
-                     f"dimension must be a multiple of {8 // bits}; it is {dim}. Choose "
-                     "other bits (8 or None fit any dimension).")
 
 
 # ------------------------------------------------------------------------------- build
@@ -337,48 +127,6 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat())
     exact.write_json(os.path.join(tmp, "meta.json"), meta)  # last: marks completion
   return ResidualIndex.open(directory)
-
-
-def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optional[int] = None,
-                sample_vectors: int = 1 << 16, kmeans_iterations: int = 10, seed: int = 0,
-                kmeans_backend: str = "auto", centroids: Optional[np.ndarray] = None
-                ) -> Tuple[Codec, Dict[str, Any]]:
-  """(the codec trained on a sample of `source`'s vectors, its settings incl.
-  'kmeans_backend'); `source` needs only num_vectors, dim and vectors[sorted rows]."""
-  check_bits(bits, source.dim)
-  rng = np.random.default_rng(seed)
-  sample_size = min(sample_vectors, source.num_vectors)
-  rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
-  sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
-  k = len(centroids) if centroids is not None else min(
-      num_centroids or default_num_centroids(source.num_vectors), sample_size)
-  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
-                               centroids)
-  return codec, {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
-                 "kmeans_iterations": kmeans_iterations, "seed": seed,
-                 "normalize": codec.normalize, "kmeans_backend": backend}
-
-
-def save_codec(directory: str, codec: Codec, settings: Mapping[str, Any]) -> None:
-  """Writes the codec (centroids, cutoffs, weights) and its settings to `directory`, whole."""
-  with fileio.atomic_directory(directory) as folder:
-    np.save(os.path.join(folder, "centroids.npy"), codec.centroids)
-    if codec.bits is not None:
-      np.save(os.path.join(folder, "cutoffs.npy"), codec.cutoffs)
-      np.save(os.path.join(folder, "weights.npy"), codec.weights)
-    exact.write_json(os.path.join(folder, "codec.json"), dict(settings))
-
-
-def load_codec(directory: str) -> Tuple[Codec, Dict[str, Any]]:
-  """(codec, settings) as `save_codec` wrote them."""
-  with open(os.path.join(directory, "codec.json"), encoding="utf-8") as f:
-    settings = json.load(f)
-  bits = settings["bits"]
-
-  def load(name: str) -> Optional[np.ndarray]:
-    return None if bits is None else np.load(os.path.join(directory, name))
-  return Codec(np.load(os.path.join(directory, "centroids.npy")), bits, load("cutoffs.npy"),
-               load("weights.npy"), settings.get("normalize", False)), settings
 
 
 def _write_codes(tmp: str, source: exact.Index, codec: Codec, chunk: int, progress: bool,
@@ -496,84 +244,139 @@ class ResidualIndex(exact.StoredIndex):
   # ----------------------------------------------------------------------------- search
   def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
              nprobe: int = DEFAULT_NPROBE, candidates: Optional[int] = None,
-             query_batch_size: int = 32) -> Tuple[np.ndarray, np.ndarray]:
+             query_batch_size: int = 64) -> Tuple[np.ndarray, np.ndarray]:
     """Approximate MaxSim top-k (module doc): (scores float32 `[q, k]`, doc indices int32
     `[q, k]`), best first, ties by doc index, k = min(top_k, num_docs); a query with fewer
     than k candidates is padded with index -1 and score -inf. candidates: the documents
-    reranked exactly per query (None: `default_candidates(top_k, num_docs)`)."""
+    decompressed and reranked exactly per query (None: `default_candidates`); the
+    centroid interaction ranks 4 x as many. query_batch_size: queries searched together
+    (fewer when their pruned-interaction table, queries x query vectors x documents, would
+    pass 2^25 entries)."""
     query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, self.dim)
-    candidates = default_candidates(top_k, self.num_docs) if candidates is None else candidates
+    if candidates is None:
+      candidates = default_candidates(top_k, self.num_docs)
     if min(top_k, nprobe, candidates, query_batch_size) < 1:
       raise ValueError(f"top_k, nprobe, candidates and query_batch_size must be >= 1, got "
                        f"{top_k}, {nprobe}, {candidates}, {query_batch_size}.")
     k = min(top_k, self.num_docs)
     scores = np.full((len(query_vectors), k), -np.inf, np.float32)
     ids = np.full((len(query_vectors), k), -1, np.int32)
-    for start in range(0, len(query_vectors), query_batch_size):
-      batch = np.asarray(query_vectors[start:start + query_batch_size], np.float32)
-      centroid_scores = batch @ self.codec.centroids.T  # [b, mq, num_centroids], one matmul
-      for i, (q, valid) in enumerate(zip(batch, query_valid[start:start + query_batch_size])):
-        found_scores, found = self._search_one(q[valid], centroid_scores[i, valid], k,
-                                               min(nprobe, self.num_centroids), candidates)
-        scores[start + i, :len(found)], ids[start + i, :len(found)] = found_scores, found
+    per_query = max(query_vectors.shape[1] * self.num_docs, 1)
+    step = max(1, min(query_batch_size, (1 << 25) // per_query))
+    for start in range(0, len(query_vectors), step):
+      batch = np.asarray(query_vectors[start:start + step], np.float32)  # [b, mq, d]
+      valid = query_valid[start:start + step]  # [b, mq]
+      found = self._search_batch(batch, valid, k, min(nprobe, self.num_centroids), candidates)
+      for i, (found_scores, found_ids) in enumerate(found):
+        scores[start + i, :len(found_ids)], ids[start + i, :len(found_ids)] = (found_scores,
+                                                                               found_ids)
     return scores, ids
+
+  def _search_batch(self, q: np.ndarray, valid: np.ndarray, k: int, nprobe: int,
+                    candidates: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The four stages for a batch of queries `[b, mq, d]`, valid `[b, mq]` -> per query
+    (scores, doc indices) of at most k docs, best first."""
+    flat = q.reshape(-1, q.shape[2]) @ self.codec.centroids.T  # [b * mq, K], one matmul
+    centroid_scores = np.where(valid[..., None], flat.reshape(*q.shape[:2], -1), 0)  # [b, mq, K]
+    probed = self.probe(q, centroid_scores, nprobe)  # [b, mq, nprobe]
+    rough, present = self.pruned_interaction(centroid_scores, probed, valid)  # [b, docs]
+    groups = [docs[_best(docs, score[docs], 4 * candidates)] for docs, score in
+              ((np.flatnonzero(row), score) for score, row in zip(rough, present))]
+    full = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
+    groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
+    out = []
+    for query, query_valid, docs in zip(q, valid, groups):
+      s = self.rerank(query[query_valid], docs)  # [docs]
+      best = _best(docs, s, k, ordered=True)
+      out.append((s[best].astype(np.float32), docs[best].astype(np.int32)))
+    return out
 
   def probe(self, q: np.ndarray, centroid_scores: np.ndarray, nprobe: int) -> np.ndarray:
     """The cells each query vector probes: the nprobe centroids L2-nearest to its direction
     (the cells a document vector equal to the unit query vector would be stored in; the
-    largest q.c / |q| - |c|^2 / 2). `[mq, d]`, `[mq, num_centroids]` -> `[mq, nprobe]`."""
-    norms = np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)  # [mq, 1]
-    closeness = centroid_scores / norms - 0.5 * self.centroid_norms2[None, :]  # [mq, k]
-    return np.argpartition(-closeness, nprobe - 1, axis=1)[:, :nprobe]
+    largest q.c / |q| - |c|^2 / 2). `[..., mq, d]`, `[..., mq, K]` -> `[..., mq, nprobe]`."""
+    norms = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)  # [..., mq, 1]
+    closeness = centroid_scores / norms - 0.5 * self.centroid_norms2  # [..., mq, K]
+    return np.argpartition(-closeness, nprobe - 1, axis=-1)[..., :nprobe]
 
   @functools.cached_property
   def centroid_norms2(self) -> np.ndarray:
     """|c|^2 of each centroid `[num_centroids]`."""
     return np.sum(self.codec.centroids ** 2, axis=1)
 
-  def candidate_docs(self, cells: np.ndarray) -> np.ndarray:
-    """The sorted distinct docs in the inverted lists of the given cells."""
-    cells = np.unique(cells)
-    return np.unique(self.ivf[_ranges(self.ivf_offsets[cells], self.ivf_offsets[cells + 1])])
+  def pruned_interaction(self, centroid_scores: np.ndarray, probed: np.ndarray,
+                         valid: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Candidates and their first, pruned score, from the inverted lists alone: per query
+    vector, a document scores the q.c of its best probed cell holding one of its vectors,
+    floored at 0 (0 when none does), and sums these over the query vectors. `[b, mq, K]`,
+    `[b, mq, nprobe]`, `[b, mq]` -> (scores float32 `[b, docs]`, candidate bool `[b, docs]`:
+    a document in some probed cell of the query)."""
+    b, mq, _ = probed.shape
+    cell_scores = np.take_along_axis(centroid_scores, probed, axis=2)[valid]  # [pv, nprobe]
+    vector = np.repeat(np.flatnonzero(valid.ravel()), probed.shape[2])  # [pv * nprobe]
+    cells = probed[valid].ravel()  # [pv * nprobe]
+    starts, stops = self.ivf_offsets[cells], self.ivf_offsets[cells + 1]
+    docs = self.ivf[_ranges(starts, stops)]  # [hits]
+    vector = np.repeat(vector, stops - starts)  # [hits]
+    best = np.zeros((b * mq, self.num_docs), np.float32)  # [b * mq, docs]
+    np.maximum.at(best, (vector, docs), np.repeat(cell_scores.ravel(), stops - starts))
+    present = np.zeros((b, self.num_docs), bool)
+    present[vector // mq, docs] = True
+    return best.reshape(b, mq, -1).sum(axis=1), present
 
   def centroid_interaction(self, q: np.ndarray, centroid_scores: np.ndarray,
-                           probed: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """Approximate MaxSim (PLAID's centroid interaction, refined): each doc vector stands for
-    its centroid (score q.c), except that a vector in a cell the query vector probed gets its
-    exact score against the decompressed vector; a doc scores the sum over query vectors of
-    its best. q `[mq, d]`, centroid_scores `[mq, k]`, probed `[mq, nprobe]`, sorted docs
-    `[c]` -> `[c]`."""
+                           probed: np.ndarray, groups: Sequence[np.ndarray]) -> List[np.ndarray]:
+    """Centroid interaction (PLAID's), refined: MaxSim with every vector of a document
+    standing for its centroid (score q.c), except that a vector in a cell the query vector
+    probed scores exactly against its decompressed value (only those are decompressed).
+    q `[b, mq, d]`, centroid_scores `[b, mq, K]` (0 for invalid query vectors), probed
+    `[b, mq, nprobe]` (of valid vectors only, or ignored there), per query its sorted docs
+    -> per query `[docs]`."""
+    b, mq, k = centroid_scores.shape
+    sizes = [len(g) for g in groups]
+    docs = np.concatenate(groups)  # [g]
+    counts = self.offsets[docs + 1] - self.offsets[docs]  # [g], each >= 1
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
+    row_query = np.repeat(np.repeat(np.arange(b), sizes), counts)  # [r], ascending
     codes = np.asarray(self.codes[rows], np.int64)  # [r]
-    sims = centroid_scores[:, codes]  # [mq, r]
-    in_probe = np.zeros(centroid_scores.shape, bool)  # [mq, k]
-    np.put_along_axis(in_probe, probed, True, axis=1)
-    mask = in_probe[:, codes]  # [mq, r]
-    hit = np.flatnonzero(mask.any(axis=0))  # rows in some probed cell
-    exact_sims = q @ self.vectors(rows[hit]).T  # [mq, hits]
-    sims[:, hit] = np.where(mask[:, hit], exact_sims, sims[:, hit])
-    return self._maxsim(sims, docs)
+    sims = centroid_scores[row_query, :, codes]  # [r, mq]
+    in_probe = np.zeros((b, mq, k), bool)
+    np.put_along_axis(in_probe, probed, True, axis=2)
+    in_probe &= np.any(centroid_scores != 0, axis=2, keepdims=True)  # not invalid vectors
+    mask = in_probe[row_query, :, codes]  # [r, mq]
+    hit = np.flatnonzero(mask.any(axis=1))  # rows in a cell some query vector probed
+    vectors = self.vectors(rows[hit])  # [h, d], grouped by query
+    bounds = np.searchsorted(row_query[hit], np.arange(b + 1))  # [b + 1]
+    exact_sims = np.concatenate([np.einsum("hd,md->hm", vectors[start:stop], q[j]) for j, (
+        start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))])  # [h, mq]
+    sims[hit] = np.where(mask[hit], exact_sims, sims[hit])
+    scores = _segment_max(sims, counts).sum(axis=1)  # [g]
+    return np.split(scores, np.cumsum(sizes)[:-1])
 
-  def _maxsim(self, sims: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    """sims `[mq, vectors of docs, end to end]` -> MaxSim per doc `[len(docs)]`."""
-    counts = self.offsets[docs + 1] - self.offsets[docs]  # [docs], each >= 1
-    starts = np.cumsum(counts) - counts
-    return np.maximum.reduceat(sims, starts, axis=1).sum(axis=0)  # [docs]
+  def rerank(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Exact MaxSim of one query's valid vectors `[mq, d]` over the decompressed vectors of
+    sorted docs `[c]` -> `[c]`."""
+    if len(docs) == 0:
+      return np.zeros(0, np.float32)
+    counts = self.offsets[docs + 1] - self.offsets[docs]  # [c]
+    rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
+    sims = np.einsum("rd,md->rm", self.vectors(rows), q)  # [r, mq]
+    return _segment_max(sims, counts).sum(axis=1)  # [c]
 
-  def _search_one(self, q: np.ndarray, centroid_scores: np.ndarray, k: int, nprobe: int,
-                  candidates: int) -> Tuple[np.ndarray, np.ndarray]:
-    """One query's valid vectors `[mq, d]` and their centroid scores `[mq, num_centroids]`
-    -> (scores, doc indices) of at most k docs."""
-    if len(q) == 0:
-      return np.zeros(0, np.float32), np.zeros(0, np.int32)
-    probed = self.probe(q, centroid_scores, nprobe)  # [mq, nprobe]
-    docs = self.candidate_docs(probed)  # [c]
-    if len(docs) == 0:  # only centroids without vectors were probed
-      return np.zeros(0, np.float32), np.zeros(0, np.int32)
-    if len(docs) > candidates:
-      rough = self.centroid_interaction(q, centroid_scores, probed, docs)  # [c]
-      docs = np.sort(docs[np.lexsort((docs, -rough))[:candidates]])
-    rows = _ranges(self.offsets[docs], self.offsets[docs + 1])
-    scores = self._maxsim(q @ self.vectors(rows).T, docs)  # [c]
-    best = np.lexsort((docs, -scores))[:k]
-    return scores[best].astype(np.float32), docs[best].astype(np.int32)
+
+def _segment_max(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  """The max over consecutive row segments of the given (>= 1) lengths: `[r, m]` -> `[s, m]`."""
+  if len(counts) == 0:
+    return np.zeros((0, values.shape[1]), values.dtype)
+  return np.maximum.reduceat(values, np.cumsum(counts) - counts, axis=0)
+
+
+def _best(docs: np.ndarray, scores: np.ndarray, n: int, ordered: bool = False) -> np.ndarray:
+  """Positions of the n best (score, then lower doc index) of docs `[c]` with scores `[c]`:
+  in doc order, or best first when `ordered`."""
+  if len(docs) > n:  # the n-th best score; every doc at or above it competes
+    kept = np.flatnonzero(scores >= np.partition(scores, len(docs) - n)[len(docs) - n])
+  else:
+    kept = np.arange(len(docs))
+  kept = kept[np.lexsort((docs[kept], -scores[kept]))[:n]]
+  return kept if ordered else np.sort(kept)

@@ -48,6 +48,7 @@ import numpy as np
 import tqdm
 
 from decal_jax import fileio
+from decal_jax.retrieval import codec as codec_lib
 from decal_jax.retrieval import index, residual
 
 MANIFEST = "manifest.json"
@@ -244,11 +245,11 @@ def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optiona
     if source.num_vectors == 0:
       raise ValueError(f"The index in {source.directory} holds no vector: nothing to "
                        "cluster. Search it exactly.")
-    codec, settings = residual.train_codec(_AllVectors(source.shards), bits, num_centroids,
+    codec, settings = codec_lib.train_codec(_AllVectors(source.shards), bits, num_centroids,
                                            sample_vectors, kmeans_iterations, seed)
-    residual.save_codec(codec_dir, codec, settings)
+    codec_lib.save_codec(codec_dir, codec, settings)
   _barrier(f"decal_jax sharded residual codec: {directory}")
-  codec, settings = residual.load_codec(codec_dir)
+  codec, settings = codec_lib.load_codec(codec_dir)
   block = process_block(len(source.shards), jax.process_index(), jax.process_count())
   for j in tqdm.tqdm(block, desc="compress shards", unit="shard", disable=not progress):
     residual.build_residual_index(os.path.join(directory, shard_name(j)), source.shards[j],
@@ -263,7 +264,7 @@ def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optiona
 
 
 class _AllVectors:
-  """The vectors of every shard end to end, read as `residual.train_codec` reads an index."""
+  """The vectors of every shard end to end, read as `codec_lib.train_codec` reads an index."""
 
   def __init__(self, shards: Sequence[index.Index]):
     self.shards = shards

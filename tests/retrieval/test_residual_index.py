@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from decal_jax.retrieval import index as index_lib
+from decal_jax.retrieval import codec as codec_lib
 from decal_jax.retrieval import pipeline, residual
 
 DIM = 16
@@ -74,7 +75,7 @@ def _numpy_codec(x, centroids, bits):
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_codec_round_trip_equals_numpy_rederivation(bits, scale):
   x = scale * _clustered(np.random.default_rng(bits), 600)
-  codec, backend = residual.Codec.train(x, bits, num_centroids=12, seed=0, backend="numpy")
+  codec, backend = codec_lib.Codec.train(x, bits, num_centroids=12, seed=0, backend="numpy")
   assert backend == "numpy" and codec.centroids.shape == (12, DIM)
   assert codec.normalize == (scale == 1.0)  # unit vectors decode to unit vectors
   codes, packed = codec.encode(x)
@@ -94,8 +95,8 @@ def test_codec_round_trip_equals_numpy_rederivation(bits, scale):
 def test_error_shrinks_with_bits_and_none_is_lossless():
   x = _clustered(np.random.default_rng(5), 2000)
   errors = {}
-  for bits in residual.BITS:
-    codec, _ = residual.Codec.train(x, bits, num_centroids=16, seed=1, backend="numpy")
+  for bits in codec_lib.BITS:
+    codec, _ = codec_lib.Codec.train(x, bits, num_centroids=16, seed=1, backend="numpy")
     errors[bits] = float(np.mean((codec.decode(*codec.encode(x)) - x) ** 2))
   assert errors[None] == 0.0
   assert errors[1] > errors[2] > errors[4] > errors[8]
@@ -105,9 +106,9 @@ def test_error_shrinks_with_bits_and_none_is_lossless():
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_pack_unpack_round_trip(bits):
   buckets = np.random.default_rng(0).integers(0, 2 ** bits, (7, 24)).astype(np.uint8)
-  packed = residual.pack_buckets(buckets, bits)
+  packed = codec_lib.pack_buckets(buckets, bits)
   assert packed.shape == (7, 24 * bits // 8)
-  np.testing.assert_array_equal(residual.unpack_buckets(packed, bits), buckets)
+  np.testing.assert_array_equal(codec_lib.unpack_buckets(packed, bits), buckets)
   # the first value of a byte sits in its lowest bits
   assert packed[0, 0] & (2 ** bits - 1) == buckets[0, 0]
 
@@ -119,17 +120,17 @@ def test_kmeans_backends_find_separated_clusters():
   for backend in ("numpy", "faiss"):
     if backend == "faiss":
       pytest.importorskip("faiss")
-    found, used = residual.kmeans(x.astype(np.float32), 6, iterations=20, seed=0,
-                                  backend=backend)
+    found, used = codec_lib.kmeans(x.astype(np.float32), 6, iterations=20, seed=0,
+                                   backend=backend)
     assert used == backend
     # each true center has a found centroid within the noise, and vice versa
     distances = np.linalg.norm(found[:, None] - centers[None], axis=-1)  # [6, 6]
     assert distances.min(axis=0).max() < 0.1 and distances.min(axis=1).max() < 0.1
   with pytest.raises(ValueError, match="multiple of 4"):
-    residual.Codec.train(x[:, :6], 2, 2)
+    codec_lib.Codec.train(x[:, :6], 2, 2)
 
 
-@pytest.mark.parametrize("bits", residual.BITS)
+@pytest.mark.parametrize("bits", codec_lib.BITS)
 def test_index_files_and_bytes_per_vector(tmp_path, bits):
   docs = _corpus()
   exact = _exact(tmp_path / "exact", docs, dtype="float16")
@@ -183,6 +184,9 @@ def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
   # the default candidate count covers a corpus this small (4 x top_k >= 120 docs)
   assert residual.default_candidates(30, len(docs)) >= len(docs)
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10)[1], want_ids)
+  # one query at a time ranks as the batch does
+  np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
+                                              query_batch_size=1)[1], want_ids)
   # with fewer probes the result is a subset of the candidates, still exactly scored
   few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8)
   reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
@@ -225,30 +229,34 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
 
 
 def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
-  """Re-derivation of one query's approximate search from the decoded documents: probe the
-  nprobe centroids nearest (L2) to each unit query vector; candidates = docs with a vector
-  assigned (L2) to a probed centroid; keep the `candidates` best by the sum over query
-  vectors of the best score among the doc's vectors, a vector scoring its decoded value's
-  dot product when it lies in a cell that query vector probed, else its centroid's; rerank
-  those by exact MaxSim over their decoded vectors."""
+  """Re-derivation of one query's approximate search, document by document: probe the nprobe
+  centroids nearest (L2) to each unit query vector; candidates = docs with a vector
+  assigned (L2) to a probed centroid; pruned score = the sum over query vectors of the best
+  q.c among the probed cells holding one of the doc's vectors, floored at 0; keep the
+  4 x candidates best; refined centroid interaction = the sum over query vectors of the best
+  score among the doc's vectors, a vector scoring its decoded value's dot product when it
+  lies in a cell that query vector probed, else its centroid's q.c; keep the candidates
+  best; rerank those by exact MaxSim over their decoded vectors."""
   centroids = approx.codec.centroids
   dots = q @ centroids.T  # [mq, k]
   unit = q / np.linalg.norm(q, axis=1, keepdims=True)
   distances = np.linalg.norm(unit[:, None] - centroids[None], axis=-1)  # [mq, k]
   probed = [set(np.argsort(row, kind="stable")[:nprobe]) for row in distances]
-  found = {}
+  pruned, full = {}, {}
   for d, vectors in enumerate(docs):
     if len(vectors) == 0:
       continue
     cells = np.argmin(np.linalg.norm(vectors[:, None] - centroids[None], axis=-1), axis=1)
     if any(c in p for c in cells for p in probed):
+      pruned[d] = sum(max([0.0] + [row[c] for c in cells if c in p])
+                      for row, p in zip(dots, probed))
       decoded = approx.doc_vectors(d)  # [count, dim]
-      found[d] = sum(max(float(qv @ v) if c in p else row[c]
-                         for c, v in zip(cells, decoded))
-                     for qv, row, p in zip(q, dots, probed))
-  kept = sorted(found, key=lambda d: (-found[d], d))[:candidates]
+      full[d] = sum(max(float(qv @ v) if c in p else row[c] for c, v in zip(cells, decoded))
+                    for qv, row, p in zip(q, dots, probed))
+  kept = sorted(pruned, key=lambda d: (-pruned[d], d))[:4 * candidates]
+  kept = sorted(kept, key=lambda d: (-full[d], d))[:candidates]
   exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
-  return sorted(exact, key=lambda d: (-exact[d], d))[:k], found
+  return sorted(exact, key=lambda d: (-exact[d], d))[:k], pruned, full
 
 
 @pytest.mark.parametrize("bits", [2, None])
@@ -258,18 +266,24 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
                                          kmeans_backend="numpy")
   queries, valid = _queries(seed=11)
-  scores, ids = approx.search(queries, valid, top_k=10, nprobe=2, candidates=20)
+  scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=6)
   for i in range(len(queries)):
     q = queries[i][valid[i]]
-    want, found = _numpy_approximate(approx, docs, q, nprobe=2, candidates=20, k=10)
-    assert len(found) > 20  # the cap applies
-    assert ids[i][ids[i] >= 0].tolist() == want
-    # the centroid-interaction score of every probed doc, against the re-derivation
-    probed = approx.probe(q, q @ approx.codec.centroids.T, 2)
-    cand = approx.candidate_docs(probed)
-    assert cand.tolist() == sorted(found)
-    rough = approx.centroid_interaction(q, q @ approx.codec.centroids.T, probed, cand)
-    np.testing.assert_allclose(rough, [found[d] for d in cand], rtol=1e-5, atol=1e-6)
+    want, pruned, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=6, k=4)
+    assert len(pruned) > 4 * 6  # both caps apply
+    assert ids[i].tolist() == want
+    # the stages' scores of every candidate, against the re-derivation
+    centroid_scores = (q @ approx.codec.centroids.T)[None]  # [1, mq, k]
+    probed = approx.probe(q[None], centroid_scores, 2)
+    rough, present = approx.pruned_interaction(centroid_scores, probed, np.ones((1, len(q)),
+                                                                                bool))
+    cand = np.flatnonzero(present[0])
+    assert cand.tolist() == sorted(pruned)
+    np.testing.assert_allclose(rough[0, cand], [pruned[d] for d in cand], rtol=1e-5,
+                               atol=1e-6)
+    interaction = approx.centroid_interaction(q[None], centroid_scores, probed, [cand])[0]
+    np.testing.assert_allclose(interaction, [full[d] for d in cand], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
 
 
 def test_codes_reuse_gives_the_same_index(tmp_path):

@@ -219,6 +219,7 @@ def _queries(num: int = 5):
 
 def test_merged_search_equals_brute_force_and_one_index(tmp_path):
   from decal_jax.retrieval import index as index_lib
+  from decal_jax.retrieval import codec as codec_lib
   from decal_jax.retrieval import residual, sharded
   idx = _build(tmp_path / "sharded")
   queries, valid = _queries()
@@ -244,10 +245,10 @@ def test_merged_search_equals_brute_force_and_one_index(tmp_path):
   np.testing.assert_array_equal(raw_ids, ids)
   np.testing.assert_allclose(raw_scores, scores, atol=1e-5)
   coded = sharded.build_sharded_residual(str(tmp_path / "b2"), idx, 2, num_centroids=6)
-  codec, _ = residual.load_codec(str(tmp_path / "b2" / "codec"))
+  shared, _ = codec_lib.load_codec(str(tmp_path / "b2" / "codec"))
   for shard in coded.shards:  # every shard holds the one codec
-    np.testing.assert_array_equal(shard.codec.centroids, codec.centroids)
-    np.testing.assert_array_equal(shard.codec.weights, codec.weights)
+    np.testing.assert_array_equal(shard.codec.centroids, shared.centroids)
+    np.testing.assert_array_equal(shard.codec.weights, shared.weights)
   assert coded.meta["kind"] == "residual" and coded.nbytes < idx.nbytes
   run = coded.search_run([f"q{i}" for i in range(5)], queries, valid, top_k=5, nprobe=6,
                          candidates=100)

@@ -1,0 +1,277 @@
+"""The residual codec of the compressed multi-vector index (ColBERTv2's), apart from the
+index and search that use it (residual.py, sharded.py).
+
+k-means centroids over a sample of the corpus's vectors; each vector is stored as the id of
+its nearest centroid (L2) and its residual (vector - centroid) quantised to b bits per
+dimension. Per dimension j, the 2^b - 1 bucket cutoffs are the sample residuals' quantiles at
+i / 2^b (i = 1 .. 2^b - 1) and the 2^b bucket weights (the decoded values) the mean of the
+sample residuals in each bucket (the quantile at (i + 0.5) / 2^b for a bucket the sample
+leaves empty); a residual value r decodes to the weight of the bucket holding it (the number
+of cutoffs <= r). So decoding is centroid + weights[j, bucket], and a value inside the
+sample's range is off by at most its bucket's width; when the sample's vectors all have unit
+norm (as the encoders' do), the decoded vector is scaled back to unit norm. b is 1, 2, 4 or 8
+(8 / b codes per byte, so d must be a multiple of 8 / b), or None: the vectors are kept as
+they are (the source index's dtype), with their centroid ids for the candidate step.
+
+k-means runs in faiss when `faiss-cpu` is installed (the `[ann]` extra), else in numpy
+(`kmeans_numpy`, Lloyd's iterations from a random sample of points): same results up to the
+clustering's own randomness, the numpy one slower on large samples.
+"""
+import functools
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from decal_jax import fileio
+from decal_jax.retrieval import index as exact
+
+BITS = (1, 2, 4, 8, None)
+
+# ------------------------------------------------------------------------------- k-means
+def default_num_centroids(num_vectors: int) -> int:
+  """ColBERTv2's choice: the power of two at or below 16 * sqrt(num_vectors)."""
+  return 1 << int(np.floor(np.log2(16 * np.sqrt(max(num_vectors, 1)))))
+
+
+def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8192
+                      ) -> np.ndarray:
+  """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]` (faiss's
+  exhaustive search when installed, else numpy; both rank by |c|^2 - 2 x.c)."""
+  centroids = np.ascontiguousarray(centroids, np.float32)
+  try:
+    import faiss  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    faiss = None
+  if faiss is not None:
+    flat = faiss.IndexFlatL2(centroids.shape[1])
+    flat.add(centroids)
+  squared = np.sum(centroids ** 2, axis=1)  # [k]
+  out = np.empty(len(vectors), np.int64)
+  for start in range(0, len(vectors), chunk):
+    x = np.ascontiguousarray(vectors[start:start + chunk], np.float32)  # [c, d]
+    if faiss is not None:
+      out[start:start + chunk] = flat.search(x, 1)[1][:, 0]
+    else:
+      out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
+  return out
+
+
+def kmeans_numpy(sample: np.ndarray, k: int, iterations: int, seed: int) -> np.ndarray:
+  """Lloyd's k-means from k distinct random sample points; an empty cluster keeps its
+  centroid. `[n, d]` -> `[k, d]` float32."""
+  rng = np.random.default_rng(seed)
+  sample = np.asarray(sample, np.float32)
+  centroids = sample[rng.choice(len(sample), size=k, replace=False)].copy()  # [k, d]
+  for _ in range(iterations):
+    assigned = nearest_centroids(sample, centroids)  # [n]
+    counts = np.bincount(assigned, minlength=k)  # [k]
+    sums = np.zeros_like(centroids)
+    np.add.at(sums, assigned, sample)
+    filled = counts > 0
+    centroids[filled] = sums[filled] / counts[filled, None]
+  return centroids
+
+
+def kmeans(sample: np.ndarray, k: int, iterations: int = 10, seed: int = 0,
+           backend: str = "auto") -> Tuple[np.ndarray, str]:
+  """(centroids `[k, d]` float32, the backend that ran: 'faiss' or 'numpy').
+  backend: 'auto' (faiss when installed), 'faiss' or 'numpy'."""
+  if backend not in ("auto", "faiss", "numpy"):
+    raise ValueError(f"kmeans backend must be 'auto', 'faiss' or 'numpy', got {backend!r}.")
+  if backend != "numpy":
+    try:
+      import faiss  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      if backend == "faiss":
+        raise ImportError("kmeans backend 'faiss' needs faiss-cpu: pip install "
+                          "'decal_jax[ann]' (or use backend 'auto' / 'numpy').") from None
+    else:
+      sample = np.ascontiguousarray(sample, np.float32)
+      model = faiss.Kmeans(sample.shape[1], k, niter=iterations, seed=seed, verbose=False,
+                           min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+      model.train(sample)
+      return np.asarray(model.centroids, np.float32), "faiss"
+  return kmeans_numpy(sample, k, iterations, seed), "numpy"
+
+
+# ------------------------------------------------------------------------------- codec
+def pack_buckets(buckets: np.ndarray, bits: int) -> np.ndarray:
+  """Bucket ids `[n, d]` (each < 2^bits) -> bytes `[n, d * bits / 8]`, 8 / bits per byte,
+  the first of each group in the lowest bits."""
+  per_byte = 8 // bits
+  groups = buckets.astype(np.uint8).reshape(len(buckets), buckets.shape[1] // per_byte,
+                                            per_byte)  # [n, d/per, per]
+  shifts = (bits * np.arange(per_byte)).astype(np.uint8)  # [per]
+  return np.bitwise_or.reduce(groups << shifts, axis=2).astype(np.uint8)
+
+
+def unpack_buckets(packed: np.ndarray, bits: int) -> np.ndarray:
+  """The inverse of `pack_buckets`: `[n, d * bits / 8]` -> bucket ids uint8 `[n, d]`."""
+  per_byte = 8 // bits
+  shifts = (bits * np.arange(per_byte)).astype(np.uint8)  # [per]
+  parts = (packed[:, :, None] >> shifts) & np.uint8((1 << bits) - 1)  # [n, d/per, per]
+  return parts.reshape(len(packed), packed.shape[1] * per_byte)
+
+
+class Codec:
+  """Centroids and, for b bits, per-dimension bucket cutoffs and weights (module doc)."""
+
+  def __init__(self, centroids: np.ndarray, bits: Optional[int],
+               cutoffs: Optional[np.ndarray] = None, weights: Optional[np.ndarray] = None,
+               normalize: bool = False):
+    self.centroids = np.asarray(centroids, np.float32)  # [k, d]
+    self.bits = bits
+    self.cutoffs = cutoffs  # [d, 2^b - 1] or None
+    self.weights = weights  # [d, 2^b] or None
+    self.normalize = normalize  # decoded vectors scaled to unit norm (b bits only)
+
+  @classmethod
+  def train(cls, sample: np.ndarray, bits: Optional[int], num_centroids: int,
+            iterations: int = 10, seed: int = 0, backend: str = "auto",
+            centroids: Optional[np.ndarray] = None) -> Tuple["Codec", str]:
+    """(the codec learned from sample `[n, d]`, the k-means backend that ran); given
+    `centroids` (e.g. another bit width's), only the buckets are learned. Decoding
+    normalises when every sample vector has unit norm (to 1e-3), as the encoders' are."""
+    check_bits(bits, sample.shape[1])
+    if centroids is None:
+      centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
+    else:
+      centroids, used = np.asarray(centroids, np.float32), "given"
+    if bits is None:
+      return cls(centroids, None), used
+    residuals = sample - centroids[nearest_centroids(sample, centroids)]  # [n, d]
+    cutoffs, weights = bucket_table(residuals, bits)
+    unit = bool(np.all(np.abs(np.linalg.norm(sample, axis=1) - 1) < 1e-3))
+    return cls(centroids, bits, cutoffs, weights, unit), used
+
+  @property
+  def dim(self) -> int:
+    return int(self.centroids.shape[1])
+
+  @property
+  def code_dtype(self) -> np.dtype:
+    return np.dtype(np.uint16 if len(self.centroids) <= 1 << 16 else np.uint32)
+
+  def buckets(self, residuals: np.ndarray) -> np.ndarray:
+    """Residuals `[n, d]` -> bucket ids uint8 `[n, d]` (cutoffs <= the value, per dim)."""
+    return _buckets(self.cutoffs, residuals)
+
+  def encode(self, vectors: np.ndarray, codes: Optional[np.ndarray] = None
+             ) -> Tuple[np.ndarray, np.ndarray]:
+    """Vectors `[n, d]` -> (centroid ids `[n]`, packed residual codes `[n, d * b / 8]`, or
+    the vectors themselves when bits is None). codes: their nearest centroids, if known."""
+    codes = nearest_centroids(vectors, self.centroids) if codes is None else np.asarray(
+        codes, np.int64)  # [n]
+    if self.bits is None:
+      return codes.astype(self.code_dtype), vectors
+    residuals = np.asarray(vectors, np.float32) - self.centroids[codes]  # [n, d]
+    return codes.astype(self.code_dtype), pack_buckets(self.buckets(residuals), self.bits)
+
+  def decode(self, codes: np.ndarray, payload: np.ndarray) -> np.ndarray:
+    """(centroid ids `[n]`, payload as `encode` returns) -> vectors float32 `[n, d]`."""
+    if self.bits is None:
+      return np.asarray(payload, np.float32)
+    packed = np.asarray(payload)  # [n, d * b / 8]
+    positions = 256 * np.arange(packed.shape[1], dtype=np.int32)  # [d * b / 8]
+    residuals = np.take(self.byte_table.reshape(-1, 8 // self.bits), packed + positions,
+                        axis=0)  # [n, d * b / 8, 8 / b]: one lookup per byte
+    out = self.centroids[np.asarray(codes, np.int64)] + residuals.reshape(len(packed), self.dim)
+    if self.normalize:
+      out /= np.maximum(np.sqrt(np.einsum("nd,nd->n", out, out)), 1e-12)[:, None]
+    return out
+
+  @functools.cached_property
+  def byte_table(self) -> np.ndarray:
+    """The decoded residual values of every packed byte at every byte position, so that
+    decoding is one lookup per byte: `[d * b / 8, 256, 8 / b]` float32."""
+    per_byte = 8 // self.bits
+    values = np.arange(256, dtype=np.uint8)[:, None]  # [256, 1]
+    buckets = unpack_buckets(values, self.bits)  # [256, 8 / b]
+    dims = np.arange(self.dim).reshape(-1, per_byte)  # [d * b / 8, 8 / b]
+    return self.weights[dims[:, None, :], buckets[None, :, :]]  # [d*b/8, 256, 8/b]
+
+  def bytes_per_vector(self, source_itemsize: int) -> int:
+    """Stored bytes of one vector: its centroid id plus its residual codes (or values)."""
+    payload = self.dim * source_itemsize if self.bits is None else self.dim * self.bits // 8
+    return self.code_dtype.itemsize + payload
+
+
+def _buckets(cutoffs: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+  """Per dimension j, the number of cutoffs[j] <= each value: `[d, 2^b - 1]`, `[n, d]` ->
+  uint8 `[n, d]`."""
+  out = np.empty(residuals.shape, np.uint8)
+  for j in range(residuals.shape[1]):
+    out[:, j] = np.searchsorted(cutoffs[j], residuals[:, j], side="right")
+  return out
+
+
+def bucket_table(residuals: np.ndarray, bits: int) -> Tuple[np.ndarray, np.ndarray]:
+  """Per dimension, the 2^b - 1 cutoffs (the sample residuals' quantiles at i / 2^b) and the
+  2^b weights: the mean of the sample residuals in each bucket (the value that minimises the
+  bucket's squared error; the quantile at (i + 0.5) / 2^b for a bucket the sample leaves
+  empty). `[n, d]` -> (float32 `[d, 2^b - 1]`, float32 `[d, 2^b]`)."""
+  levels = 1 << bits
+  cutoffs = np.quantile(residuals, np.arange(1, levels) / levels, axis=0).T  # [d, 2^b-1]
+  weights = np.quantile(residuals, (np.arange(levels) + 0.5) / levels, axis=0).T  # [d, 2^b]
+  buckets = _buckets(cutoffs, residuals).astype(np.int64)  # [n, d]
+  flat = buckets + levels * np.arange(residuals.shape[1])[None, :]  # [n, d] (dim, bucket)
+  counts = np.bincount(flat.ravel(), minlength=weights.size).reshape(weights.shape)
+  sums = np.bincount(flat.ravel(), residuals.ravel(), weights.size).reshape(weights.shape)
+  filled = counts > 0
+  weights[filled] = sums[filled] / counts[filled]
+  return cutoffs.astype(np.float32), weights.astype(np.float32)
+
+
+def check_bits(bits: Optional[int], dim: int) -> None:
+  if bits not in BITS:
+    raise ValueError(f"residual bits must be one of {BITS} (None = uncompressed), got "
+                     f"{bits!r}.")
+  if bits is not None and dim % (8 // bits):
+    raise ValueError(f"{bits}-bit residuals pack {8 // bits} dimensions per byte, so the "
+                     f"dimension must be a multiple of {8 // bits}; it is {dim}. Choose "
+                     "other bits (8 or None fit any dimension).")
+
+
+# ------------------------------------------------------------------------------- training
+def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optional[int] = None,
+                sample_vectors: int = 1 << 16, kmeans_iterations: int = 10, seed: int = 0,
+                kmeans_backend: str = "auto", centroids: Optional[np.ndarray] = None
+                ) -> Tuple[Codec, Dict[str, Any]]:
+  """(the codec trained on a sample of `source`'s vectors, its settings incl.
+  'kmeans_backend'); `source` needs only num_vectors, dim and vectors[sorted rows]."""
+  check_bits(bits, source.dim)
+  rng = np.random.default_rng(seed)
+  sample_size = min(sample_vectors, source.num_vectors)
+  rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
+  sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
+  k = len(centroids) if centroids is not None else min(
+      num_centroids or default_num_centroids(source.num_vectors), sample_size)
+  codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
+                               centroids)
+  return codec, {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
+                 "kmeans_iterations": kmeans_iterations, "seed": seed,
+                 "normalize": codec.normalize, "kmeans_backend": backend}
+
+
+def save_codec(directory: str, codec: Codec, settings: Mapping[str, Any]) -> None:
+  """Writes the codec (centroids, cutoffs, weights) and its settings to `directory`, whole."""
+  with fileio.atomic_directory(directory) as folder:
+    np.save(os.path.join(folder, "centroids.npy"), codec.centroids)
+    if codec.bits is not None:
+      np.save(os.path.join(folder, "cutoffs.npy"), codec.cutoffs)
+      np.save(os.path.join(folder, "weights.npy"), codec.weights)
+    exact.write_json(os.path.join(folder, "codec.json"), dict(settings))
+
+
+def load_codec(directory: str) -> Tuple[Codec, Dict[str, Any]]:
+  """(codec, settings) as `save_codec` wrote them."""
+  with open(os.path.join(directory, "codec.json"), encoding="utf-8") as f:
+    settings = json.load(f)
+  bits = settings["bits"]
+
+  def load(name: str) -> Optional[np.ndarray]:
+    return None if bits is None else np.load(os.path.join(directory, name))
+  return Codec(np.load(os.path.join(directory, "centroids.npy")), bits, load("cutoffs.npy"),
+               load("weights.npy"), settings.get("normalize", False)), settings
