@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 
-from decal_jax import fileio, flops, gin_utils
+from decal_jax import benchmarking, fileio, flops, gin_utils
 from decal_jax.data import span_corruption
 
 EXPERIMENTS_DIR = gin_utils.GIN_DIR / "experiments"
@@ -311,23 +311,42 @@ def run_variant(budget: Budget, v: Variant, work: pathlib.Path,
 
 
 # ------------------------------------------------------------------------------ reporting
+def by_variant(results: Sequence[Mapping[str, object]]) -> List[List[Mapping[str, object]]]:
+  """The results grouped by variant (one entry per seed), in the order first seen."""
+  groups: Dict[str, List[Mapping[str, object]]] = {}
+  for r in results:
+    groups.setdefault(r["name"], []).append(r)
+  return list(groups.values())
+
+
+def _cell(values: Sequence[float], fmt: str) -> str:
+  """'mean ± standard error' over seeds; the value alone for one seed."""
+  mean, se = benchmarking.mean_stderr(values)
+  return f"{mean:{fmt}}" if len(values) == 1 else f"{mean:{fmt}} ± {se:{fmt}}"
+
+
 def table(budget: Budget, results: Sequence[Mapping[str, object]]) -> str:
-  """Markdown: one row per variant; FLOPs relative to the uncompressed baseline row."""
-  base = next((r for r in results if r["ratio"] == 1 and r["family"] == "baseline"), None)
+  """Markdown: one row per variant (mean ± s.e. where it ran with several seeds; wall: the
+  mean per seed); FLOPs relative to the uncompressed baseline row."""
+  groups = by_variant(results)
+  base = next((g[0] for g in groups if g[0]["ratio"] == 1 and g[0]["family"] == "baseline"),
+              None)
   lines = [f"| variant | pretraining | pretrain acc | {budget.finetune_task} EM | "
            f"{budget.finetune_task} F1 | encoder FLOPs | cross-attn FLOPs | wall (s) |",
            "|---|---|---|---|---|---|---|---|"]
-  for r in results:
-    acc = r.get("pretrain_accuracy")
+  for group in groups:
+    r = group[0]
+    acc = [g["pretrain_accuracy"] for g in group if g.get("pretrain_accuracy") is not None]
     pre = {"span_corruption": "span corruption", "autoencode": "autoencode + continuation",
            None: f"none (uses {r.get('finetune_from')}'s)"}[r["pretrain_objective"]]
     rel = lambda k: (f"{r['flops'][k] / base['flops'][k]:.2f}x" if base else  # noqa: E731
                      f"{r['flops'][k]:.3g}")
-    m = r["metrics"]
-    lines.append(f"| {r['label']} | {pre} | {'-' if acc is None else f'{acc:.3f}'} | "
-                 f"{m.get('em', float('nan')):.1f} | {m.get('f1', float('nan')):.1f} | "
-                 f"{rel('encoder')} | {rel('cross_attention')} | "
-                 f"{sum(r['seconds'].values()):.0f} |")
+    metric = lambda k: _cell([g["metrics"].get(k, float("nan")) for g in group],  # noqa: E731
+                             ".1f")
+    wall = sum(sum(g["seconds"].values()) for g in group) / len(group)
+    lines.append(f"| {r['label']} | {pre} | {_cell(acc, '.3f') if acc else '-'} | "
+                 f"{metric('em')} | {metric('f1')} | "
+                 f"{rel('encoder')} | {rel('cross_attention')} | {wall:.0f} |")
   return "\n".join(lines)
 
 
@@ -337,15 +356,23 @@ def plot(budget: Budget, results: Sequence[Mapping[str, object]], path: pathlib.
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  base = [r for r in results if r["family"] == "baseline"]
+  means = []  # one point per variant: the mean over its seeds, and its standard error
+  for group in by_variant(results):
+    mean, se = benchmarking.mean_stderr([g["metric"] for g in group])
+    means.append(dict(group[0], metric=mean, metric_se=se))
+  base = [r for r in means if r["family"] == "baseline"]
   if base:
     ax.axhline(base[0]["metric"], color="gray", linestyle="--", label=base[0]["label"])
-  families = [f for f in dict.fromkeys(r["family"] for r in results) if f != "baseline"]
+  families = [f for f in dict.fromkeys(r["family"] for r in means) if f != "baseline"]
   for family in families:
-    rows = sorted((r for r in results if r["family"] == family), key=lambda r: r["ratio"])
+    rows = sorted((r for r in means if r["family"] == family), key=lambda r: r["ratio"])
     as_line = len({r["ratio"] for r in rows}) == len(rows) > 1  # one point per ratio
     points = ax.plot([r["ratio"] for r in rows], [r["metric"] for r in rows],
                      "o-" if as_line else "s", label=family)
+    if any(r["metric_se"] == r["metric_se"] for r in rows):  # several seeds: error bars
+      ax.errorbar([r["ratio"] for r in rows], [r["metric"] for r in rows],
+                  yerr=[r["metric_se"] for r in rows], fmt="none",
+                  ecolor=points[0].get_color())
     if not as_line:
       for r in rows:
         ax.annotate(r["label"], (r["ratio"], r["metric"]), fontsize=7, xytext=(4, 4),

@@ -155,3 +155,59 @@ def test_a_record_restores_finished_variants_but_reruns_a_needed_one_without_che
   assert json.loads((fresh / "baseline" / "result.json").read_text()) == {"name": "baseline"}
   with pytest.raises(ValueError, match="another budget"):
     ablation.claim(fresh, dataclasses.replace(budget, seed=1))
+
+
+def _seed(result, seed, em, f1, accuracy, seconds):
+  return dict(result, seed=seed, metric=em, metrics={"em": em, "f1": f1},
+              pretrain_accuracy=accuracy, seconds={"pretrain": seconds})
+
+
+def test_several_seeds_show_mean_and_standard_error_per_variant(tmp_path):
+  """Two seeds of each variant: by hand, EM 40 and 30 -> mean 35, sample sd 7.071, s.e.
+  7.071 / sqrt(2) = 5.0; F1 50, 44 -> 47 ± 3.0; accuracy 0.25, 0.35 -> 0.300 ± 0.050."""
+  base, decal = HAND_MADE[0], HAND_MADE[1]
+  results = [_seed(base, 0, 40.0, 50.0, 0.25, 100), _seed(decal, 0, 20.0, 30.0, 0.2, 60),
+             _seed(base, 1, 30.0, 44.0, 0.35, 80), _seed(decal, 1, 20.0, 30.0, 0.2, 70)]
+  lines = ablation.table(ablation.load_budget("smoke"), results).splitlines()
+  cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+  assert cells == [
+      ["BASELINE", "span corruption", "0.300 ± 0.050", "35.0 ± 5.0", "47.0 ± 3.0", "1.00x",
+       "1.00x", "90"],
+      ["DECAL_2X", "span corruption", "0.200 ± 0.000", "20.0 ± 0.0", "30.0 ± 0.0", "0.75x",
+       "0.62x", "65"]]
+  figures = []
+  real_savefig = matplotlib.figure.Figure.savefig
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(matplotlib.figure.Figure, "savefig",
+                  lambda f, *a, **k: (figures.append(f), real_savefig(f, *a, **k)))
+    ablation.plot(ablation.load_budget("smoke"), results, tmp_path / "plot.png")
+  ((ax,),) = [figure.axes for figure in figures]
+  assert list(ax.lines[0].get_ydata()) == [35.0, 35.0]  # the baseline's mean
+  (bars,) = ax.collections  # DeCAL's error bar: 20 ± 0
+  assert [list(map(float, s[:, 1])) for s in bars.get_segments()] == [[20.0, 20.0]]
+
+
+def test_ablate_seeds_runs_each_seed_in_its_own_folder(tmp_path, capsys):
+  """`ablate --seeds 0 1` claims WORK/seed0 and WORK/seed1 under budgets that differ only
+  in the seed, restores each seed's --record, skips the finished variants and writes the
+  mean ± s.e. table (no training: every variant is in the records)."""
+  from decal_jax.tools import ablate
+  smoke = dataclasses.replace(ablation.load_budget("smoke"), variants=())
+  for seed, em in ((0, 10.0), (1, 14.0)):  # 12 ± 2
+    scratch = tmp_path / f"scratch{seed}"
+    ablation.claim(scratch, dataclasses.replace(smoke, seed=seed))
+    (scratch / "baseline").mkdir()
+    (scratch / "baseline" / "result.json").write_text(json.dumps(
+        _seed(HAND_MADE[0], seed, em, em, 0.25, 50), indent=1))
+    ablation.save_record(tmp_path / f"rec_seed{seed}.json", scratch)
+  out = tmp_path / "table.md"
+  ablate.main(["--budget", "smoke", "--variants", "baseline", "--seeds", "0", "1",
+               "--work", str(tmp_path / "w"), "--record", str(tmp_path / "rec.json"),
+               "--out", str(out), "--no-plot"])
+  assert capsys.readouterr().out.count("done before") == 2
+  for seed in (0, 1):
+    assert json.loads((tmp_path / "w" / f"seed{seed}" / "budget.json").read_text())["seed"] \
+        == seed
+  text = out.read_text()
+  assert "--seeds 0 1" in text and "seeds 0, 1 (each cell: mean ± standard error" in text
+  assert "| BASELINE | span corruption | 0.250 ± 0.000 | 12.0 ± 2.0 | 12.0 ± 2.0 |" in text
