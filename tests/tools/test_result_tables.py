@@ -24,9 +24,58 @@ def test_downstream_table_shows_each_ratios_metrics():
           {"em": 31.25, "f1": 44.999, "step": 200, "compression_ratio": 4, "num_examples": 100,
            "ratio": 4, "minutes": 7.06}]
   assert _cells(_tool("downstream_table").table(rows, "decal_builtin_qa")) == [
-      ["C", "em", "f1", "examples", "wall minutes"],
-      ["1", "40.00", "52.35", "100", "12.3"],
-      ["4", "31.25", "45.00", "100", "7.1"]]
+      ["C", "em", "f1", "seeds", "examples", "wall minutes"],
+      ["1", "40.00", "52.35", "0", "100", "12.3"],
+      ["4", "31.25", "45.00", "0", "100", "7.1"]]
+
+
+def test_downstream_table_gives_mean_and_standard_error_over_seeds():
+  rows = [{"em": em, "f1": f1, "step": 150, "compression_ratio": c, "num_examples": 104,
+           "ratio": c, "seed": s, "minutes": 5.0}
+          for c, s, em, f1 in ((1, 0, 40.0, 50.0), (1, 1, 30.0, 44.0), (1, 2, 35.0, 47.0),
+                               (4, 0, 20.0, 25.0), (4, 1, 24.0, 25.0))]
+  cells = _cells(_tool("downstream_table").table(rows, "decal_builtin_qa"))
+  # C=1 em 40, 30, 35: mean 35, sample s.d. 5, s.e. 5 / sqrt(3) = 2.887; f1 50, 44, 47: mean
+  # 47, s.d. 3, s.e. 1.732. C=4 em 20, 24: mean 22, s.d. 2.828, s.e. 2; f1 equal: s.e. 0.
+  assert cells[:3] == [["C", "em", "f1", "seeds", "examples", "wall minutes"],
+                       ["1", "35.00 ± 2.89", "47.00 ± 1.73", "0, 1, 2", "104", "15.0"],
+                       ["4", "22.00 ± 2.00", "25.00 ± 0.00", "0, 1", "104", "10.0"]]
+  assert cells[3] == ["C", "seed", "em", "f1", "wall minutes"]
+  assert cells[4:] == [[str(r["ratio"]), str(r["seed"]), f"{r['em']:.2f}", f"{r['f1']:.2f}",
+                        "5.0"] for r in rows]
+
+
+def test_downstream_table_runs_each_ratio_once_per_seed(monkeypatch, tmp_path):
+  tool = _tool("downstream_table")
+  calls = []
+  def fake_run(module, args, log):
+    calls.append((module, args))
+    return 60.0
+  fake_eval = types.SimpleNamespace(
+      read_metrics=lambda model_dir, task, step: {"step": step, "em": float(len(model_dir)),
+                                                  "f1": 1.0},
+      read_inferences=lambda model_dir, task, step: [{}] * 7)
+  monkeypatch.setattr(tool, "run", fake_run)
+  monkeypatch.setattr(tool, "inference_eval", fake_eval)
+  tool.main(["--ratios", "1", "4", "--seeds", "3", "5", "--pretrain-steps", "2",
+             "--finetune-steps", "1", "--work", str(tmp_path)])
+  trains = [dict(a.split("=", 1) for a in args if a.startswith("--gin."))
+            for module, args in calls if module == "train"]
+  # (ratio, seed) in run order: every ratio for seed 3, then for seed 5; pretrain then fine-tune
+  assert [(t["--gin.COMPRESSION_RATIO"], t["--gin.SEED"], t["--gin.MODEL_DIR"]) for t in trains] == [
+      ("1", "3", f"'{tmp_path}/pretrain_c1_s3'"), ("1", "3", f"'{tmp_path}/finetune_c1_s3'"),
+      ("4", "3", f"'{tmp_path}/pretrain_c4_s3'"), ("4", "3", f"'{tmp_path}/finetune_c4_s3'"),
+      ("1", "5", f"'{tmp_path}/pretrain_c1_s5'"), ("1", "5", f"'{tmp_path}/finetune_c1_s5'"),
+      ("4", "5", f"'{tmp_path}/pretrain_c4_s5'"), ("4", "5", f"'{tmp_path}/finetune_c4_s5'")]
+  assert [t["--gin.INITIAL_CHECKPOINT_PATH"] for t in trains[1::2]] == [
+      t["--gin.MODEL_DIR"] for t in trains[0::2]]  # each fine-tune starts from its own seed's
+
+
+def test_downstream_table_refuses_a_repeated_seed(capsys):
+  import pytest
+  with pytest.raises(SystemExit):
+    _tool("downstream_table").main(["--seeds", "0", "0"])
+  assert "repeats a seed" in capsys.readouterr().err
 
 
 def test_lm_table_shows_perplexity_accuracy_and_notes():
