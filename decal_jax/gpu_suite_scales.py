@@ -1,0 +1,112 @@
+"""The GPU suite's shapes and limits (`decal_jax/tools/gpu_suite.py`): the option sets its
+probe times, and the arguments each part gives its tool at the GPU's size (`gpu_scale`) and
+at --dry_run's tiny CPU size (`dry_run_scale`)."""
+import dataclasses
+import pathlib
+from typing import Dict, List, Optional, Tuple
+
+from decal_jax import fileio
+
+RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
+RATIOS = (1, 2, 4, 8)
+PROFILED_RATIO = 4
+CUDNN = "ATTENTION_KERNEL='cudnn'"
+# name -> gin bindings added to the bf16 DeCAL step; the probe times each, the fastest wins.
+OPTION_SETS: Dict[str, List[str]] = {
+    "einsum": [],
+    "cudnn": [CUDNN],
+    "cudnn+fused": [CUDNN, "FUSED_QKV=True"],
+    "cudnn+fused+scan": [CUDNN, "FUSED_QKV=True", "SCAN_LAYERS=True"],
+    "cudnn+fused+remat": [CUDNN, "FUSED_QKV=True",
+                          "REMAT_POLICY='dots_with_no_batch_dims_saveable'"],
+    "xla+fused": ["ATTENTION_KERNEL='xla'", "FUSED_QKV=True"],
+}
+DRY_RUN_BUDGET = """# the suite's --dry_run ablation budget: one variant, a few steps
+Budget.variants = ['decal_2x']
+Budget.model_gin = 'experiments/models/mini.gin'
+Budget.pretrain_steps = 2
+Budget.finetune_steps = 2
+Budget.batch_size = 2
+Budget.pretrain_lengths = {'inputs': 32, 'targets': 8}
+Budget.autoencode_lengths = {'inputs': 32, 'targets': 32}
+Budget.finetune_lengths = {'inputs': 64, 'targets': 8}
+Budget.warmup_steps = 1
+Budget.eval_batches = 1
+Budget.max_predict_examples = 2
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """The shapes and limits of a run: the GPU's, or tiny ones for --dry_run."""
+  model: Tuple[str, ...]  # bench_train's gin files and bindings
+  ratios: Tuple[int, ...]
+  batch: int
+  lengths: Tuple[int, int]  # inputs, targets
+  steps: int
+  probe_steps: int
+  warmup: int
+  profile_steps: int
+  option_sets: Tuple[str, ...]
+  minutes: Dict[str, float]  # each part's time limit
+  probe_minutes: float  # one option set's limit
+  grace_s: float  # SIGTERM -> SIGKILL
+  tools: Dict[str, List[str]]  # the other benchmarks' arguments
+
+
+def gpu_scale(beir_folder: Optional[str]) -> Scale:
+  return Scale(
+      model=("--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin"),
+      ratios=RATIOS, batch=128, lengths=(512, 128), steps=20, probe_steps=5, warmup=3,
+      profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
+      minutes=dict(train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
+                   retrieval_scale=8, retention=12, ablation=40),
+      tools=dict(
+          nuggets=["--contexts", "16384,65536", "--dtype", "bfloat16"],
+          squid=["--preset", "qwen2"],
+          gpthf=["--preset", "paper"],
+          retrieval=["--size", "small", "--ratios", *map(str, RATIOS), "--encode_repeats", "3",
+                     "--repeats", "5"] + (["--beir_folder", beir_folder] if beir_folder else []),
+          retrieval_scale=["--passage_length", "128", "--max_queries", "300", "--ratios", "1",
+                           "2", "4", "8", "--bits", "1", "2", "4", "none", "--num_centroids",
+                           "0.25", "--synthetic_passages", "0"]
+          + (["--beir_folder", beir_folder] if beir_folder else []),
+          retrieval_scale_synthetic=["--beir_folder", "", "--msmarco_folder", "",
+                                     "--synthetic_passages", "1000000", "--ratios", "4", "--bits",
+                                     "2", "none", "--num_centroids", "0.25"],
+          retention=["--steps", str(RETENTION_STEPS)],
+          ablation=["--budget", "gpu"]))
+
+
+def dry_run_scale(out: pathlib.Path) -> Scale:
+  budget = out / "gpu_dry_run_budget.gin"
+  fileio.write_text_atomic(budget, DRY_RUN_BUDGET)
+  return Scale(
+      model=("--gin_file=models/t5_1_1_tiny.gin", "--gin_file=models/decal.gin",
+             "--gin.t5.T5Config.num_encoder_layers=1", "--gin.t5.T5Config.num_decoder_layers=1"),
+      ratios=(1, PROFILED_RATIO), batch=2, lengths=(64, 16), steps=2, probe_steps=1, warmup=1,
+      profile_steps=1, probe_minutes=3, grace_s=20,
+      option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
+      minutes=dict(train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
+                   retrieval_scale=3, retention=4, ablation=5),
+      tools=dict(
+          nuggets=["--contexts", "32,64", "--dtype", "bfloat16", "--emb_dim", "32", "--layers",
+                   "1", "--heads", "2", "--kv_heads", "1", "--head_dim", "16", "--mlp_dim", "64",
+                   "--vocab", "64", "--new_tokens", "3", "--warmup", "1"],
+          squid=["--preset", "tiny", "--contexts", "24", "--ratios", "4,8", "--query_length",
+                 "3", "--answer_length", "3", "--repeats", "1", "--warmup", "0"],
+          gpthf=["--preset", "tiny", "--prompts", "10", "--new_tokens", "3", "--batches", "1",
+                 "--repeats", "1", "--warmup", "0"],
+          retrieval=["--size", "tiny", "--gin_bindings", "t5.T5Config.num_encoder_layers = 1",
+                     "--projection_dim", "16", "--passage_length", "32", "--query_length", "8",
+                     "--ratios", "1", "2", "--max_docs", "40", "--batch_size", "16",
+                     "--repeats", "1"],
+          retrieval_scale=["--passage_length", "32", "--max_docs", "200", "--max_queries", "10",
+                           "--msmarco_folder", "", "--synthetic_passages", "0", "--dim", "16",
+                           "--ratios", "1", "4", "--bits", "2", "none"],
+          retrieval_scale_synthetic=["--beir_folder", "", "--msmarco_folder", "",
+                                     "--synthetic_passages", "300", "--synthetic_length", "8",
+                                     "--synthetic_topics", "20", "--synthetic_queries", "10",
+                                     "--dim", "16", "--ratios", "4", "--bits", "2", "none"],
+          retention=["--methods", "decal", "--ratios", "4", "--seeds", "0", "--dry_run"],
+          ablation=["--budget", str(budget)]))
