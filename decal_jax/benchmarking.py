@@ -101,6 +101,12 @@ def mean_stderr(values: Sequence[float]) -> Tuple[float, float]:
   return float(x.mean()), float(se)
 
 
+def mean_se_text(values: Sequence[float], digits: int = 2) -> str:
+  """'mean ± s.e.' for a results table; a single value is written alone (no error bar)."""
+  mean, se = mean_stderr(values)
+  return f"{mean:.{digits}f}" if len(values) < 2 else f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
 def xla_cost(compiled, key: str = "flops") -> float:
   """One entry of XLA's `cost_analysis()` of a compiled program ('flops', 'bytes
   accessed'); NaN when the backend does not report it."""

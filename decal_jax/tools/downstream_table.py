@@ -47,11 +47,6 @@ def one_ratio(ratio: int, seed: int, a, work: pathlib.Path) -> dict:
 _NOT_METRICS = ("ratio", "seed", "minutes", "step", "compression_ratio", "num_examples")
 
 
-def _mean_se(values) -> str:
-  mean, se = benchmarking.mean_stderr(values)
-  return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {se:.2f}"
-
-
 def table(rows, task: str) -> str:
   """One line per ratio: each metric's mean +- s.e. over the rows' seeds (a single seed: its
   value), the seeds, the examples scored and the wall minutes summed over the seeds; then,
@@ -64,7 +59,7 @@ def table(rows, task: str) -> str:
            "|" + "---|" * (len(keys) + 4)]
   for ratio, group in by_ratio.items():
     seeds = ", ".join(str(r.get("seed", 0)) for r in group)
-    lines.append(f"| {ratio} | " + " | ".join(_mean_se([r[k] for r in group]) for k in keys) +
+    lines.append(f"| {ratio} | " + " | ".join(benchmarking.mean_se_text([r[k] for r in group]) for k in keys) +
                  f" | {seeds} | {group[0]['num_examples']} | "
                  f"{sum(r['minutes'] for r in group):.1f} |")
   if len(rows) > len(by_ratio):

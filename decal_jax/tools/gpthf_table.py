@@ -148,8 +148,7 @@ def equal_flop_note(mean_sentence: float) -> str:
 
 
 def mean_se(values: List[float]) -> str:
-  mean, se = benchmarking.mean_stderr(values)
-  return f"{mean:.1f}" if len(values) < 2 else f"{mean:.1f} ± {se:.1f}"
+  return benchmarking.mean_se_text(values, digits=1)
 
 
 def table(results: List[Dict]) -> List[str]:

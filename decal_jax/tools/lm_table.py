@@ -10,12 +10,13 @@ at CPU scale): the same tiny decoder trained on the built-in corpus as
   dodo-scorer-lr-x1   the same with one AdamW for everything (a diagnostic)
   full        all previous tokens (no limit: the upper bound)
 
-and reports validation perplexity per subword:
+and reports validation perplexity per subword, mean +- standard error over seeds:
 
-  python -m decal_jax.tools.lm_table --out docs/results/dodo_lm_builtin.md
+  python -m decal_jax.tools.lm_table --seeds 0 1 2 --out docs/results/dodo_lm_builtin.md
 
-Options: --steps (300), --batch (8), --length (256 tokens per sequence), --work
-(runs/lm_table: one model dir per variant; finished variants are reused), --variants.
+Options: --steps (300), --batch (8), --length (256 tokens per sequence), --seeds (0; gin SEED:
+the parameters and the order of the training data), --work (runs/lm_table: one model dir per
+variant and seed; finished runs are reused, so an interrupted table resumes), --variants.
 """
 import argparse
 import json
@@ -58,27 +59,29 @@ def states_read(name: str, length: int) -> str:
   return f"{WINDOW} + ~{distant // RATIO}"
 
 
-def gin_setup(name: str, args, model_dir: pathlib.Path):
+def gin_setup(name: str, seed: int, args, model_dir: pathlib.Path):
   files = ["models/decoder_tiny.gin"] + ([] if VARIANTS[name] is None else
                                          ["models/dodo_lm.gin"]) + ["runs/lm_builtin.gin"]
   bindings = [f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {args.steps}",
               f"BATCH_SIZE = {args.batch}", f"TASK_FEATURE_LENGTHS = {{'targets': {args.length}}}",
-              f"EVAL_PERIOD = {args.steps}", f"CHECKPOINT_PERIOD = {args.steps}"]
+              f"EVAL_PERIOD = {args.steps}", f"CHECKPOINT_PERIOD = {args.steps}",
+              f"SEED = {seed}"]
   if VARIANTS[name] is not None:
     bindings += VARIANTS[name] + [f"CHUNK = {CHUNK}", f"COMPRESSION_RATIO = {RATIO}"]
   return files, bindings
 
 
-def run(name: str, args, work: pathlib.Path) -> dict:
+def run(name: str, seed: int, args, work: pathlib.Path) -> dict:
   import gin
   from decal_jax import gin_utils, trainer
   import decal_jax.tasks  # noqa: F401  (registers decal_builtin_lm)
-  done = work / name / "result.json"
+  run_dir = work / f"{name}_s{seed}"
+  done = run_dir / "result.json"
   if done.exists():
-    print(f"{name}: finished before ({done}); reusing it.")
+    print(f"{name} seed {seed}: finished before ({done}); reusing it.")
     return json.loads(done.read_text())
-  files, bindings = gin_setup(name, args, work / name / "model")
-  print(f"{name}: python -m decal_jax.train " + " ".join(f"--gin_file={f}" for f in files) +
+  files, bindings = gin_setup(name, seed, args, run_dir / "model")
+  print(f"{name} seed {seed}: python -m decal_jax.train " + " ".join(f"--gin_file={f}" for f in files) +
         " " + " ".join(f'--gin_bindings="{b}"' for b in bindings), flush=True)
   gin_utils.parse(files, [], bindings)
   start = time.time()
@@ -87,8 +90,8 @@ def run(name: str, args, work: pathlib.Path) -> dict:
   seconds = round(time.time() - start, 1)
   note = ""
   if name.startswith("dodo"):  # evaluate with the inference rule: a fixed, calibrated threshold
-    metrics, note = _calibrated_eval(files, bindings, work / name / "model")
-  result = {"name": name, "perplexity": float(metrics["perplexity"]),
+    metrics, note = _calibrated_eval(files, bindings, run_dir / "model")
+  result = {"name": name, "seed": seed, "perplexity": float(metrics["perplexity"]),
             "accuracy": float(metrics["accuracy"]), "loss": float(metrics["loss"]),
             "seconds": seconds, "states": states_read(name, args.length), "note": note}
   done.parent.mkdir(parents=True, exist_ok=True)
@@ -113,26 +116,38 @@ def _calibrated_eval(files, bindings, model_dir):
   return metrics, note
 
 
-def header(args) -> str:
+def header(args, argv) -> str:
   from decal_jax import benchmarking
+  seeds = ", ".join(map(str, args.seeds))
   return "\n".join(benchmarking.header(
       "Compressed-history language modelling at a fixed state budget (built-in corpus)",
-      f"-m decal_jax.tools.lm_table --steps {args.steps} --batch {args.batch} --length {args.length} "
-      f"--out {args.out}",
+      benchmarking.command("decal_jax.tools.lm_table", argv),
       f"model: models/decoder_tiny.gin (4 layers, emb 128, GQA 4/2 heads), trained from "
       f"scratch for {args.steps} steps of batch {args.batch} x {args.length} tokens "
       f"(runs/lm_builtin.gin: AdamW, cosine 3e-3); Dodo / compressive: r = {RATIO}, "
       f"τ = {WINDOW}, c = {CHUNK}, scorer on layer ι = 3; perplexity per subword on the "
-      "validation split (teacher-forced).") + [""])
+      "validation split (teacher-forced)",
+      f"seeds (gin SEED: parameters and data order) {seeds}; mean ± s.e. over seeds (s.e. = "
+      "sample standard deviation / sqrt(seeds))") + [""])
 
 
-def table(results, args) -> str:
-  lines = ["| model | states read by the last token | validation perplexity | token accuracy "
-           "| train wall (s) |", "|---|---|---|---|---|"]
-  for r in results:
-    lines.append(f"| {r['name']} | {r['states']} | {r['perplexity']:.2f} | "
-                 f"{100 * r['accuracy']:.1f} % | {r['seconds']:.0f} |")
-  notes = [f"- {r['name']}: {r['note']}" for r in results if r.get("note")]
+def table(results) -> str:
+  """One line per variant: perplexity and accuracy as mean +- s.e. over its seeds (one seed:
+  its value), each seed's perplexity, and the mean train wall; then each run's note."""
+  from decal_jax import benchmarking
+  lines = ["| model | states read by the last token | validation perplexity | per seed "
+           "| token accuracy | train wall per run (s) |", "|---|---|---|---|---|---|"]
+  names = list(dict.fromkeys(r["name"] for r in results))
+  for name in names:
+    rows = [r for r in results if r["name"] == name]
+    lines.append(
+        f"| {name} | {rows[0]['states']} | "
+        f"{benchmarking.mean_se_text([r['perplexity'] for r in rows])} | "
+        + ", ".join(f"{r['perplexity']:.2f}" for r in rows) + " | "
+        f"{benchmarking.mean_se_text([100 * r['accuracy'] for r in rows], 1)} % | "
+        f"{sum(r['seconds'] for r in rows) / len(rows):.0f} |")
+  notes = [f"- {r['name']} (seed {r.get('seed', 0)}): {r['note']}"
+           for r in results if r.get("note")]
   return "\n".join(lines + [""] + notes)
 
 
@@ -141,6 +156,8 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--length", type=int, default=256)
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                      help="gin SEED of each run; every variant runs once per seed")
   parser.add_argument("--work", default="runs/lm_table")
   parser.add_argument("--variants", default=",".join(VARIANTS))
   parser.add_argument("--out", default=None, help="markdown file for the table")
@@ -149,12 +166,14 @@ def main(argv=None):
   unknown = [n for n in names if n not in VARIANTS]
   if unknown:
     sys.exit(f"Unknown variants {unknown}; choose from {list(VARIANTS)}.")
+  if len(set(args.seeds)) != len(args.seeds):
+    parser.error(f"--seeds repeats a seed ({args.seeds}); give each seed once")
   if args.length <= 2 * WINDOW:
     sys.exit(f"--length must exceed {2 * WINDOW} tokens, or nothing is ever compressed.")
   work = pathlib.Path(args.work).resolve()
   work = work / f"steps{args.steps}_batch{args.batch}_len{args.length}"
-  results = [run(name, args, work) for name in names]
-  text = header(args) + "\n" + table(results, args)
+  results = [run(name, seed, args, work) for seed in args.seeds for name in names]
+  text = header(args, argv) + "\n" + table(results)
   print(text)
   if args.out:
     out = pathlib.Path(args.out).resolve()

@@ -83,13 +83,44 @@ def test_lm_table_shows_perplexity_accuracy_and_notes():
               "accuracy": 0.31234, "seconds": 99.6},
              {"name": "Dodo", "states": "32 + 22", "perplexity": 60.006, "accuracy": 0.2876,
               "seconds": 80.4, "note": "threshold calibrated on 4 batches"}]
-  text = _tool("lm_table").table(results, types.SimpleNamespace())
+  text = _tool("lm_table").table(results)
   assert _cells(text) == [
-      ["model", "states read by the last token", "validation perplexity", "token accuracy",
-       "train wall (s)"],
-      ["full attention", "256", "51.23", "31.2 %", "100"],
-      ["Dodo", "32 + 22", "60.01", "28.8 %", "80"]]
-  assert text.endswith("\n- Dodo: threshold calibrated on 4 batches")
+      ["model", "states read by the last token", "validation perplexity", "per seed",
+       "token accuracy", "train wall per run (s)"],
+      ["full attention", "256", "51.23", "51.23", "31.2 %", "100"],
+      ["Dodo", "32 + 22", "60.01", "60.01", "28.8 %", "80"]]
+  assert text.endswith("\n- Dodo (seed 0): threshold calibrated on 4 batches")
+
+
+def test_lm_table_gives_mean_and_standard_error_over_seeds():
+  results = [{"name": "dodo", "seed": s, "states": "32 + ~22", "perplexity": p, "accuracy": a,
+              "seconds": t} for s, p, a, t in ((0, 100.0, 0.20, 90.0), (1, 104.0, 0.23, 110.0),
+                                               (2, 108.0, 0.26, 100.0))]
+  rows = _cells(_tool("lm_table").table(results))
+  # 100, 104, 108: mean 104, sample s.d. 4, s.e. 4 / sqrt(3) = 2.31; accuracy 23 +- 1.73 %.
+  assert rows[1] == ["dodo", "32 + ~22", "104.00 ± 2.31", "100.00, 104.00, 108.00",
+                     "23.0 ± 1.7 %", "100"]
+
+
+def test_lm_table_runs_every_variant_once_per_seed_in_its_own_folder(tmp_path, monkeypatch):
+  tool = _tool("lm_table")
+  calls = []
+  monkeypatch.setattr(tool, "run", lambda name, seed, args, work: calls.append(
+      (name, seed, tool.gin_setup(name, seed, args, work / f"{name}_s{seed}" / "model")[1]))
+      or {"name": name, "seed": seed, "states": "1", "perplexity": 1.0, "accuracy": 0.5,
+          "seconds": 1.0})
+  tool.main(["--seeds", "4", "7", "--variants", "full,dodo", "--work", str(tmp_path)])
+  assert [(n, s) for n, s, _ in calls] == [("full", 4), ("dodo", 4), ("full", 7), ("dodo", 7)]
+  for name, seed, bindings in calls:
+    assert f"SEED = {seed}" in bindings
+    assert f"MODEL_DIR = '{tmp_path}/steps300_batch8_len256/{name}_s{seed}/model'" in bindings
+
+
+def test_lm_table_refuses_a_repeated_seed(capsys):
+  import pytest
+  with pytest.raises(SystemExit):
+    _tool("lm_table").main(["--seeds", "1", "1"])
+  assert "repeats a seed" in capsys.readouterr().err
 
 
 def _places(scale):
