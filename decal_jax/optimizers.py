@@ -148,6 +148,15 @@ class _ParamAxes:
     rows = tuple(i for i, kind in enumerate(kinds) if kind == "row")
     cols = tuple(i for i, kind in enumerate(kinds) if kind == "column")
     batch = tuple(i for i, kind in enumerate(kinds) if kind == "batch")
+    loose = [n for n, kind in zip(names, kinds) if kind == "none"]
+    if rows and cols and loose:  # T5X: "Incomplete adafactor spec"
+      raise ValueError(
+          f"Parameter {'/'.join(str(getattr(k, 'key', k)) for k in path)} has axis names "
+          f"{names}, factored as {tuple(kinds)}: rows and columns, and {loose} that are "
+          "neither (no rule, or 'none'), so its second moments cannot be factored. Give "
+          f"{loose} a factor rule ('row', 'column' or 'batch') in "
+          "adafactor(factor_rules=...), as T5X's logical_factor_rules, which refuses "
+          "this spec too.")
     return ((rows, cols) if rows and cols else None), batch
 
 
@@ -281,23 +290,34 @@ def per_layer(inner: optax.GradientTransformation,
   def stacked(path) -> bool:
     return any(getattr(key, "key", None) == stack_key for key in path)
 
-  def has_stacked(tree) -> bool:
-    return any(stacked(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0])
-
-  def labels(params):
+  def labels(tree):
+    """'rest', or the stack's group: 'stacked' when every stack has the same number of
+    layers (the state layout checkpoints have), else 'stacked_<layers>' per layer count,
+    since one vmap needs one leading size (e.g. 3 encoder and 2 decoder layers)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    sizes = {leaf.shape[0] for path, leaf in leaves if stacked(path)}
+    name = (lambda n: "stacked") if len(sizes) == 1 else (lambda n: f"stacked_{n}")
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "stacked" if stacked(path) else "rest", params)
+        lambda path, leaf: name(leaf.shape[0]) if stacked(path) else "rest", tree)
 
   vmapped = optax.GradientTransformation(jax.vmap(inner.init), jax.vmap(inner.update))
-  split = optax.multi_transform({"stacked": vmapped, "rest": inner}, labels)
+
+  def split(tree):  # None: nothing is stacked, `inner` alone (the unrolled state layout)
+    groups = set(jax.tree_util.tree_leaves(labels(tree))) | {"rest"}
+    if groups == {"rest"}:
+      return None
+    return optax.multi_transform(
+        {g: inner if g == "rest" else vmapped for g in groups}, labels(tree))
 
   def init(params):
-    return split.init(params) if has_stacked(params) else inner.init(params)
+    transform = split(params)
+    return inner.init(params) if transform is None else transform.init(params)
 
   def update(updates, state, params=None):
-    if has_stacked(updates):
-      return split.update(updates, state, params)
-    return inner.update(updates, state, params)
+    transform = split(updates)
+    if transform is None:
+      return inner.update(updates, state, params)
+    return transform.update(updates, state, params)
 
   return optax.GradientTransformation(init, update)
 

@@ -252,3 +252,58 @@ def test_wrappers_pass_the_axis_names_on_to_adafactor(wrap, factor):
     np.testing.assert_allclose(np.asarray(updates["attn"]["kernel"]), factor * (new - want),
                                rtol=2e-5, atol=1e-6)
     p, want = optax.apply_updates(p, updates), want + factor * (new - want)
+
+
+@pytest.mark.parametrize("names", [("embed", "heads", "length"), ("embed", "mystery", "kv")])
+def test_adafactor_refuses_rows_and_columns_with_an_axis_that_is_neither(names):
+  """T5X's 'Incomplete adafactor spec': a rank-3 kernel with a row axis, a column axis and
+  one without a rule (or ruled 'none') has no factoring; refused at init, naming the axis."""
+  from flax.linen.partitioning import AxisMetadata
+  opt = optimizers.adafactor(0.1)
+  optimizers.set_param_axes(opt, {"attn": {"kernel_axes": AxisMetadata(names)}})
+  loose = [n for n in names if n not in ("embed", "heads", "kv")]
+  with pytest.raises(ValueError, match=rf"attn/kernel .*\['{loose[0]}'\].*factor_rules"):
+    opt.init({"attn": {"kernel": jnp.zeros((4, 2, 3))}})
+  # a rule for the axis makes it factorable: 'batch' keeps its slices apart
+  from decal_jax import partitioning
+  opt = optimizers.adafactor(0.1, factor_rules=dict(partitioning.adafactor_factor_rules(),
+                                                    **{loose[0]: "batch"}))
+  optimizers.set_param_axes(opt, {"attn": {"kernel_axes": AxisMetadata(names)}})
+  state = opt.init({"attn": {"kernel": jnp.zeros((4, 2, 3))}})
+  assert state[0].v["attn"]["kernel"].shape == (1,)  # factored: no full-size statistics
+
+
+def test_scanned_stacks_of_different_depths_step_like_their_unrolled_layers():
+  """Scanned encoder and decoder stacks of 3 and 2 layers (one vmap cannot take both) take,
+  layer by layer, the steps Adafactor takes on the unrolled layers; a stack-free tree and a
+  tree whose stacks share one depth keep the state layouts checkpoints were written with."""
+  rng = np.random.RandomState(0)
+  enc, dec, emb = rng.randn(3, 8, 6), rng.randn(2, 8, 6), rng.randn(8, 6)
+  stacked = {"encoder": {"layers": {"w": enc}}, "decoder": {"layers": {"w": dec}}, "emb": emb}
+  unrolled = {"emb": emb, **{f"enc{i}": enc[i] for i in range(3)},
+              **{f"dec{i}": dec[i] for i in range(2)}}
+  grads = [jax.tree_util.tree_map(lambda x: rng.randn(*x.shape), stacked) for _ in range(3)]
+
+  def run(params, grads_of):
+    opt = optimizers.adafactor(lambda step: 0.1)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+    state = opt.init(params)
+    for g in grads:
+      updates, state = opt.update(jax.tree_util.tree_map(
+          lambda x: jnp.asarray(x, jnp.float32), grads_of(g)), state, params)
+      params = optax.apply_updates(params, updates)
+    return params, state
+
+  got, state = run(stacked, lambda g: g)
+  want, _ = run(unrolled, lambda g: {
+      "emb": g["emb"], **{f"enc{i}": g["encoder"]["layers"]["w"][i] for i in range(3)},
+      **{f"dec{i}": g["decoder"]["layers"]["w"][i] for i in range(2)}})
+  for i in range(3):
+    np.testing.assert_allclose(got["encoder"]["layers"]["w"][i], want[f"enc{i}"], atol=1e-6)
+  for i in range(2):
+    np.testing.assert_allclose(got["decoder"]["layers"]["w"][i], want[f"dec{i}"], atol=1e-6)
+  np.testing.assert_allclose(got["emb"], want["emb"], atol=1e-6)
+  assert set(state.inner_states) == {"rest", "stacked_2", "stacked_3"}
+  same_depth = {"encoder": {"layers": {"w": enc[:2]}}, "decoder": {"layers": {"w": dec}}}
+  layout = optimizers.adafactor(0.1).init(jax.tree_util.tree_map(jnp.asarray, same_depth))
+  assert set(layout.inner_states) == {"rest", "stacked"}
