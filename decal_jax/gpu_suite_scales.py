@@ -85,13 +85,14 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
 
 
 def lease_scale(beir_folder: Optional[str]) -> Scale:
-  """gpu_scale's shapes in LEASE_MINUTES: 3 option sets probed, DeCAL-4x (the MFU goal's)
-  timed first, the train parts given 7.5 of the minutes and the next parts what is left."""
+  """gpu_scale's shapes in LEASE_MINUTES: 3 option sets probed (1.25 minutes each at most:
+  start, compile, 8 steps), DeCAL-4x (the MFU goal's) timed first, the train parts given 8
+  of the minutes and the next parts what is left."""
   full = gpu_scale(beir_folder)
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
-      option_sets=LEASE_OPTION_SETS, probe_minutes=1.5, grace_s=20,
-      minutes=dict(full.minutes, train_probe=3.5, train=4, nuggets=2, squid=2,
+      option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20,
+      minutes=dict(full.minutes, train_probe=3.75, train=4.25, nuggets=2, squid=2,
                    retrieval_scale=3))
 
 
