@@ -17,7 +17,7 @@ run (`restore_matching_params`), which also reads T5X checkpoints (`t5x_checkpoi
 import dataclasses
 import pathlib
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import flax
 import jax
@@ -26,8 +26,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from decal_jax import fileio, partitioning, t5x_checkpoints
-from decal_jax.data import batch_iterator
 from decal_jax.networks import param_layout
+
+if TYPE_CHECKING:  # the `dataset` item's iterator (tf.data); imported where it is saved
+  from decal_jax.data import batch_iterator
 
 
 class ArchitectureMismatchError(ValueError):
@@ -58,10 +60,11 @@ class _DatasetHandler(ocp.CheckpointHandler):
 @ocp.args.register_with_handler(_DatasetHandler, for_save=True, for_restore=True)
 @dataclasses.dataclass
 class DatasetArgs(ocp.args.CheckpointArgs):
-  iterator: batch_iterator.BatchIterator
+  iterator: "batch_iterator.BatchIterator"
 
 
 def _own_process_file() -> str:
+  from decal_jax.data import batch_iterator  # pylint: disable=import-outside-toplevel  (TF)
   return batch_iterator.process_file(jax.process_index(), jax.process_count())
 
 
@@ -104,7 +107,7 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state: Any, data_position: Dict[str, int], force: bool = False,
-           batches: Optional[batch_iterator.BatchIterator] = None):
+           batches: Optional["batch_iterator.BatchIterator"] = None):
     """Saves when `step` is a multiple of save_period (or `force`), with the input
     pipeline's position when `batches` can save it."""
     if not force and step % self.save_period:
@@ -173,7 +176,7 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["data"])
 
-  def restore_dataset(self, step: int, batches: batch_iterator.BatchIterator) -> bool:
+  def restore_dataset(self, step: int, batches: "batch_iterator.BatchIterator") -> bool:
     """Moves `batches` to the position saved at `step`; False (nothing done) when that
     checkpoint holds none for this process (older checkpoint, unsavable pipeline, or
     another process count)."""
@@ -310,7 +313,7 @@ def one_line(error: BaseException, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _dataset_args(batches: Optional[batch_iterator.BatchIterator]) -> Dict[str, Any]:
+def _dataset_args(batches: Optional["batch_iterator.BatchIterator"]) -> Dict[str, Any]:
   return {"dataset": DatasetArgs(batches)} if batches is not None and batches.checkpointable \
       else {}
 

@@ -81,10 +81,15 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
   return known.gin_file, paths, bindings
 
 
-def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str]) -> None:
+def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str],
+          register_tasks: bool = True) -> None:
   """Parses gin files and bindings; a missing file, an unknown binding or a binding of a
-  macro no file defines or reads (a misspelling) exits with a message naming it."""
-  import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
+  macro no file defines or reads (a misspelling) exits with a message naming it. With
+  `register_tasks` (seqio, TensorFlow), the seqio tasks and their configurables
+  (`local_data`, `beir_tasks`) are registered first, for the run files that name them; a
+  caller that reads no task (bench_train's synthetic batches) may leave them out."""
+  if register_tasks:
+    import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
   gin.clear_config()
   all_paths = _search_paths(search_paths)
   for path in all_paths:
@@ -257,12 +262,13 @@ class LoadedModel(NamedTuple):
 def load_model(gin_files: Sequence[str], model_dir: Optional[str] = None, *,
                search_paths: Sequence[str] = (), bindings: Sequence[str] = (),
                feature_lengths: Optional[Mapping[str, int]] = None,
-               partitioner=None) -> LoadedModel:
+               partitioner=None, register_tasks: bool = True) -> LoadedModel:
   """The model that gin files + bindings configure (`MODEL`), and with `model_dir` the
   params of the latest checkpoint there. Parameter shapes do not depend on the lengths;
   `feature_lengths` (default: the gin `TASK_FEATURE_LENGTHS`) only shape the dummy batch
-  that traces them. The gin config stays parsed for the caller's further queries."""
-  parse(gin_files, search_paths, bindings)
+  that traces them. The gin config stays parsed for the caller's further queries.
+  `register_tasks`: as `parse`."""
+  parse(gin_files, search_paths, bindings, register_tasks)
   model = gin.query_parameter("%MODEL").scoped_configurable_fn()
   if model_dir is None:
     return LoadedModel(model, None, None, None)

@@ -1,6 +1,7 @@
 """The GPU suite's shapes and limits (`decal_jax/tools/gpu_suite.py`): the option sets its
-probe times, and the arguments each part gives its tool at the GPU's size (`gpu_scale`) and
-at --dry_run's tiny CPU size (`dry_run_scale`)."""
+probe times, and the arguments each part gives its tool at the GPU's size (`gpu_scale`), in
+a short lease of this workplace's device machine (`lease_scale`: the same shapes, less to
+probe, limits that fit one command) and at --dry_run's tiny CPU size (`dry_run_scale`)."""
 import dataclasses
 import pathlib
 from typing import Dict, List, Optional, Tuple
@@ -21,6 +22,11 @@ OPTION_SETS: Dict[str, List[str]] = {
                           "REMAT_POLICY='dots_with_no_batch_dims_saveable'"],
     "xla+fused": ["ATTENTION_KERNEL='xla'", "FUSED_QKV=True"],
 }
+# The lease's probe: one set per attention path (XLA's einsum, cuDNN, jax.nn's XLA kernel),
+# QKV fused where the kernel takes it. Scan and remat save memory or compile time, not step
+# time, at T5.1.1-small's batch 128 (a guess, not a measurement: the full run probes them).
+LEASE_OPTION_SETS = ("einsum", "cudnn+fused", "xla+fused")
+LEASE_MINUTES = 9.0  # one device command (at most 10 minutes) with a minute to spare
 DRY_RUN_BUDGET = """# the suite's --dry_run ablation budget: one variant, a few steps
 Budget.variants = ['decal_2x']
 Budget.model_gin = 'experiments/models/mini.gin'
@@ -76,6 +82,18 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
                                      "2", "none", "--num_centroids", "0.25"],
           retention=["--steps", str(RETENTION_STEPS)],
           ablation=["--budget", "gpu"]))
+
+
+def lease_scale(beir_folder: Optional[str]) -> Scale:
+  """gpu_scale's shapes in LEASE_MINUTES: 3 option sets probed (1.25 minutes each at most:
+  start, compile, 8 steps), DeCAL-4x (the MFU goal's) timed first, the train parts given 8
+  of the minutes and the next parts what is left."""
+  full = gpu_scale(beir_folder)
+  return dataclasses.replace(
+      full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
+      option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20,
+      minutes=dict(full.minutes, train_probe=3.75, train=4.25, nuggets=2, squid=2,
+                   retrieval_scale=3))
 
 
 def dry_run_scale(out: pathlib.Path) -> Scale:

@@ -1,11 +1,11 @@
 """Training metrics: averaging the model's summable aux values, and TensorBoard output
-(through `clu.metric_writers`, as T5X)."""
+(through `clu.metric_writers`, as T5X; imported when a writer is made, so the averaging that
+every model uses needs no clu)."""
 import math
 import os
 import time
 from typing import Any, Callable, Dict, Mapping
 
-from clu import metric_writers
 import gin
 import jax
 
@@ -64,10 +64,11 @@ class MetricsWriter:
 
   def __init__(self, model_dir: str):
     self.model_dir = model_dir
-    self._writers: Dict[str, metric_writers.MetricWriter] = {}
+    self._writers: Dict[str, Any] = {}  # folder -> clu.metric_writers.MetricWriter
 
-  def _writer(self, folder: str) -> metric_writers.MetricWriter:
+  def _writer(self, folder: str):
     if folder not in self._writers:
+      from clu import metric_writers  # pylint: disable=import-outside-toplevel
       self._writers[folder] = metric_writers.SummaryWriter(os.path.join(self.model_dir, folder))
     return self._writers[folder]
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from decal_jax import checkpoints, optimizers, partitioning, vocabulary_record
-from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 
 

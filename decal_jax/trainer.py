@@ -1,4 +1,5 @@
-"""The gin-configurable training loop (T5X's `trainer.py`): the jitted step and `train`.
+"""The gin-configurable training loop (T5X's `trainer.py`): `train`, around the jitted step
+of `train_step.py` (also named `trainer.make_train_step`).
 
 `train(...)` builds the model's variables sharded over the partitioner's mesh
 (`train_state`), restores the latest checkpoint in MODEL_DIR if there is one (params,
@@ -13,7 +14,6 @@ from typing import Dict, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 import tqdm
 
 from decal_jax import (checkpoints, evaluation, metrics, model_info, optimizers, partitioning,
@@ -21,40 +21,7 @@ from decal_jax import (checkpoints, evaluation, metrics, model_info, optimizers,
 from decal_jax.data import pipeline
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.models import BaseModel
-
-
-def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
-  """(state, global batch, rng) -> (state, aux), jitted with the state donated.
-
-  A step whose loss or gradient norm is NaN / Inf changes neither params nor optimizer
-  state (only the step counter); its aux values read 0 and `aux['nonfinite']` is 1, for
-  `resilience.NonFiniteGuard` to raise or skip."""
-  def step_fn(state, batch, rng):
-    dropout_rng = jax.random.fold_in(rng, state["step"])
-    grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
-    (loss, aux), grads = grad_fn(state["params"], batch, dropout_rng)
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    aux = dict(aux, loss=loss, grad_norm=optax.global_norm(grads))
-    finite = jnp.isfinite(aux["loss"]) & jnp.isfinite(aux["grad_norm"])
-
-    def if_finite(new, old):
-      return jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
-
-    aux = jax.tree_util.tree_map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), aux)
-    aux["nonfinite"] = (~finite).astype(jnp.int32)
-    return {"params": if_finite(params, state["params"]),
-            "opt_state": if_finite(opt_state, state["opt_state"]),
-            "step": state["step"] + 1}, aux
-
-  jitted = jax.jit(step_fn, out_shardings=(shardings, partitioner.replicated()),
-                   donate_argnums=(0,))
-
-  def run(state, batch, rng):
-    with partitioner.activate(), resilience.explain_out_of_memory(batch):
-      return jitted(state, batch, rng)
-  run.jitted = jitted  # for ahead-of-time lowering (decal_jax/tools/bench_train.py)
-  return run
+from decal_jax.train_step import make_train_step  # noqa: F401  (trainer.make_train_step, as before)
 
 
 # ------------------------------------------------------------------------------ train

@@ -2,15 +2,16 @@
 `get_dataset`): which seqio task to read, each process's shard of it, batching, padding,
 and assembling the global batch from the processes' rows.
 
+`DatasetConfig` and `to_global` live in `batches.py` (no seqio / TensorFlow: the benchmarks
+that time a train step on synthetic batches use them where TensorFlow is not installed).
 `check_feature_lengths` refuses feature lengths that cannot work with a task and model
 before anything is read; `resume_batches` puts a training stream back where the latest
 checkpoint left it.
 """
 import contextlib
-import dataclasses
 import difflib
 import logging
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import jax
 from jax.experimental import multihost_utils
@@ -20,34 +21,8 @@ import tensorflow as tf
 
 from decal_jax import checkpoints, partitioning
 from decal_jax.data import autoencoding, batch_iterator, sentences, span_corruption, text_to_text
-
-Batch = Dict[str, np.ndarray]
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetConfig:
-  """Which seqio task or mixture to read, and how (T5X's `utils.DatasetConfig` names)."""
-  mixture_or_task_name: str
-  task_feature_lengths: Mapping[str, int]
-  split: str = "train"
-  batch_size: int = 32
-  shuffle: bool = True
-  seed: int = 0
-  use_cached: bool = False
-  pack: bool = False
-
-  def __post_init__(self):
-    check_count("BATCH_SIZE (pipeline.DatasetConfig.batch_size)", self.batch_size)
-    for key, length in dict(self.task_feature_lengths).items():
-      check_count(f"TASK_FEATURE_LENGTHS[{key!r}] (pipeline.DatasetConfig.task_feature_lengths)",
-                  length)
-
-
-def check_count(binding: str, value) -> None:
-  """Refuses a run setting that must be a whole number >= 1, naming its gin binding."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{binding} = {value!r}: must be a whole number >= 1.")
-
+# The settings and the batches' placement on the mesh, which need no data (pipeline.X as before).
+from decal_jax.data.batches import Batch, DatasetConfig, check_count, to_global  # noqa: F401
 
 def get_task(name: str):
   """The registered seqio task or mixture `name`; an unknown name is refused with the
@@ -199,19 +174,6 @@ def lockstep_batches(ds: tf.data.Dataset, rows: int, max_batches: int) -> Iterat
     elif batch is None:
       return
     yield empty if batch is None else pad_batch(batch, rows)
-
-
-def to_global(batch: Batch, partitioner: partitioning.Partitioner):
-  """Process-local numpy batch `[local_rows, ...]` -> global jax arrays `[local_rows x
-  shard count, ...]`, rows split over the ('data', 'fsdp') mesh axes."""
-  shard = partitioner.data_shard()
-
-  def one(v):
-    v = np.asarray(v)
-    global_shape = (v.shape[0] * shard.count,) + v.shape[1:]
-    return jax.make_array_from_process_local_data(partitioner.batch_sharding(v.ndim), v,
-                                                  global_shape)
-  return {k: one(v) for k, v in batch.items()}
 
 
 def print_data_notes() -> None:

@@ -8,14 +8,24 @@ module and answers the trainer through `base.BaseModel`'s methods.
   dual_encoder.py     DualEncoderModel (multi-vector retrieval) and its feature converter
   t5x_dual_encoder.py DualEncoderModel as a T5X model class (imports t5x; not imported here)
 
-Gin files name them `models.X` (`from decal_jax import models`).
+Gin files name them `models.X` (`from decal_jax import models`). Each is imported when first
+named, so a T5 model needs neither TensorFlow nor the other models' feature converters
+(`bench_train` on a GPU image without them: docs/performance.md).
 """
-from decal_jax.models.base import BaseModel, TokenModel
-from decal_jax.models.decoder_only import DecoderOnlyModel
-from decal_jax.models.dual_encoder import DualEncoderFeatureConverter, DualEncoderModel
-from decal_jax.models.encoder_decoder import EncoderDecoderModel
-from decal_jax.models.squid import SquidFeatureConverter, SquidModel
+import importlib
 
-__all__ = ["BaseModel", "TokenModel", "EncoderDecoderModel", "DecoderOnlyModel",
-           "SquidFeatureConverter", "SquidModel", "DualEncoderFeatureConverter",
-           "DualEncoderModel"]
+_WHERE = {"BaseModel": "base", "TokenModel": "base", "DecoderOnlyModel": "decoder_only",
+          "DualEncoderFeatureConverter": "dual_encoder", "DualEncoderModel": "dual_encoder",
+          "EncoderDecoderModel": "encoder_decoder", "SquidFeatureConverter": "squid",
+          "SquidModel": "squid"}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+  if name in _WHERE:
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

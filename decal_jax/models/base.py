@@ -4,7 +4,8 @@ The trainer, evaluation and the tools ask a model only through these methods, ne
 probing it for attributes. A wrapper owns a network module (`self.module`, with a frozen
 `config`) and says:
 
-  FEATURE_CONVERTER_CLS          task features -> model features (seqio)
+  FEATURE_CONVERTER_CLS          called: task features -> model features (seqio; `SeqioConverter`
+                                 names one of seqio's without importing it)
   DECODER_ONLY                   the task gives only 'targets' (nothing to compress)
   PREDICTS_TEXT                  `predict_batch` decodes text (evaluation scores it)
   EXAMPLE_FEATURES               which features of a decoded example the trainer prints
@@ -19,33 +20,52 @@ probing it for attributes. A wrapper owns a network module (`self.module`, with 
   compression_ratio(lengths)     input tokens per kept vector (1: no compression)
 """
 import abc
-from typing import Any, Dict, Mapping, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 
 from decal_jax import losses, metrics
+
+if TYPE_CHECKING:
+  import seqio
 
 Array = jax.Array
 Batch = Mapping[str, Array]
 Shapes = Dict[str, Tuple[int, ...]]
 
 
+class SeqioConverter:
+  """A FEATURE_CONVERTER_CLS naming one of seqio's feature converters, imported when called.
+  T5X types the attribute `Callable[..., seqio.FeatureConverter]` and only calls it (as do
+  `pipeline` and `inference_eval`: `model.FEATURE_CONVERTER_CLS(pack=...)`); the model
+  itself never does, so it imports (and `bench_train` times its step) without seqio."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def __call__(self, *args, **kwargs) -> "seqio.FeatureConverter":
+    import seqio  # pylint: disable=import-outside-toplevel,redefined-outer-name
+    return getattr(seqio, self.name)(*args, **kwargs)
+
+  def __repr__(self) -> str:
+    return f"SeqioConverter({self.name!r})"
+
+
 class BaseModel(abc.ABC):
   """The protocol; subclasses implement the abstract methods and override the defaults
   that do not fit them."""
 
-  FEATURE_CONVERTER_CLS: Type[seqio.FeatureConverter]
+  FEATURE_CONVERTER_CLS: Callable[..., "seqio.FeatureConverter"]
   DECODER_ONLY = False
   PREDICTS_TEXT = True
   # (name printed, model feature) of the example the trainer decodes after training.
   EXAMPLE_FEATURES: Tuple[Tuple[str, str], ...] = (("inputs", "encoder_input_tokens"),
                                                    ("targets", "decoder_target_tokens"))
 
-  def __init__(self, module, input_vocabulary: seqio.Vocabulary,
-               output_vocabulary: seqio.Vocabulary):
+  def __init__(self, module, input_vocabulary: Optional["seqio.Vocabulary"],
+               output_vocabulary: Optional["seqio.Vocabulary"]):
     self.module = module
     self.input_vocabulary = input_vocabulary
     self.output_vocabulary = output_vocabulary

@@ -1,14 +1,16 @@
 """T5X-style decoder-only model: loss, generation and scoring around a causal LM module
 (`networks.decoder.Decoder`, `networks.dodo_lm.DodoLM`, `networks.gpthf.Gpthf`)."""
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import seqio
 
 from decal_jax import decoding
 from decal_jax.models import base
+
+if TYPE_CHECKING:
+  import seqio
 
 Array = jax.Array
 Batch = base.Batch
@@ -18,10 +20,11 @@ class DecoderOnlyModel(base.TokenModel):
   """Loss / generation for a decoder-only network (`networks.decoder.Decoder`,
   `networks.dodo_lm.DodoLM`), called the way `t5x.models.DecoderOnlyModel` calls it."""
 
-  FEATURE_CONVERTER_CLS = seqio.DecoderFeatureConverter
+  FEATURE_CONVERTER_CLS = base.SeqioConverter("DecoderFeatureConverter")
   DECODER_ONLY = True
 
-  def __init__(self, module: nn.Module, vocabulary: seqio.Vocabulary, z_loss: float = 1e-4,
+  def __init__(self, module: nn.Module, vocabulary: Optional["seqio.Vocabulary"],
+               z_loss: float = 1e-4,
                label_smoothing: float = 0.0, loss_normalizing_factor: Optional[float] = None,
                decode_fn: Callable[..., Tuple[Array, Array]] = decoding.temperature_sample):
     super().__init__(module, vocabulary, vocabulary, z_loss, label_smoothing,

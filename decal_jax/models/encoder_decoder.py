@@ -5,15 +5,17 @@ does (the same argument names, the same cache-initialisation and per-step decode
 so a network that works here works in T5X and vice versa.
 """
 import functools
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import seqio
 
 from decal_jax import decoding
 from decal_jax.models import base
+
+if TYPE_CHECKING:
+  import seqio
 
 Array = jax.Array
 Batch = base.Batch
@@ -22,10 +24,10 @@ Batch = base.Batch
 class EncoderDecoderModel(base.TokenModel):
   """Loss / predict / score for an encoder-decoder network such as `networks.t5.Transformer`."""
 
-  FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
+  FEATURE_CONVERTER_CLS = base.SeqioConverter("EncDecFeatureConverter")
 
-  def __init__(self, module: nn.Module, input_vocabulary: seqio.Vocabulary,
-               output_vocabulary: seqio.Vocabulary, z_loss: float = 1e-4,
+  def __init__(self, module: nn.Module, input_vocabulary: Optional["seqio.Vocabulary"],
+               output_vocabulary: Optional["seqio.Vocabulary"], z_loss: float = 1e-4,
                label_smoothing: float = 0.0, loss_normalizing_factor: Optional[float] = None,
                decode_fn: Callable[..., Tuple[Array, Array]] = decoding.beam_search):
     super().__init__(module, input_vocabulary, output_vocabulary, z_loss, label_smoothing,

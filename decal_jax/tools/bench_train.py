@@ -6,7 +6,7 @@
 The model, optimizer and partitioner come from the gin files and bindings a train run uses
 (`--gin_file`, `--gin.NAME=VALUE`, `--gin_bindings`, as `python -m decal_jax.train`; without
 a run file: Adafactor and a one-axis data mesh, the trainer's defaults). The step is the
-trainer's own (`train_state.init_state` + `trainer.make_train_step`: donated state, the NaN
+trainer's own (`train_state.init_state` + `train_step.make_train_step`: donated state, the NaN
 guard, the optimizer update), compiled ahead of time so compile time is measured apart.
 
 Reported per configuration:
@@ -24,7 +24,12 @@ Reported per configuration:
   memory    XLA's `compiled.memory_analysis()`: temporary (activation) bytes of the step.
 
 Batches are synthetic (random ids, exact shapes, on the mesh before timing: no input
-pipeline). `--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
+pipeline), so the model is built with `VOCABULARY = None` (a later binding still sets one)
+and the gin files are parsed without registering the seqio tasks: the tool imports neither
+seqio, TensorFlow nor clu, and runs on a GPU image without them (docs/performance.md; a run
+file whose task bindings need `decal_jax.tasks` is refused as unknown: give the model files).
+
+`--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
 configuration (the first plus those), times both in one process, alternating their steps,
 and prints B / A. `--breakdown` times the parts of a T5 step on their own; `--profile_steps`
 traces steps with jax.profiler and records the top ops. Appends a JSON line per
@@ -48,8 +53,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from decal_jax import (flops, gin_utils, losses, optimizers, partitioning,  # noqa: E402
-                       train_state, trainer)
-from decal_jax.data import pipeline  # noqa: E402
+                       train_state, train_step)
+from decal_jax.data import batches  # noqa: E402
 from decal_jax.benchmarking import (device_peak, machine_record, median_seconds,  # noqa: E402
                                     profile_top_ops, write_jsonl, xla_cost)
 from decal_jax.compress.latents import DecalLatents  # noqa: E402
@@ -92,11 +97,15 @@ def _macro(name: str):
     return None
 
 
+NO_VOCABULARY = "VOCABULARY = None"  # synthetic ids: nothing to tokenize or decode
+
+
 def build(label: str, files: Sequence[str], paths: Sequence[str], bindings: Sequence[str],
           args) -> Setup:
   """Parses the gin config and builds the model, optimizer, partitioner and batch shape."""
   try:
-    model = gin_utils.load_model(files, search_paths=paths, bindings=bindings).model
+    model = gin_utils.load_model(files, search_paths=paths, bindings=[NO_VOCABULARY, *bindings],
+                                 register_tasks=False).model
   except ValueError:
     raise SystemExit("error: the gin files define no MODEL; give a model gin file, e.g. "
                      "--gin_file=models/t5_1_1_small.gin.") from None
@@ -147,11 +156,11 @@ class Runner:
 
   def __init__(self, setup: Setup, seed: int):
     self.setup = setup
-    cfg = pipeline.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
+    cfg = batches.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
     self.state, shardings = train_state.init_state(setup.model, setup.optimizer,
                                                setup.partitioner, cfg, seed)
-    step = trainer.make_train_step(setup.model, setup.optimizer, setup.partitioner, shardings)
-    self.batch = pipeline.to_global(synthetic_batch(setup, seed), setup.partitioner)
+    step = train_step.make_train_step(setup.model, setup.optimizer, setup.partitioner, shardings)
+    self.batch = batches.to_global(synthetic_batch(setup, seed), setup.partitioner)
     self.rng = jax.random.PRNGKey(seed)
     self.info: Dict[str, Any] = {}
     self.times: List[float] = []
@@ -379,7 +388,7 @@ def _time_part(module, inputs, seed: int, repeats: int):
 
 def _time_optimizer(setup: Setup, seed: int, repeats: int):
   """(seconds, XLA FLOPs) of the optimizer update + apply on the model's parameters."""
-  cfg = pipeline.DatasetConfig("synthetic", setup.lengths, batch_size=1)
+  cfg = batches.DatasetConfig("synthetic", setup.lengths, batch_size=1)
   abstract, _ = train_state.abstract_params(setup.model, cfg, setup.partitioner)
   keys = iter(jax.random.split(jax.random.PRNGKey(seed), len(jax.tree_util.tree_leaves(abstract))))
   params = jax.tree_util.tree_map(

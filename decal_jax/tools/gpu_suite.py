@@ -3,6 +3,8 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
+  python -m decal_jax.tools.gpu_suite --lease --parts train_probe,train,nuggets,squid,retrieval_scale
+      # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
 Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
 SIGTERM, then SIGKILL after a grace period), and one that fails or runs out of time is
@@ -36,7 +38,10 @@ gpu_suite_summary.md (and .json): per part its status, wall time, limit, command
 below the goal, the top ops. A run of some --parts keeps the other parts' rows. --archive
 packs every file written into one .tar.gz (for machines that return only a few files).
 --dry_run: every part at tiny shapes on CPU (no cuDNN sets, C = 1 and 4, a one-variant
-ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI.
+ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI. The
+parts marked `device_image` run there with TensorFlow, seqio, clu and t5 refused, as on the
+workplace's GPU image. --lease: the GPU shapes in 9 minutes (gpu_suite_scales.lease_scale:
+three option sets probed, DeCAL-4x timed first, shorter part limits).
 """
 import argparse
 import dataclasses
@@ -60,7 +65,9 @@ from decal_jax import fileio  # noqa: E402  (light: the suite itself never touch
 GOAL_MFU = 0.40
 # What a GPU image may lack that the library's data path needs (the workplace's own image has
 # jax, flax, optax and orbax but none of these, and TensorFlow is too large to carry there).
-DEVICE_IMAGE_LACKS = ("tensorflow", "tensorflow_text", "seqio", "clu", "gin", "t5")
+# gin-config is missing there too, but its 61 kB wheel travels with the recipe
+# (docs/performance.md), so the parts may use it.
+DEVICE_IMAGE_LACKS = ("tensorflow", "tensorflow_text", "seqio", "clu", "t5")
 REFUSE_IMPORTS = """# written by gpu_suite --dry_run: refuses the imports a GPU image may lack
 import importlib.abc, sys
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -70,7 +77,8 @@ class _Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _Refuse())
 """
 from decal_jax.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
-    CUDNN, OPTION_SETS, PROFILED_RATIO, RATIOS, RETENTION_STEPS, Scale, dry_run_scale, gpu_scale)
+    CUDNN, LEASE_MINUTES, OPTION_SETS, PROFILED_RATIO, RATIOS, RETENTION_STEPS,
+    Scale, dry_run_scale, gpu_scale, lease_scale)
 
 
 class PartFailed(Exception):
@@ -278,8 +286,8 @@ class Part:
 
 
 PARTS = [
-    Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",)),
-    Part("train", part_train, ("bench_train_gpu.jsonl",)),
+    Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",), device_image=True),
+    Part("train", part_train, ("bench_train_gpu.jsonl",), device_image=True),
     Part("nuggets", _tool_part("bench_nuggets", "nuggets_cache_gpu", plot=False),
          ("nuggets_cache_gpu.md",), device_image=True),
     Part("squid", _tool_part("bench_squid", "squid_latency_gpu"),
@@ -349,7 +357,7 @@ def render(summary: dict) -> str:
     lines += ["", "## Training step (bench_train_gpu.jsonl)", "",
               "| C | configuration | step ms | seq/s | tok/s | MFU | temp GiB |",
               "|---|---|---|---|---|---|---|"]
-    for ratio, r in details["train"].items():
+    for ratio, r in sorted(details["train"].items(), key=lambda item: int(item[0])):
       mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
       lines.append(f"| {ratio} | {r['label']} | {1e3 * r['step_s_median']:.1f} | "
                    f"{r['sequences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
@@ -399,7 +407,9 @@ def parse_args(argv):
   p.add_argument("--parts", default=",".join(part.name for part in PARTS),
                  help="comma-separated parts to run, in the suite's order")
   p.add_argument("--minutes", type=float, default=None,
-                 help="the whole run's budget (default 40; --dry_run 20)")
+                 help="the whole run's budget (default 40; --lease 9; --dry_run 20)")
+  p.add_argument("--lease", action="store_true", help="a short lease (this workplace's "
+                 "device machine): the GPU shapes with gpu_suite_scales.lease_scale's limits")
   p.add_argument("--out_dir", type=pathlib.Path, default=None,
                  help="default docs/results (--dry_run: a temporary folder)")
   p.add_argument("--log_dir", type=pathlib.Path, default=None,
@@ -417,7 +427,9 @@ def parse_args(argv):
   if unknown or not names:
     p.error(f"unknown parts {unknown}; known: {', '.join(part.name for part in PARTS)}")
   a.parts = [part for part in PARTS if part.name in names]
-  a.minutes = a.minutes or (20.0 if a.dry_run else 40.0)
+  if a.lease and a.dry_run:
+    p.error("--lease sets the GPU run's limits; --dry_run has its own tiny scale: give one.")
+  a.minutes = a.minutes or (20.0 if a.dry_run else LEASE_MINUTES if a.lease else 40.0)
   if a.out_dir is None:
     a.out_dir = (pathlib.Path(tempfile.mkdtemp(prefix="gpu_suite_")) if a.dry_run
                  else REPO / "docs" / "results")
@@ -437,7 +449,8 @@ def main(argv=None) -> dict:
              "hours here. Run on a GPU machine, or pass --dry_run for the tiny CPU run.")
   a.out_dir.mkdir(parents=True, exist_ok=True)
   a.log_dir.mkdir(parents=True, exist_ok=True)
-  scale = dry_run_scale(a.out_dir) if a.dry_run else gpu_scale(a.beir_folder)
+  scale = (dry_run_scale(a.out_dir) if a.dry_run else lease_scale(a.beir_folder) if a.lease
+           else gpu_scale(a.beir_folder))
   summary_path = a.out_dir / "gpu_suite_summary.json"
   summary = json.loads(summary_path.read_text()) if summary_path.exists() else {
       "parts": {}, "details": {}}  # an earlier run's: its probe serves a later `train`

@@ -1,7 +1,12 @@
 """decal_jax/tools/bench_train.py without compiling anything: the peak table's device matching, the
-step's jitted program exposed by trainer.make_train_step, and the summary arithmetic
-(median, throughput, analytical FLOPs, MFU) on hand-made timings."""
+step's jitted program exposed by trainer.make_train_step, the summary arithmetic
+(median, throughput, analytical FLOPs, MFU) on hand-made timings, and the model built where
+TensorFlow, seqio, clu and t5 cannot be imported (the GPU image)."""
 import importlib
+import os
+import subprocess
+import sys
+import textwrap
 import types
 
 import jax
@@ -68,3 +73,41 @@ def test_summary_arithmetic_on_hand_made_timings(monkeypatch):
       "sequences_per_s"] / 2))
   assert ratios["step_s_median"] == pytest.approx(2.0)
   assert ratios["sequences_per_s"] == pytest.approx(0.5)
+
+
+def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused(tmp_path):
+  """A fresh interpreter whose sitecustomize refuses every gpu_suite.DEVICE_IMAGE_LACKS
+  import (what the workplace's GPU image lacks) imports the tool and builds the model of
+  the suite's train parts (T5.1.1-small DeCAL-4x, bf16) from their exact arguments, with no
+  vocabulary; none of the refused packages is loaded. The dry-run suite runs the step."""
+  gpu_suite = importlib.import_module("decal_jax.tools.gpu_suite")
+  lacks = set(gpu_suite.DEVICE_IMAGE_LACKS)
+  assert {"tensorflow", "seqio", "clu"} <= lacks
+  (tmp_path / "sitecustomize.py").write_text(gpu_suite.REFUSE_IMPORTS.format(lacks=lacks))
+  code = textwrap.dedent(f"""
+      import sys
+      try:
+        import tensorflow
+      except ImportError as e:
+        print("refused:", e)
+      from decal_jax.tools import bench_train
+      args, (files, paths, bindings) = bench_train.parse_args(sys.argv[1:])
+      setup = bench_train.build("A", files, paths, bindings, args)
+      cfg = setup.model.module.config
+      print("built:", cfg.emb_dim, cfg.num_encoder_layers, cfg.compression_ratio, cfg.dtype,
+            setup.batch_size, setup.lengths, setup.model.input_vocabulary)
+      print("loaded:", sorted(m for m in sys.modules if m.split(".")[0] in {lacks!r}))
+  """)
+  argv = gpu_suite.bench_train_argv(gpu_suite.gpu_scale(None), ["COMPRESSION_RATIO=4"], 20,
+                                    "A", tmp_path / "out.jsonl")
+  assert argv[:2] == ["-m", "decal_jax.tools.bench_train"]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
+             JAX_PLATFORMS="cpu")
+  run = subprocess.run([sys.executable, "-c", code, *argv[2:]], env=env, cwd=REPO,
+                       capture_output=True, text=True, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  lines = run.stdout.splitlines()
+  assert lines[0].startswith("refused: tensorflow is not on the GPU image")
+  assert lines[1] == ("built: 512 8 4 bfloat16 128 {'inputs': 512, 'targets': 128} None")
+  assert lines[2] == "loaded: []"
+

@@ -122,12 +122,17 @@ def test_the_scale_and_retention_parts_measure_what_they_name(result):
 
 def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   """The parts marked device_image ran (status ok above) under a sitecustomize that refuses
-  every DEVICE_IMAGE_LACKS import: so they run on a GPU image without TensorFlow / seqio."""
+  every DEVICE_IMAGE_LACKS import: so they run on a GPU image without TensorFlow / seqio
+  (the train parts too: bench_train's step, the probe and the profile)."""
   import subprocess
   import sys
-  _, out = result
+  summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
-      "nuggets", "squid", "retrieval_scale"}
+      "train_probe", "train", "nuggets", "squid", "retrieval_scale"}
+  assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
+      gpu_suite.DEVICE_IMAGE_LACKS)
+  for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
+    assert summary["parts"][name]["status"] == "ok"
   env = {"PYTHONPATH": str(out / "work" / "refuse_imports"), "PATH": "/usr/bin:/bin"}
   for lacking in gpu_suite.DEVICE_IMAGE_LACKS:
     run = subprocess.run([sys.executable, "-c", f"import {lacking}"], env=env,
@@ -204,3 +209,24 @@ def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
   assert synthetic.synthetic_passages == 1_000_000 and synthetic.ratios == [4]
   assert synthetic.beir_folder == synthetic.msmarco_folder == ""
   assert scale.tools["retention"] == ["--steps", str(gpu_suite.RETENTION_STEPS)]
+
+
+def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
+  """--lease (the workplace's device machine: one command of at most 10 minutes): the GPU
+  shapes, DeCAL-4x first (the MFU goal's), a probe of a cuDNN and a non-cuDNN set that fits
+  its limit, and the train parts within the 9-minute budget with time left for the rest."""
+  args = gpu_suite.parse_args(["--lease", "--parts", "train_probe,train,nuggets"])
+  assert args.minutes == gpu_suite.LEASE_MINUTES <= 10 - 1
+  lease, full = gpu_suite.lease_scale(None), gpu_suite.gpu_scale(None)
+  assert (lease.model, lease.batch, lease.lengths, lease.steps) == (
+      full.model, full.batch, full.lengths, full.steps)
+  assert lease.ratios[0] == gpu_suite.PROFILED_RATIO and sorted(lease.ratios) == sorted(
+      full.ratios)
+  assert set(lease.option_sets) <= set(gpu_suite.OPTION_SETS)
+  assert any(gpu_suite.CUDNN in gpu_suite.OPTION_SETS[n] for n in lease.option_sets)
+  assert any(gpu_suite.CUDNN not in gpu_suite.OPTION_SETS[n] for n in lease.option_sets)
+  assert len(lease.option_sets) * lease.probe_minutes <= lease.minutes["train_probe"]
+  assert lease.minutes["train_probe"] + lease.minutes["train"] < gpu_suite.LEASE_MINUTES
+  with pytest.raises(SystemExit):
+    gpu_suite.parse_args(["--lease", "--dry_run"])
+
