@@ -282,11 +282,11 @@ class ResidualIndex(exact.StoredIndex):
     rough, present = self.pruned_interaction(centroid_scores, probed, valid)  # [b, docs]
     groups = [docs[_best(docs, score[docs], 4 * candidates)] for docs, score in
               ((np.flatnonzero(row), score) for score, row in zip(rough, present))]
-    full = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
+    full, decoded = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
     groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
     out = []
-    for query, query_valid, docs in zip(q, valid, groups):
-      s = self.rerank(query[query_valid], docs)  # [docs]
+    for query, query_valid, docs, (rows, sims) in zip(q, valid, groups, decoded):
+      s = self.rerank(query[query_valid], docs, (rows, sims[:, query_valid]))  # [docs]
       best = _best(docs, s, k, ordered=True)
       out.append((s[best].astype(np.float32), docs[best].astype(np.int32)))
     return out
@@ -325,13 +325,15 @@ class ResidualIndex(exact.StoredIndex):
     return best.reshape(b, mq, -1).sum(axis=1), present
 
   def centroid_interaction(self, q: np.ndarray, centroid_scores: np.ndarray,
-                           probed: np.ndarray, groups: Sequence[np.ndarray]) -> List[np.ndarray]:
+                           probed: np.ndarray, groups: Sequence[np.ndarray]
+                           ) -> Tuple[List[np.ndarray], List[Tuple[np.ndarray, np.ndarray]]]:
     """Centroid interaction (PLAID's), refined: MaxSim with every vector of a document
     standing for its centroid (score q.c), except that a vector in a cell the query vector
     probed scores exactly against its decompressed value (only those are decompressed).
     q `[b, mq, d]`, centroid_scores `[b, mq, K]` (0 for invalid query vectors), probed
     `[b, mq, nprobe]` (of valid vectors only, or ignored there), per query its sorted docs
-    -> per query `[docs]`."""
+    -> (per query `[docs]`, per query the rows it decompressed (ascending) and their exact
+    similarities to every query vector `[h, mq]`, for the rerank to reuse)."""
     b, mq, k = centroid_scores.shape
     sizes = [len(g) for g in groups]
     docs = np.concatenate(groups)  # [g]
@@ -351,16 +353,27 @@ class ResidualIndex(exact.StoredIndex):
         start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))])  # [h, mq]
     sims[hit] = np.where(mask[hit], exact_sims, sims[hit])
     scores = _segment_max(sims, counts).sum(axis=1)  # [g]
-    return np.split(scores, np.cumsum(sizes)[:-1])
+    decoded = [(rows[hit[start:stop]], exact_sims[start:stop])
+               for start, stop in zip(bounds[:-1], bounds[1:])]
+    return np.split(scores, np.cumsum(sizes)[:-1]), decoded
 
-  def rerank(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+  def rerank(self, q: np.ndarray, docs: np.ndarray,
+             decoded: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> np.ndarray:
     """Exact MaxSim of one query's valid vectors `[mq, d]` over the decompressed vectors of
-    sorted docs `[c]` -> `[c]`."""
+    sorted docs `[c]` -> `[c]`. decoded: rows already scored (ascending `[h]`) and their
+    similarities `[h, mq]`, reused instead of decompressing them again."""
     if len(docs) == 0:
       return np.zeros(0, np.float32)
     counts = self.offsets[docs + 1] - self.offsets[docs]  # [c]
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
-    sims = np.einsum("rd,md->rm", self.vectors(rows), q)  # [r, mq]
+    sims = np.empty((len(rows), len(q)), np.float32)  # [r, mq]
+    missing = np.ones(len(rows), bool)
+    if decoded is not None and len(decoded[0]):
+      known_rows, known_sims = decoded
+      at = np.minimum(np.searchsorted(known_rows, rows), len(known_rows) - 1)  # [r]
+      missing = known_rows[at] != rows
+      sims[~missing] = known_sims[at[~missing]]
+    sims[missing] = np.einsum("rd,md->rm", self.vectors(rows[missing]), q)
     return _segment_max(sims, counts).sum(axis=1)  # [c]
 
 
