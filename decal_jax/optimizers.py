@@ -2,6 +2,7 @@
 
 Each optimizer built here carries its schedule (`schedule_of`), which the trainer logs to
 TensorBoard as `learning_rate`."""
+import warnings
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
@@ -121,8 +122,10 @@ class _ParamAxes:
     self.rules = dict(rules) if rules is not None else None
     self.enabled = enabled
     self.names: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+    self.was_set = False
 
   def set(self, params_axes) -> None:
+    self.was_set = True
     if not self.enabled:
       return
     from decal_jax import partitioning  # pylint: disable=import-outside-toplevel
@@ -217,6 +220,16 @@ def _state_layout(axes, learning_rate, clipping_threshold, multiply_by_parameter
                   min_dim) -> optax.GradientTransformation:
   """The chain whose state `scale_by_adafactor` keeps (only its `init` is used)."""
   def init(params):
+    if axes.enabled and not axes.was_set and any(
+        p.ndim > 2 for p in jax.tree_util.tree_leaves(params)):
+      warnings.warn(
+          "adafactor was never given the model's logical axis names (set_param_axes), so "
+          "its parameters of rank > 2 keep full second moments (optax's shape heuristic) "
+          "instead of T5X's factoring by axis names. decal_jax's trainer sets them; an "
+          "adafactor inside a plain optax.chain or another wrapper cannot be reached: "
+          "build the chain with decal_jax.optimizers.chain(...), or call "
+          "set_param_axes on the adafactor itself before init.", stacklevel=3)
+
     def one(path, p):
       dims, _ = axes.factoring(path, p.shape, min_dim)
       small = jnp.zeros((1,), p.dtype)
@@ -383,6 +396,17 @@ def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
                 for fragment, factor in scales.items()}
   transforms["__rest__"] = optimizer
   return _wrapping(optimizer, optax.multi_transform(transforms, labels))
+
+
+def chain(*transforms: optax.GradientTransformation) -> Scheduled:
+  """`optax.chain(*transforms)` that keeps what this module's optimizers carry: the first
+  member's learning-rate schedule (`schedule_of`) and axis names holder, so that
+  `set_param_axes` reaches an `adafactor` inside (a plain optax.chain hides it)."""
+  chained = with_schedule(optax.chain(*transforms), next(
+      (s for s in map(schedule_of, transforms) if s is not None), None))
+  chained.param_axes = next((a for a in (getattr(t, "param_axes", None) for t in transforms)
+                             if a is not None), None)
+  return chained
 
 
 def _wrapping(optimizer, transform: optax.GradientTransformation) -> Scheduled:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from decal_jax import losses, train_state
+from decal_jax import losses, optimizers, train_state
 from decal_jax.benchmarking import median_seconds, xla_cost
 from decal_jax.compress.latents import DecalLatents
 from decal_jax.data import batches
@@ -153,6 +153,8 @@ def _time_optimizer(setup, seed: int, repeats: int):
   """(seconds, XLA FLOPs) of the optimizer update + apply on the model's parameters."""
   cfg = batches.DatasetConfig("synthetic", setup.lengths, batch_size=1)
   abstract, _ = train_state.abstract_params(setup.model, cfg, setup.partitioner)
+  optimizers.set_param_axes(setup.optimizer,  # the run's factoring, as init_state gives it
+                            train_state.abstract_variables(setup.model, cfg)["params_axes"])
   keys = iter(jax.random.split(jax.random.PRNGKey(seed), len(jax.tree_util.tree_leaves(abstract))))
   params = jax.tree_util.tree_map(
       lambda a: 0.05 * jax.random.normal(next(keys), a.shape, a.dtype), abstract)

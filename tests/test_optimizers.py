@@ -1,6 +1,7 @@
 """decal_jax.optimizers: learning-rate schedules against their formulas worked by hand,
 AdamW against numpy, and the update wrappers (scaled parts) against the plain optimizer."""
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -172,10 +173,32 @@ def test_adafactor_without_axis_names_is_optax_adafactor():
   ours = optimizers.adafactor(lambda step: 0.01)
   plain = optax.adafactor(learning_rate=lambda step: 0.01, min_dim_size_to_factor=128,
                           momentum=None)
-  a, _ = ours.update(grads, ours.init(params), params)
+  with pytest.warns(UserWarning, match="never given the model's logical axis names"):
+    state = ours.init(params)  # the rank-3 array: says it is not factored by names
+  a, _ = ours.update(grads, state, params)
   b, _ = plain.update(grads, plain.init(params), params)
   for key in params:
     np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
+def test_a_plain_optax_chain_hides_adafactor_from_set_param_axes_and_says_so():
+  """set_param_axes cannot see into optax.chain: init warns, naming decal_jax's `chain`,
+  and the [embed, heads, kv] kernel keeps a full second moment; `optimizers.chain` keeps
+  the names (no warning, [embed] and [heads, kv] statistics) and the schedule."""
+  params, axes, _ = _attention_case()
+  p = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+  hidden = optax.chain(optimizers.adafactor(lambda step: 0.1), optax.scale(0.5))
+  optimizers.set_param_axes(hidden, axes)
+  with pytest.warns(UserWarning, match=r"optimizers\.chain"):
+    state = hidden.init(p)
+  assert (8, 2, 3) in [x.shape for x in jax.tree_util.tree_leaves(state)]
+  kept = optimizers.chain(optimizers.adafactor(lambda step: 0.1 + step), optax.scale(0.5))
+  optimizers.set_param_axes(kept, axes)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    shapes = [x.shape for x in jax.tree_util.tree_leaves(kept.init(p))]
+  assert (8,) in shapes and (2, 3) in shapes and (8, 2, 3) not in shapes
+  assert optimizers.schedule_of(kept)(3) == pytest.approx(3.1)
 
 
 def _fused_qkv_case():
@@ -229,11 +252,12 @@ def _attention_case():
 @pytest.mark.parametrize("wrap, factor", [
     (lambda opt: optimizers.partially_frozen(opt, trainable=("attn",)), 1.0),
     (lambda opt: optimizers.scaled_updates(opt, {"attn": 0.5}), 0.5),
-    (lambda opt: optimizers.with_schedule(opt, 0.1), 1.0)],
-    ids=["partially_frozen", "scaled_updates", "with_schedule"])
+    (lambda opt: optimizers.with_schedule(opt, 0.1), 1.0),
+    (lambda opt: optimizers.chain(opt, optax.scale(0.25)), 0.25)],
+    ids=["partially_frozen", "scaled_updates", "with_schedule", "chain"])
 def test_wrappers_pass_the_axis_names_on_to_adafactor(wrap, factor):
-  """`set_param_axes` on `partially_frozen` / `scaled_updates` / `with_schedule` of an
-  adafactor reaches it: the [embed, heads, kv] kernel keeps [embed] and [heads, kv]
+  """`set_param_axes` on `partially_frozen` / `scaled_updates` / `with_schedule` / `chain`
+  of an adafactor reaches it: the [embed, heads, kv] kernel keeps [embed] and [heads, kv]
   statistics (by the shape heuristic it would keep a full one) and steps as the float64
   re-derivation of that factoring (times the wrapper's factor)."""
   params, axes, grads = _attention_case()
