@@ -231,7 +231,8 @@ def _fake_t5x_modules():
   t5x_adafactor.standard_logical_factor_rules = lambda: {"embed": "row"}
   t5x_decoding.temperature_sample = lambda **kwargs: kwargs
   t5x.models, t5x.adafactor, t5x.decoding = t5x_models, t5x_adafactor, t5x_decoding
-  t5x_optimizers.OptimizerDef = type("OptimizerDef", (_Recorder,), {})
+  t5x_optimizers.OptimizerDef = type("OptimizerDef", (), {
+      "__init__": lambda self, hyper_params: setattr(self, "hyper_params", hyper_params)})
   t5x_optimizers.MultiOptimizer = type("MultiOptimizer", (_Recorder,), {
       "__init__": lambda self, traversals_and_optimizers: _Recorder.__init__(
           self, traversals_and_optimizers=traversals_and_optimizers)})
@@ -625,9 +626,10 @@ def test_t5x_squid_files_join_the_query_where_the_network_reads_it(t5x_modules, 
 
 
 def test_t5x_squid_train_parts_hands_t5x_adafactor_only_the_named_parts(t5x_modules):
-  """t5x/squid.gin's TRAIN_PARTS: T5X's model gets a MultiOptimizer whose one traversal
-  selects exactly the parameters under the named top-level parts (worked out here from
-  the names alone), with T5X's Adafactor for them; unbound, the Adafactor itself."""
+  """t5x/squid.gin's TRAIN_PARTS: T5X's model gets a MultiOptimizer whose traversals
+  split the parameters exactly by the named top-level parts (worked out here from the
+  names alone): T5X's Adafactor for those, `Frozen` for the rest; unbound, the Adafactor
+  itself."""
   import flax
   parts = ["small_decoder", "memory_tokens", "projector"]
   _parse("t5x/squid_tiny.gin", bindings=[f"TRAIN_PARTS = {parts}"])
@@ -636,8 +638,8 @@ def test_t5x_squid_train_parts_hands_t5x_adafactor_only_the_named_parts(t5x_modu
   assert type(optimizer).__name__ == "PartsOptimizer" and optimizer.parts == tuple(parts)
   pairs = (optimizer.kwargs["traversals_and_optimizers"] if isinstance(optimizer, _Recorder)
            else list(zip(optimizer.traversals, optimizer.sub_optimizers)))  # real T5X's
-  [(traversal, inner)] = pairs
-  assert type(inner).__name__ == "Adafactor"
+  [(trained, adafactor), (frozen, frozen_def)] = pairs
+  assert (type(adafactor).__name__, type(frozen_def).__name__) == ("Adafactor", "Frozen")
   module = _arg(model, "module")
   joined = jnp.ones((1, 8 + module.query_length), jnp.int32)
   shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), joined, joined[:, :4],
@@ -646,7 +648,8 @@ def test_t5x_squid_train_parts_hands_t5x_adafactor_only_the_named_parts(t5x_modu
       {k: "/".join(k) for k in flax.traverse_util.flatten_dict(shapes)})
   every = set(jax.tree_util.tree_leaves(names))
   assert {name.split("/")[0] for name in every} == set(parts) | {"large_decoder"}
-  assert set(traversal.iterate(names)) == {n for n in every if n.split("/")[0] in parts}
+  assert set(trained.iterate(names)) == {n for n in every if n.split("/")[0] in parts}
+  assert set(frozen.iterate(names)) == {n for n in every if n.startswith("large_decoder/")}
   _parse("t5x/squid_tiny.gin")
   assert type(_arg(_build_model(), "optimizer_def")).__name__ == "Adafactor"
 
