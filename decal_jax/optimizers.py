@@ -345,10 +345,38 @@ def adamw(learning_rate: Optional[Callable] = None, b1: float = 0.9, b2: float =
   return with_schedule(optax.chain(*chain), lr)
 
 
+def trains(path: Sequence[str], trainable: Sequence[str]) -> bool:
+  """Whether the parameter at `path` (its keys from the top of the parameter tree, e.g.
+  ('large_decoder', 'layers_0', 'mlp', 'wi', 'kernel')) trains when only `trainable` do:
+  its name 'large_decoder/layers_0/mlp/wi/kernel' contains one of the fragments.
+
+  `partially_frozen` (decal_jax's trainer) and `t5x_optimizers.train_parts` (T5X's
+  MultiOptimizer) both decide by it, so TRAIN_PARTS freezes the same parameters in both."""
+  name = "/".join(str(key) for key in path)
+  return any(fragment in name for fragment in trainable)
+
+
+def check_trains_some(paths: Sequence[Sequence[str]], trainable: Sequence[str],
+                      caller: str) -> None:
+  """Refuses a `trainable` that is in no path of `paths` (nothing would train)."""
+  if not any(trains(path, trainable) for path in paths):
+    top = sorted({str(path[0]) for path in paths if len(path)})
+    raise ValueError(f"{caller}: no parameter path contains any of {list(trainable)}, so "
+                     "nothing would train. Name parts that exist (e.g. 'projector', "
+                     f"'lora_'); top-level parts here: {top}.")
+
+
+def _keys(path) -> Tuple[str, ...]:
+  """A jax key path (DictKey / GetAttrKey / SequenceKey entries) as its plain keys."""
+  return tuple(str(next((getattr(entry, name) for name in ("key", "name", "idx")
+                         if hasattr(entry, name)), entry)) for entry in path)
+
+
 def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
                      trainable: Sequence[str] = ("lora_", "scorer", "soft_prompt"),
                      ) -> optax.GradientTransformation:
-  """Updates only parameters whose path contains one of `trainable`; the rest stay fixed.
+  """Updates only parameters whose path contains one of `trainable` (`trains`); the rest
+  stay fixed.
 
   Dodo's default (dodo.md §3): LoRA adapters, the scorer and the soft prompt train, the
   base decoder is frozen. `optimizer` (default: adamw) applies to the trainable part.
@@ -358,16 +386,10 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
     raise ValueError("partially_frozen needs at least one trainable name fragment.")
 
   def labels(params):
-    def label(path, _):
-      name = jax.tree_util.keystr(path)
-      return "train" if any(fragment in name for fragment in trainable) else "freeze"
-    tree = jax.tree_util.tree_map_with_path(label, params)
-    if "train" not in jax.tree_util.tree_leaves(tree):
-      raise ValueError(f"partially_frozen: no parameter path contains any of {list(trainable)}, "
-                       "so nothing would train. Name parts that exist (e.g. 'projector', "
-                       "'lora_'); top-level parts here: "
-                       f"{sorted(params) if isinstance(params, dict) else type(params)}.")
-    return tree
+    paths = [_keys(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    check_trains_some(paths, trainable, "partially_frozen")
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "train" if trains(_keys(path), trainable) else "freeze", params)
 
   optimizer = optimizer or adamw()
   return _wrapping(optimizer, optax.multi_transform(

@@ -174,6 +174,8 @@ T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin
                                       "train_dual_encoder", "eval_dual_encoder")}  # tests/t5x
 # The gin configurable of each T5X model class (the dual encoder's is decal_jax's own).
 T5X_DUAL_ENCODER = "decal_jax.models.t5x_dual_encoder"
+T5X_OPTIMIZERS = "decal_jax.t5x_optimizers"  # TRAIN_PARTS in t5x/squid.gin
+T5X_OURS = (T5X_DUAL_ENCODER, T5X_OPTIMIZERS)  # our modules that import t5x
 T5X_CONFIGURABLES = {"EncoderDecoderModel": "t5x.models.EncoderDecoderModel",
                      "DecoderOnlyModel": "t5x.models.DecoderOnlyModel",
                      "DualEncoderModel": f"{T5X_DUAL_ENCODER}.DualEncoderModel"}
@@ -197,7 +199,8 @@ def _arg(model, name: str):
   return model.kwargs[name] if isinstance(model, _Recorder) else getattr(model, name)
 
 
-T5X_MODULE_NAMES = ("t5x", "t5x.models", "t5x.adafactor", "t5x.decoding", "t5x.metrics")
+T5X_MODULE_NAMES = ("t5x", "t5x.models", "t5x.adafactor", "t5x.decoding", "t5x.metrics",
+                    "t5x.optimizers")
 
 
 def _t5x_modules():
@@ -205,11 +208,11 @@ def _t5x_modules():
   gin keeps one class per name for the whole process, so building these files against
   stand-ins would clash with tests/t5x's real T5X runs in the same pytest process."""
   try:
-    for name in (*T5X_MODULE_NAMES, T5X_DUAL_ENCODER):
+    for name in (*T5X_MODULE_NAMES, *T5X_OURS):
       importlib.import_module(name)
   except ImportError:
     return _fake_t5x_modules()
-  return {name: sys.modules[name] for name in (*T5X_MODULE_NAMES, T5X_DUAL_ENCODER)}
+  return {name: sys.modules[name] for name in (*T5X_MODULE_NAMES, *T5X_OURS)}
 
 
 def _fake_t5x_modules():
@@ -220,6 +223,7 @@ def _fake_t5x_modules():
   t5x_adafactor = types.ModuleType("t5x.adafactor")
   t5x_decoding = types.ModuleType("t5x.decoding")
   t5x_metrics = types.ModuleType("t5x.metrics")  # read only when a loss is computed
+  t5x_optimizers = types.ModuleType("t5x.optimizers")  # MultiOptimizer: TRAIN_PARTS
   t5x_models.BaseTransformerModel = type("BaseTransformerModel", (_Recorder,), {})
   t5x_models.EncoderDecoderModel = type("EncoderDecoderModel", (_Recorder,), {})
   t5x_models.DecoderOnlyModel = type("DecoderOnlyModel", (_Recorder,), {})
@@ -227,10 +231,16 @@ def _fake_t5x_modules():
   t5x_adafactor.standard_logical_factor_rules = lambda: {"embed": "row"}
   t5x_decoding.temperature_sample = lambda **kwargs: kwargs
   t5x.models, t5x.adafactor, t5x.decoding = t5x_models, t5x_adafactor, t5x_decoding
-  t5x.metrics = t5x_metrics
-  fakes = dict(zip(T5X_MODULE_NAMES,
-                   (t5x, t5x_models, t5x_adafactor, t5x_decoding, t5x_metrics)))
-  fakes[T5X_DUAL_ENCODER] = _import_against(fakes, T5X_DUAL_ENCODER)
+  t5x_optimizers.OptimizerDef = type("OptimizerDef", (), {
+      "__init__": lambda self, hyper_params: setattr(self, "hyper_params", hyper_params)})
+  t5x_optimizers.MultiOptimizer = type("MultiOptimizer", (_Recorder,), {
+      "__init__": lambda self, traversals_and_optimizers: _Recorder.__init__(
+          self, traversals_and_optimizers=traversals_and_optimizers)})
+  t5x.metrics, t5x.optimizers = t5x_metrics, t5x_optimizers
+  fakes = dict(zip(T5X_MODULE_NAMES, (t5x, t5x_models, t5x_adafactor, t5x_decoding,
+                                      t5x_metrics, t5x_optimizers)))
+  for name in T5X_OURS:
+    fakes[name] = _import_against(fakes, name)
   return fakes
 
 
@@ -613,6 +623,35 @@ def test_t5x_squid_files_join_the_query_where_the_network_reads_it(t5x_modules, 
   ours = {k: v.shape for k, v in _squid_shapes(_build_model()).items()}
   assert theirs == ours
   gin.clear_config()
+
+
+def test_t5x_squid_train_parts_hands_t5x_adafactor_only_the_named_parts(t5x_modules):
+  """t5x/squid.gin's TRAIN_PARTS: T5X's model gets a MultiOptimizer whose traversals
+  split the parameters exactly by the named top-level parts (worked out here from the
+  names alone): T5X's Adafactor for those, `Frozen` for the rest; unbound, the Adafactor
+  itself."""
+  import flax
+  parts = ["small_decoder", "memory_tokens", "projector"]
+  _parse("t5x/squid_tiny.gin", bindings=[f"TRAIN_PARTS = {parts}"])
+  model = _build_model()
+  optimizer = _arg(model, "optimizer_def")
+  assert type(optimizer).__name__ == "PartsOptimizer" and optimizer.parts == tuple(parts)
+  pairs = (optimizer.kwargs["traversals_and_optimizers"] if isinstance(optimizer, _Recorder)
+           else list(zip(optimizer.traversals, optimizer.sub_optimizers)))  # real T5X's
+  [(trained, adafactor), (frozen, frozen_def)] = pairs
+  assert (type(adafactor).__name__, type(frozen_def).__name__) == ("Adafactor", "Frozen")
+  module = _arg(model, "module")
+  joined = jnp.ones((1, 8 + module.query_length), jnp.int32)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), joined, joined[:, :4],
+                                              joined[:, :4], enable_dropout=False))["params"]
+  names = flax.traverse_util.unflatten_dict(  # each leaf: its own 'a/b/c' name
+      {k: "/".join(k) for k in flax.traverse_util.flatten_dict(shapes)})
+  every = set(jax.tree_util.tree_leaves(names))
+  assert {name.split("/")[0] for name in every} == set(parts) | {"large_decoder"}
+  assert set(trained.iterate(names)) == {n for n in every if n.split("/")[0] in parts}
+  assert set(frozen.iterate(names)) == {n for n in every if n.startswith("large_decoder/")}
+  _parse("t5x/squid_tiny.gin")
+  assert type(_arg(_build_model(), "optimizer_def")).__name__ == "Adafactor"
 
 
 SQUID_STAGES = {  # stage run file -> (task, parts it trains)

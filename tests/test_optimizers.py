@@ -95,6 +95,34 @@ def test_scaled_updates_multiply_only_the_named_part():
     optimizers.scaled_updates(base, {"scorer": 0.0})
 
 
+def test_trains_matches_fragments_of_the_slash_joined_path_hand_worked():
+  """The rule TRAIN_PARTS freezes by, in decal_jax's trainer and T5X's (t5x_optimizers):
+  a fragment anywhere in 'key/key/...' (so 'decoder' is in 'small_decoder' too)."""
+  squid = ["small_decoder", "memory_tokens", "projector"]
+  cases = [((("large_decoder", "layers_0", "mlp", "wi_0", "kernel"), squid), False),
+           ((("small_decoder", "layers_0", "mlp", "wi_0", "kernel"), squid), True),
+           ((("projector", "bias_0"), squid), True),
+           ((("memory_tokens", "memory_embeddings"), squid), True),
+           ((("large_decoder", "token_embedder", "embedding"), ["decoder"]), True),
+           ((("stack", 0, "lora_a"), ["lora_"]), True),  # a list index is a key too
+           ((("stack", 1, "kernel"), ["stack/1"]), True),
+           ((("stack", 1, "kernel"), ["stack/0"]), False),
+           ((("projector", "bias_0"), []), False)]
+  assert [optimizers.trains(*args) for args, _ in cases] == [want for _, want in cases]
+
+
+def test_partially_frozen_refuses_parts_that_name_no_parameter():
+  params = {"small_decoder": {"w": jnp.ones(2)}, "projector": [jnp.ones(2)]}
+  with pytest.raises(ValueError, match=r"any of \['projecter'\].*parts here: "
+                                       r"\['projector', 'small_decoder'\]"):
+    optimizers.partially_frozen(optax.sgd(1.0), ("projecter",)).init(params)
+  with pytest.raises(ValueError, match="at least one"):
+    optimizers.partially_frozen(optax.sgd(1.0), ())
+  opt = optimizers.partially_frozen(optax.sgd(1.0), ("projector/0",))  # the list's item
+  updates, _ = opt.update(jax.tree_util.tree_map(jnp.ones_like, params), opt.init(params))
+  assert [float(u[0]) for u in jax.tree_util.tree_leaves(updates)] == [-1.0, 0.0]
+
+
 def test_each_optimizer_carries_its_schedule_for_the_trainer_to_log():
   cosine = optimizers.cosine_schedule(1e-3, warmup_steps=10, decay_steps=100)
   adamw = optimizers.adamw(cosine)
