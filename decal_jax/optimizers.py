@@ -357,13 +357,18 @@ def trains(path: Sequence[str], trainable: Sequence[str]) -> bool:
 
 
 def check_trains_some(paths: Sequence[Sequence[str]], trainable: Sequence[str],
-                      caller: str) -> None:
-  """Refuses a `trainable` that is in no path of `paths` (nothing would train)."""
+                      caller: str, each: bool = False) -> None:
+  """Refuses a `trainable` that is in no path of `paths` (nothing would train); with `each`,
+  also one of its fragments that is in no path (a misspelled part would stay frozen)."""
+  top = sorted({str(path[0]) for path in paths if len(path)})
   if not any(trains(path, trainable) for path in paths):
-    top = sorted({str(path[0]) for path in paths if len(path)})
     raise ValueError(f"{caller}: no parameter path contains any of {list(trainable)}, so "
                      "nothing would train. Name parts that exist (e.g. 'projector', "
                      f"'lora_'); top-level parts here: {top}.")
+  unmatched = [part for part in trainable if not any(trains(path, (part,)) for path in paths)]
+  if each and unmatched:
+    raise ValueError(f"{caller}: no parameter path contains {unmatched}, so those parts "
+                     f"would stay frozen. Fix or drop them; top-level parts here: {top}.")
 
 
 def _keys(path) -> Tuple[str, ...]:
@@ -374,12 +379,14 @@ def _keys(path) -> Tuple[str, ...]:
 
 def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
                      trainable: Sequence[str] = ("lora_", "scorer", "soft_prompt"),
-                     ) -> optax.GradientTransformation:
+                     each_part_must_match: bool = False) -> optax.GradientTransformation:
   """Updates only parameters whose path contains one of `trainable` (`trains`); the rest
   stay fixed.
 
   Dodo's default (dodo.md §3): LoRA adapters, the scorer and the soft prompt train, the
-  base decoder is frozen. `optimizer` (default: adamw) applies to the trainable part.
+  base decoder is frozen (a model without one of them is fine). `optimizer` (default:
+  adamw) applies to the trainable part. `each_part_must_match`: refuse a fragment that names
+  no parameter (runs/squid.gin's TRAIN_PARTS, where a misspelled part would stay frozen).
   """
   trainable = tuple(trainable)
   if not trainable:
@@ -387,7 +394,7 @@ def partially_frozen(optimizer: Optional[optax.GradientTransformation] = None,
 
   def labels(params):
     paths = [_keys(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
-    check_trains_some(paths, trainable, "partially_frozen")
+    check_trains_some(paths, trainable, "partially_frozen", each_part_must_match)
     return jax.tree_util.tree_map_with_path(
         lambda path, _: "train" if trains(_keys(path), trainable) else "freeze", params)
 

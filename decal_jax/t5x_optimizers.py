@@ -51,7 +51,7 @@ class Frozen(t5x_optimizers.OptimizerDef):
 
 class PartsOptimizer(t5x_optimizers.MultiOptimizer):
   """T5X's MultiOptimizer: `optimizer` for the parameters `parts` name, `Frozen` for the
-  rest; it refuses parts that name no parameter when it first sees the parameters."""
+  rest; it refuses a part that names no parameter when it first sees the parameters."""
 
   def __init__(self, optimizer: t5x_optimizers.OptimizerDef, parts: Sequence[str]):
     self.parts = tuple(parts)
@@ -65,7 +65,7 @@ class PartsOptimizer(t5x_optimizers.MultiOptimizer):
 
   def init_state(self, params):
     paths = list(traverse_util.flatten_dict(frozen_dict.unfreeze(params)))
-    optimizers.check_trains_some(paths, self.parts, "t5x_optimizers.train_parts")
+    optimizers.check_trains_some(paths, self.parts, "t5x_optimizers.train_parts", each=True)
     return super().init_state(params)
 
 

@@ -118,6 +118,12 @@ def test_partially_frozen_refuses_parts_that_name_no_parameter():
     optimizers.partially_frozen(optax.sgd(1.0), ("projecter",)).init(params)
   with pytest.raises(ValueError, match="at least one"):
     optimizers.partially_frozen(optax.sgd(1.0), ())
+  # a misspelled part beside a right one: refused when each part must match (TRAIN_PARTS)
+  optimizers.partially_frozen(optax.sgd(1.0), ("projector", "projecter")).init(params)
+  with pytest.raises(ValueError, match=r"no parameter path contains \['projecter'\], so "
+                                       "those parts would stay frozen"):
+    optimizers.partially_frozen(optax.sgd(1.0), ("projector", "projecter"),
+                                each_part_must_match=True).init(params)
   opt = optimizers.partially_frozen(optax.sgd(1.0), ("projector/0",))  # the list's item
   updates, _ = opt.update(jax.tree_util.tree_map(jnp.ones_like, params), opt.init(params))
   assert [float(u[0]) for u in jax.tree_util.tree_leaves(updates)] == [-1.0, 0.0]

@@ -95,3 +95,5 @@ def test_train_parts_refuses_parts_that_name_nothing_and_is_the_optimizer_when_u
   with pytest.raises(ValueError, match=r"any of \['projecter'\].*"
                                        r"\['large_decoder', 'projector'\]"):
     t5x_optimizers.train_parts(inner, ["projecter"]).init_state(params)
+  with pytest.raises(ValueError, match=r"no parameter path contains \['projecter'\]"):
+    t5x_optimizers.train_parts(inner, ["projector", "projecter"]).init_state(params)
