@@ -2,6 +2,7 @@
 input length, for targets that grow with the input or stay fixed.
 
   python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 128 256 512 1024 2048 4096 8192
+  python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 128 256 512 1024 --measure
 
 A training step costs about 3x the teacher-forced forward pass (`decal_jax/flops.py`), so the
 ratio of forward FLOPs is the ratio of step FLOPs. DeCAL's encoder runs over m + n positions
@@ -10,14 +11,22 @@ costs more encoder work and saves cross-attention work; it pays for itself when 
 larger, i.e. when the targets are long compared with the inputs. Printed for three target
 lengths: t = n / 4 (span corruption's targets, at least 32), t = --fixed_targets and t = n
 (autoencoding). The network is sized by --emb_dim / --layers / --heads / --head_dim /
---mlp_dim (default the "reduced small" T5 of docs/performance.md). Measured steps / s at 128
-/ 32: `decal_jax/tools/compare_trainers.py`.
+--mlp_dim (default the "reduced small" T5 of docs/performance.md).
+
+`--measure` also times the training step at each length with t = n / 4: decal_jax's own step
+(`decal_jax/tools/bench_train.py`, synthetic batches of --batch_size), C = 1 and C = --ratio
+built in one process and stepped alternately, the median of --steps steps each; it prints
+the measured step-time ratio beside the FLOP ratio and appends both configurations' rows to
+--out. End-to-end trainers at 128 / 32: `decal_jax/tools/compare_trainers.py`.
 """
 import argparse
 from typing import Dict, List, Optional, Sequence
 
 from decal_jax import flops
 from decal_jax.networks.t5 import T5Config
+
+SIZE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
+              "num_encoder_layers", "num_decoder_layers")
 
 
 def step_flop_ratio(sizes: Dict[str, int], ratio: int, inputs: int, targets: int) -> float:
@@ -40,6 +49,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   p.add_argument("--head_dim", type=int, default=64)
   p.add_argument("--mlp_dim", type=int, default=1024)
   p.add_argument("--vocab_size", type=int, default=4224)
+  p.add_argument("--measure", action="store_true",
+                 help="also time C = 1 and C = --ratio training steps at t = n / 4")
+  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--out", default=None, help="JSONL for --measure's rows (default: "
+                 "bench_train's docs/results/bench_train_<platform>.jsonl)")
   args = p.parse_args(argv)
   if args.ratio < 2:
     p.error("--ratio must be >= 2 (it is compared with C = 1).")
@@ -57,7 +73,27 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
     rows.append(row)
     print(f"{n:>6}{row['targets_n/4']:>10.3f}{row['targets_fixed']:>10.3f}"
           f"{row['targets_n']:>10.3f}")
+  if args.measure:
+    for row in rows:
+      row["measured_n/4"] = measured_ratio(sizes, args, row["inputs"])
+    print(f"\nstep time, DeCAL C={args.ratio} / C=1 at t = n/4: FLOPs vs measured "
+          f"(decal_jax's step, batch {args.batch_size}, {args.dtype})")
+    for row in rows:
+      print(f"{row['inputs']:>6}{row['targets_n/4']:>10.3f}{row['measured_n/4']:>10.3f}")
   return rows
+
+
+def measured_ratio(sizes: Dict[str, int], args, inputs: int) -> float:
+  """C = --ratio's median step time over C = 1's, both timed alternately in one process."""
+  from decal_jax.tools import bench_train  # pylint: disable=import-outside-toplevel
+  argv = ["--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin",
+          *[f"--gin.t5.T5Config.{k}={sizes[k]}" for k in SIZE_FLAGS],
+          "--gin.COMPRESSION_RATIO=1", f"--gin.ACTIVATION_DTYPE='{args.dtype}'",
+          "--gin.DROPOUT_RATE=0.0", f"--batch_size={args.batch_size}",
+          f"--inputs_length={inputs}", f"--targets_length={max(32, inputs // 4)}",
+          f"--steps={args.steps}", "--label=C=1", f"--compare=COMPRESSION_RATIO={args.ratio}",
+          f"--compare_label=C={args.ratio}"] + ([f"--out={args.out}"] if args.out else [])
+  return bench_train.main(argv)[1]["ratio_to_a"]["step_s_median"]
 
 
 if __name__ == "__main__":

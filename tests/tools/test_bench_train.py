@@ -111,3 +111,25 @@ def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused
   assert lines[1] == ("built: 512 8 4 bfloat16 128 {'inputs': 512, 'targets': 128} None")
   assert lines[2] == "loaded: []"
 
+
+
+def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatch):
+  """`decal_breakeven --measure` hands bench_train two configurations (C = 1, then its
+  --compare C = 4) whose gin-built T5 configs have the FLOP ratio the tool prints for that
+  length: the measured column times the networks the FLOP column counts."""
+  from decal_jax import gin_utils
+  breakeven = importlib.import_module("decal_jax.tools.decal_breakeven")
+  seen = []
+  monkeypatch.setattr(bench, "main", lambda argv: seen.append(argv) or [
+      {}, {"ratio_to_a": {"step_s_median": 1.25}}])
+  rows = breakeven.main(["--lengths", "512", "--measure", "--batch_size", "4"])
+  assert rows[0]["measured_n/4"] == 1.25 and len(seen) == 1
+  args, (files, paths_, bindings) = bench.parse_args(seen[0])
+  assert (args.batch_size, args.inputs_length, args.targets_length) == (4, 512, 128)
+  configs = [gin_utils.load_model(files, search_paths=paths_, bindings=bindings + extra
+                                  ).model.module.config for extra in ([], args.compare)]
+  assert [c.compression_ratio for c in configs] == [1, 4]
+  assert (configs[0].emb_dim, configs[0].num_encoder_layers, configs[0].vocab_size) == (
+      256, 4, 4224)
+  built = [flops.forward_flops(c, 512, 128).total for c in configs]
+  assert built[1] / built[0] == pytest.approx(rows[0]["targets_n/4"], rel=1e-9)
