@@ -173,6 +173,7 @@ def _row(corpus, ratio, searcher, run, seconds, build_s, exact_top, **fields) ->
              for a, b in zip(ids, exact_top)]
   measures = ir_metrics.evaluate(run, corpus.qrels)
   return {"corpus": corpus.name, "ratio": ratio, "num_docs": len(corpus.doc_ids),
+          "num_queries": len(run),
           "ndcg@10": measures["ndcg@10"], "recall@100": measures["recall@100"],
           "recall_vs_exact": float(np.mean(overlap)), "queries_per_s": len(run) / seconds,
           "bytes_per_passage": searcher.nbytes / len(corpus.doc_ids), "build_s": build_s,
@@ -258,6 +259,22 @@ def tables(rows: List[dict]) -> List[str]:
   return lines
 
 
+def wall_line(rows: List[dict], wall_s: float) -> str:
+  """The run's wall time and what it went to: index builds (exact; residual, once per bit
+  width), searches (queries / queries per second, every row), the rest (corpus and query
+  generation, metrics)."""
+  exact = sum(r["build_s"] for r in rows if r["search"] == "exact")
+  compressed = sum({(r["corpus"], r["ratio"], r["bits"]): r["build_s"] for r in rows
+                    if r["search"] == "approximate"}.values())
+  searches = {kind: sum(r["num_queries"] / r["queries_per_s"] for r in rows
+                        if r["search"] == kind) for kind in ("exact", "approximate")}
+  return (f"wall time: {wall_s / 60:.1f} min in all: exact index builds {exact / 60:.1f}, "
+          f"residual index builds {compressed / 60:.1f}, exact searches "
+          f"{searches['exact'] / 60:.1f}, approximate searches "
+          f"{searches['approximate'] / 60:.1f}, the rest (corpus, queries, measures) "
+          f"{(wall_s - exact - compressed - sum(searches.values())) / 60:.1f}")
+
+
 def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
   lines = benchmarking.header(
       "Exact vs approximate multi-vector search: index bytes per passage against NDCG@10",
@@ -279,7 +296,7 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       "jit-compiled JAX, first call, compilation included; approximate: numpy, batches of "
       "queries); x exact: over the exact scan's queries/s at the same C in the same run.",
       f"host load average (1/5/15 min) before / after: {args.load_before} / "
-      f"{args.load_after}", args.note and f"note: {args.note}")
+      f"{args.load_after}", wall_line(rows, args.wall_s), args.note and f"note: {args.note}")
   lines += ["", *tables(rows)]
   if args.plot:
     lines += [f"![bytes per passage vs NDCG@10]({os.path.basename(args.plot)})", ""]
@@ -365,6 +382,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> List[dict]:
   args = parse_args(argv)
+  start = time.perf_counter()
   args.load_before = benchmarking.load_average()
   corpora: List[Corpus] = []
   for folder, flag, read in ((args.beir_folder, "beir_folder", beir_corpus),
@@ -381,6 +399,7 @@ def main(argv=None) -> List[dict]:
     for corpus in corpora:
       rows += measure(corpus, args, tmp)
   args.load_after = benchmarking.load_average()
+  args.wall_s = time.perf_counter() - start
   if args.plot:
     plot(rows, args.plot)
   benchmarking.report(markdown(args, rows, corpora), args.out)

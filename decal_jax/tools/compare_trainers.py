@@ -31,7 +31,10 @@ line to --out with the load average before it.
 `t5x.train` does) for the same network, batch and lengths, and prints XLA's cost analysis
 (FLOPs, bytes accessed, transcendentals) of each step and of its parts: forward + backward of
 the loss, and the optimizer update alone. These counts are deterministic, so they show
-where two steps differ even on a loaded machine:
+where two steps differ even on a loaded machine. It then times each compiled program, the
+two trainers' alternately (--steps repetitions after 2 warm-up calls; a train step runs on
+its own donated state), and prints the medians and ours / T5X's: the steps alone, without
+either trainer's host loop or input pipeline:
 
   PYTHONPATH=/path/to/t5x-site python -m decal_jax.tools.compare_trainers --xla_costs
 """
@@ -43,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -260,7 +263,39 @@ def xla_costs(args, ratio: int = 1, dtype: str = "float32") -> Dict[str, Dict[st
     c = costs[name]
     print(f"  {name:<28}{c['flops'] / 1e9:9.2f} GFLOP{c['bytes accessed'] / 1e6:9.0f} MB"
           f"{c['transcendentals'] / 1e6:8.2f} M transcendentals", flush=True)
+  inputs = {"ours: train step": (state, batch, key), "t5x: train step": (t5x_state, batch),
+            "ours: forward + backward": (params, batch, key),
+            "t5x: forward + backward": (params, batch, key),
+            "ours: Adafactor update": (params, state["opt_state"], grads),
+            "t5x: Adafactor update": (t5x_state, grads)}
+  seconds = time_programs({n: lowered.compile() for n, lowered in programs.items()}, inputs,
+                          args.steps)
+  print(f"\nmedian seconds of {args.steps} calls, alternating (ours / T5X's):")
+  for part in ("train step", "forward + backward", "Adafactor update"):
+    a, b = seconds[f"ours: {part}"], seconds[f"t5x: {part}"]
+    costs[f"ours: {part}"]["seconds"], costs[f"t5x: {part}"]["seconds"] = a, b
+    print(f"  {part:<20}{1e3 * a:9.1f} ms {1e3 * b:9.1f} ms   x{a / b:.3f}", flush=True)
   return costs
+
+
+def time_programs(compiled: Dict[str, Any], inputs: Dict[str, tuple], calls: int
+                  ) -> Dict[str, float]:
+  """Median wall seconds per program, each called `calls` times after 2 warm-up calls, the
+  programs taking turns; a train step (its first input donated) is fed its own output state."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  inputs = {name: (jax.tree_util.tree_map(jax.numpy.copy, args[0]), *args[1:]) if
+            name.endswith("train step") else args for name, args in inputs.items()}
+  times: Dict[str, List[float]] = {name: [] for name in compiled}
+  for call in range(calls + 2):
+    for name, program in compiled.items():
+      start = time.perf_counter()
+      out = jax.block_until_ready(program(*inputs[name]))
+      if name.endswith("train step"):
+        inputs[name] = (out[0], *inputs[name][1:])
+      if call >= 2:
+        times[name].append(time.perf_counter() - start)
+  return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def parse_args(argv: Optional[Sequence[str]]):

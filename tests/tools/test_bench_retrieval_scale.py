@@ -100,3 +100,16 @@ def test_results_file_has_command_tables_and_rows(result):
   records = [json.loads(line) for line in text.split("```jsonl\n")[1].split("```")[0]
              .splitlines()]
   assert records == json.loads(json.dumps(rows))
+
+
+def test_wall_line_splits_the_run_into_builds_and_searches():
+  """Hand-worked: the residual build counts once per bit width (its rows repeat it), each
+  row's search is its queries over its queries/s, the rest is what is left of the wall."""
+  rows = [{"corpus": "c", "ratio": 4, "bits": "float16", "search": "exact", "build_s": 120.0,
+           "num_queries": 200, "queries_per_s": 0.5},
+          *({"corpus": "c", "ratio": 4, "bits": 2, "search": "approximate", "build_s": 300.0,
+             "num_queries": 200, "queries_per_s": qps} for qps in (10.0, 20.0))]
+  line = bench.wall_line(rows, 1200.0)  # 1200 - 120 - 300 - 400 - 30 = 350 s left
+  assert line == ("wall time: 20.0 min in all: exact index builds 2.0, residual index builds "
+                  "5.0, exact searches 6.7, approximate searches 0.5, the rest (corpus, "
+                  "queries, measures) 5.8")
