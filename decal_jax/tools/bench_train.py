@@ -309,7 +309,6 @@ def main(argv=None):
       print(f"  {100 * op['share']:5.1f}% {op['ms_per_step']:9.3f} ms/step  {op['op']}: "
             f"{op['jax_op'][-90:]}")
   write_jsonl(args.out or f"docs/results/bench_train_{device.platform}.jsonl", rows)
-  return rows
 
 
 def _describe(files: Sequence[str], bindings: Sequence[str]) -> str:

@@ -20,9 +20,12 @@ the measured step-time ratio beside the FLOP ratio and appends both configuratio
 --out. End-to-end trainers at 128 / 32: `decal_jax/tools/compare_trainers.py`.
 """
 import argparse
+import json
+import os
+import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from decal_jax import flops
+from decal_jax import benchmarking, flops
 from decal_jax.networks.t5 import T5Config
 
 SIZE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
@@ -54,8 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   p.add_argument("--batch_size", type=int, default=8)
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  p.add_argument("--out", default=None, help="JSONL for --measure's rows (default: "
-                 "bench_train's docs/results/bench_train_<platform>.jsonl)")
+  p.add_argument("--out", default=None, help="JSONL file to append --measure's "
+                 "bench_train rows to")
   args = p.parse_args(argv)
   if args.ratio < 2:
     p.error("--ratio must be >= 2 (it is compared with C = 1).")
@@ -84,17 +87,24 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
 
 
 def measured_ratio(sizes: Dict[str, int], args, inputs: int) -> float:
-  """C = --ratio's median step time over C = 1's, both timed alternately in one process."""
-  from decal_jax.tools import bench_train  # pylint: disable=import-outside-toplevel
-  argv = ["--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin",
-          *[f"--gin.t5.T5Config.{k}={sizes[k]}" for k in SIZE_FLAGS],
-          "--gin.COMPRESSION_RATIO=1", f"--gin.ACTIVATION_DTYPE='{args.dtype}'",
-          "--gin.DROPOUT_RATE=0.0", f"--batch_size={args.batch_size}",
-          f"--inputs_length={inputs}", f"--targets_length={max(32, inputs // 4)}",
-          f"--steps={args.steps}", "--label=C=1", f"--compare=COMPRESSION_RATIO={args.ratio}",
-          f"--compare_label=C={args.ratio}"] + ([f"--out={args.out}"] if args.out else [])
-  return bench_train.main(argv)[1]["ratio_to_a"]["step_s_median"]
-
+  """C = --ratio's median step time over C = 1's, both timed alternately in one
+  `python -m decal_jax.tools.bench_train` process (its rows also go to --out when given)."""
+  with tempfile.TemporaryDirectory(prefix="decal_breakeven_") as tmp:
+    rows_file, log = os.path.join(tmp, "rows.jsonl"), os.path.join(tmp, "bench_train.log")
+    argv = ["--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin",
+            *[f"--gin.t5.T5Config.{k}={sizes[k]}" for k in SIZE_FLAGS],
+            "--gin.COMPRESSION_RATIO=1", f"--gin.ACTIVATION_DTYPE='{args.dtype}'",
+            "--gin.DROPOUT_RATE=0.0", f"--batch_size={args.batch_size}",
+            f"--inputs_length={inputs}", f"--targets_length={max(32, inputs // 4)}",
+            f"--steps={args.steps}", "--label=C=1", f"--compare=COMPRESSION_RATIO={args.ratio}",
+            f"--compare_label=C={args.ratio}", f"--out={rows_file}"]
+    print(f"n = {inputs}: timing C = 1 and C = {args.ratio} (bench_train) ...", flush=True)
+    benchmarking.run_entry_point("tools.bench_train", argv, log)
+    with open(rows_file) as f:
+      rows = [json.loads(line) for line in f]
+  if args.out:
+    benchmarking.write_jsonl(args.out, rows)
+  return rows[-1]["ratio_to_a"]["step_s_median"]
 
 if __name__ == "__main__":
   main()

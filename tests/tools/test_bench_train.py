@@ -113,18 +113,29 @@ def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused
 
 
 
-def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatch):
-  """`decal_breakeven --measure` hands bench_train two configurations (C = 1, then its
+def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatch, tmp_path):
+  """`decal_breakeven --measure` runs bench_train on two configurations (C = 1, then its
   --compare C = 4) whose gin-built T5 configs have the FLOP ratio the tool prints for that
-  length: the measured column times the networks the FLOP column counts."""
+  length (the measured column times the networks the FLOP column counts), and reads the
+  ratio from the rows bench_train writes."""
+  import json
   from decal_jax import gin_utils
   breakeven = importlib.import_module("decal_jax.tools.decal_breakeven")
   seen = []
-  monkeypatch.setattr(bench, "main", lambda argv: seen.append(argv) or [
-      {}, {"ratio_to_a": {"step_s_median": 1.25}}])
-  rows = breakeven.main(["--lengths", "512", "--measure", "--batch_size", "4"])
+
+  def fake_run(module, argv, log):  # what bench_train would append to its --out
+    seen.append((module, argv))
+    out = next(a.split("=", 1)[1] for a in argv if a.startswith("--out="))
+    with open(out, "a") as f:
+      f.write(json.dumps({"label": "C=1"}) + "\n")
+      f.write(json.dumps({"label": "C=4", "ratio_to_a": {"step_s_median": 1.25}}) + "\n")
+    return 1.0
+  monkeypatch.setattr(breakeven.benchmarking, "run_entry_point", fake_run)
+  out = tmp_path / "rows.jsonl"
+  rows = breakeven.main(["--lengths", "512", "--measure", "--batch_size", "4", "--out", str(out)])
   assert rows[0]["measured_n/4"] == 1.25 and len(seen) == 1
-  args, (files, paths_, bindings) = bench.parse_args(seen[0])
+  assert seen[0][0] == "tools.bench_train" and len(out.read_text().splitlines()) == 2
+  args, (files, paths_, bindings) = bench.parse_args(seen[0][1])
   assert (args.batch_size, args.inputs_length, args.targets_length) == (4, 512, 128)
   configs = [gin_utils.load_model(files, search_paths=paths_, bindings=bindings + extra
                                   ).model.module.config for extra in ([], args.compare)]
