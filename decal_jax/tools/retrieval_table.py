@@ -3,14 +3,22 @@ pretrained DeCAL checkpoint as a multi-vector dual encoder (runs/retrieval_finet
 queries at C = 1), then index the corpus and score the split's queries with
 `python -m decal_jax.retrieve` (NDCG@10, Recall@100, index size). `--mean_pooling_ratio C`
 adds the single-vector reference: the same encoder at C, its vectors averaged into one
-(cosine similarity, temperature 0.05). Every row uses the same data, steps, batch and seed.
+(cosine similarity, temperature 0.05). Every row uses the same data, steps and batch.
+With --seeds, every row is fine-tuned once per seed (gin SEED: the order of the training
+pairs and dropout; the weights all come from --init), and the table gives each row's mean
++- s.e. over the seeds and its paired-by-seed difference to C = 1; one seed gives the
+standard error over the queries instead.
 
-Runs live under --work (default runs/retrieval_table/<task>); a finished row is kept as
-<work>/<row>.row.json, so rerunning the command skips finished rows and resumes unfinished
-fine-tunes from their last checkpoint (an interrupted run loses at most one row's work).
-The settings of the first run are kept in <work>/settings.json: a rerun with other settings
-is refused (choose another --work). Progress is printed per row; each row's full output
-goes to <work>/<row>.log.
+Runs live under --work (default runs/retrieval_table/<task>), one folder per row and seed
+(<pooling>_c<C>_s<seed>); a finished one is kept as <work>/<pooling>_c<C>_s<seed>.row.json,
+so rerunning the command skips finished rows and resumes unfinished fine-tunes from their
+last checkpoint (an interrupted run loses at most one row's work). Seeds run one after
+the other (all rows of the first seed, then the next), and a rerun with more seeds reuses
+the finished ones: `--seeds 0 1` after `--seeds 0 1 2` was cut off in seed 2 writes the
+table of seeds 0 and 1 without training. The settings of the first run (all but the
+ratios and seeds) are kept in <work>/settings.json: a rerun with other settings is refused
+(choose another --work). Progress is printed per row; each row's full output goes to
+<work>/<pooling>_c<C>_s<seed>.log.
 
 A BEIR folder outside the built-in one becomes a task through DECAL_LOCAL_DATA_DIR
 (`<dir>/beir/<name>/` -> `decal_beir_<name>`), e.g. SciFact (train / test qrels; with no
@@ -18,15 +26,17 @@ validation qrels the fine-tune's held-out in-batch loss is read on --eval_split)
 
   DECAL_LOCAL_DATA_DIR=../shared/data python -m decal_jax.tools.retrieval_table --init runs/decal_tiny \
     --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 --steps 150 \
-    --learning_rate 0.01 --query_length 32 --passage_length 256 \
+    --learning_rate 0.01 --query_length 32 --passage_length 256 --seeds 0 1 2 \
     --out docs/results/retrieval_scifact.md
 
-The results file gets the table, BM25 and random-ranking references, per-query standard
-errors and paired differences to C = 1; a '## Reading' section written into it by hand is
-kept when the command rewrites the file.
+The results file gets the table, BM25 and random-ranking references, paired differences to
+C = 1 and, with several seeds, one line per row and seed (with its per-query standard error
+and paired difference); a '## Reading' section written into it by hand is kept when the
+command rewrites the file.
 """
 import argparse
 import json
+import math
 import os
 import pathlib
 import re
@@ -87,8 +97,9 @@ def held_out(log: pathlib.Path, step: int) -> dict:
   return {k: float(v) for k, v in re.findall(r"(\w+) (-?[\d.]+)", found[-1].group(2))}
 
 
-def fine_tune(name: str, model, a, work: pathlib.Path) -> dict:
-  """Fine-tunes one row (resuming its MODEL_DIR); returns {minutes, heldout}, kept in
+def fine_tune(name: str, model, seed: int, a, work: pathlib.Path) -> dict:
+  """Fine-tunes one row with gin SEED = `seed` (resuming its MODEL_DIR); returns
+  {minutes, heldout}, kept in
   <work>/<name>.train.json so that a rerun after a failed search does not train again."""
   done, log = work / f"{name}.train.json", work / f"{name}.log"
   if done.exists():
@@ -99,26 +110,34 @@ def fine_tune(name: str, model, a, work: pathlib.Path) -> dict:
       f"--gin.TRAIN_STEPS={a.steps}", f"--gin.BATCH_SIZE={a.batch_size}",
       f"--gin.LEARNING_RATE={a.learning_rate}", f"--gin.EVAL_SPLIT='{a.validation_split}'",
       f"--gin.EVAL_PERIOD={a.steps}", f"--gin.CHECKPOINT_PERIOD={a.steps}",
-      "--gin.EVAL_BATCHES=10", f"--gin.TASK_FEATURE_LENGTHS={{'inputs': {a.query_length}, "
+      "--gin.EVAL_BATCHES=10", f"--gin.SEED={seed}",
+      f"--gin.TASK_FEATURE_LENGTHS={{'inputs': {a.query_length}, "
       f"'targets': {a.passage_length}}}"], log) / 60
   result = {"minutes": minutes, "heldout": held_out(log, a.steps)}
   done.write_text(json.dumps(result, sort_keys=True))
   return result
 
 
-def one_variant(label: str, ratio: int, pooling: str, a, work: pathlib.Path) -> dict:
-  """Fine-tunes, indexes and scores one row (or reads it back when it is finished)."""
-  name = f"{pooling}_c{ratio}"
+def row_name(ratio: int, pooling: str, seed: int) -> str:
+  """The row's folder (MODEL_DIR) and file names under --work."""
+  return f"{pooling}_c{ratio}_s{seed}"
+
+
+def one_variant(label: str, ratio: int, pooling: str, seed: int, a, work: pathlib.Path) -> dict:
+  """Fine-tunes, indexes and scores one row with one seed (or reads it back when it is
+  finished)."""
+  name = row_name(ratio, pooling, seed)
+  label_seed = f"{label}, seed {seed}"
   log, done = work / f"{name}.log", work / f"{name}.row.json"
   if done.exists():
-    print(f"{label}: finished earlier ({done})", flush=True)
+    print(f"{label_seed}: finished earlier ({done})", flush=True)
     return json.loads(done.read_text())
   model = [f"--gin.PASSAGE_COMPRESSION_RATIO={ratio}", f"--gin.POOLING='{pooling}'"]
   if pooling == "mean":
     model.append("--gin.TEMPERATURE=0.05")
-  print(f"{label}: fine-tuning {a.steps} steps on {a.task} (log: {log}) ...", flush=True)
-  trained = fine_tune(name, model, a, work)
-  print(f"{label}: fine-tuned in {trained['minutes']:.1f} min (held-out in-batch accuracy "
+  print(f"{label_seed}: fine-tuning {a.steps} steps on {a.task} (log: {log}) ...", flush=True)
+  trained = fine_tune(name, model, seed, a, work)
+  print(f"{label_seed}: fine-tuned in {trained['minutes']:.1f} min (held-out in-batch accuracy "
         f"{trained['heldout'].get('accuracy')}); indexing the corpus and searching "
         f"{a.eval_split} ...", flush=True)
   t_eval = run("retrieve", MODEL_GINS + ["--gin_file=runs/retrieve.gin", *model,
@@ -130,12 +149,12 @@ def one_variant(label: str, ratio: int, pooling: str, a, work: pathlib.Path) -> 
     sys.exit(f"retrieve wrote no {metrics}; see {log}")
   run_file = metrics.with_name(metrics.name.replace(".metrics.json", ".trec"))
   row = dict(json.loads(metrics.read_text()), label=label, ratio=ratio, pooling=pooling,
-             ndcg_stderr=ndcg_stderr(run_file, a), train_minutes=trained["minutes"],
+             seed=seed, ndcg_stderr=ndcg_stderr(run_file, a), train_minutes=trained["minutes"],
              eval_minutes=t_eval / 60,
              heldout_accuracy=trained["heldout"].get("accuracy"),
              heldout_loss=trained["heldout"].get("loss"),
              heldout_queries=trained["heldout"].get("num_queries"))
-  print(f"{label}: NDCG@10 {row['ndcg@10']:.4f}, Recall@100 {row['recall@100']:.4f} "
+  print(f"{label_seed}: NDCG@10 {row['ndcg@10']:.4f}, Recall@100 {row['recall@100']:.4f} "
         f"({t_eval / 60:.1f} min)", flush=True)
   done.write_text(json.dumps(row, sort_keys=True))
   return row
@@ -154,18 +173,35 @@ def ndcg_stderr(run_file: pathlib.Path, a) -> float:
 
 
 def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
-  return (work / f"{row['pooling']}_c{row['ratio']}" / "retrieval" /
+  return (work / row_name(row["ratio"], row["pooling"], row["seed"]) / "retrieval" /
           f"{a.task}.{a.eval_split}.step{a.steps}.trec")
+
+
+def by_seed(rows) -> dict:
+  """{seed: that seed's rows, in table order}."""
+  groups = {}
+  for r in rows:
+    groups.setdefault(r["seed"], []).append(r)
+  return groups
+
+
+def by_label(rows) -> dict:
+  """{label: that row's runs, one per seed}, in table order."""
+  groups = {}
+  for r in rows:
+    groups.setdefault(r["label"], []).append(r)
+  return groups
 
 
 def paired_to_base(rows, a, work: pathlib.Path) -> None:
   """Adds to each row `ndcg_vs_base`: (mean, s.e.) over queries of its NDCG@10 minus the
-  base row's (multi-vector C = 1, else the first) on the same query."""
-  base = base_row(rows)
-  reference = per_query_ndcg(run_file_of(base, a, work), a)
-  for row in rows:
-    mine = per_query_ndcg(run_file_of(row, a, work), a)
-    row["ndcg_vs_base"] = list(benchmarking.mean_stderr(mine[q] - reference[q] for q in reference))
+  base row's (multi-vector C = 1, else the first) of the same seed on the same query."""
+  for group in by_seed(rows).values():
+    reference = per_query_ndcg(run_file_of(base_row(group), a, work), a)
+    for row in group:
+      mine = per_query_ndcg(run_file_of(row, a, work), a)
+      row["ndcg_vs_base"] = list(benchmarking.mean_stderr(mine[q] - reference[q]
+                                                          for q in reference))
 
 
 def base_row(rows):
@@ -197,21 +233,74 @@ def bm25_reference(a) -> dict:
   return {**ir_metrics.evaluate(ranked, data.qrels), "name": name}
 
 
+def signed(mean: float, se: float) -> str:
+  """'+0.0123 ± 0.0045' (a nan s.e., from a single value: the mean alone)."""
+  return f"{mean:+.4f}" if math.isnan(se) else f"{mean:+.4f} ± {se:.4f}"
+
+
+def seed_differences(rows) -> dict:
+  """{label: [its NDCG@10 minus the base row's of the same seed, per seed]}."""
+  base_of = {seed: base_row(group)["ndcg@10"] for seed, group in by_seed(rows).items()}
+  return {label: [r["ndcg@10"] - base_of[r["seed"]] for r in runs]
+          for label, runs in by_label(rows).items()}
+
+
+def quality_cells(runs, differences, over_seeds: bool):
+  """NDCG@10, its difference to the base row and Recall@100 of one row: over the seeds
+  (mean ± s.e. of the runs' values and of their per-seed `differences`) or, for a single
+  run, over its queries."""
+  if over_seeds:
+    return (benchmarking.mean_se_text([r["ndcg@10"] for r in runs], 4),
+            signed(*benchmarking.mean_stderr(differences)),
+            benchmarking.mean_se_text([r["recall@100"] for r in runs], 4))
+  (r,) = runs
+  return (f"{r['ndcg@10']:.4f} ± {r['ndcg_stderr']:.4f}",
+          signed(*r["ndcg_vs_base"]) if "ndcg_vs_base" in r else "-", f"{r['recall@100']:.4f}")
+
+
+def mean_of(runs, key: str) -> float:
+  return sum(r[key] for r in runs) / len(runs)
+
+
 def table(rows) -> str:
-  base = base_row(rows)
+  """One line per row. With one seed: NDCG@10 ± its s.e. over the queries and the paired
+  difference to the base row over the queries; with several: the mean ± s.e. over the
+  seeds of NDCG@10, of its per-seed difference to the base row and of Recall@100, then
+  one line per row and seed (`seed_table`)."""
+  groups, base = by_label(rows), base_row(rows)
+  over_seeds = len(groups) < len(rows)
+  differences = seed_differences(rows)
+  seeds_head = (" seeds |", "---|") if over_seeds else ("", "")
   lines = [f"| passages | NDCG@10 ± s.e. | NDCG@10 - {base['label']}, paired ± s.e. | "
            "Recall@100 | held-out in-batch acc. | vectors / passage | index MiB | index / "
-           f"{base['label']} | fine-tune min | index + search min |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    acc = "-" if r.get("heldout_accuracy") is None else f"{r['heldout_accuracy']:.3f}"
-    diff = ("-" if r is base or "ndcg_vs_base" not in r else
-            "{:+.4f} ± {:.4f}".format(*r["ndcg_vs_base"]))
-    lines.append(f"| {r['label']} | {r['ndcg@10']:.4f} ± {r['ndcg_stderr']:.4f} | {diff} | "
-                 f"{r['recall@100']:.4f} | {acc} | "
-                 f"{r['vectors_per_doc']:.2f} | {r['index_bytes'] / 2**20:.2f} | "
-                 f"{r['index_bytes'] / base['index_bytes']:.3f} | {r['train_minutes']:.1f} | "
-                 f"{r['eval_minutes']:.1f} |")
+           f"{base['label']} | fine-tune min | index + search min |" + seeds_head[0],
+           "|---|---|---|---|---|---|---|---|---|---|" + seeds_head[1]]
+  for label, runs in groups.items():
+    ndcg, diff, recall = quality_cells(runs, differences[label], over_seeds)
+    accuracies = [r["heldout_accuracy"] for r in runs if r.get("heldout_accuracy") is not None]
+    acc = benchmarking.mean_se_text(accuracies, 3) if accuracies else "-"
+    seeds = f" {', '.join(str(r['seed']) for r in runs)} |" if over_seeds else ""
+    lines.append(f"| {label} | {ndcg} | {'-' if label == base['label'] else diff} | {recall} | "
+                 f"{acc} | {mean_of(runs, 'vectors_per_doc'):.2f} | "
+                 f"{mean_of(runs, 'index_bytes') / 2**20:.2f} | "
+                 f"{mean_of(runs, 'index_bytes') / base['index_bytes']:.3f} | "
+                 f"{mean_of(runs, 'train_minutes'):.1f} | {mean_of(runs, 'eval_minutes'):.1f} |"
+                 + seeds)
+  return "\n".join(lines + (["", seed_table(rows)] if over_seeds else []))
+
+
+def seed_table(rows) -> str:
+  """One line per row and seed: NDCG@10 +- s.e. over the queries, the paired difference
+  to the same seed's base row over the queries, Recall@100 and held-out accuracy."""
+  base = base_row(rows)["label"]
+  lines = [f"| passages | seed | NDCG@10 ± s.e. (queries) | NDCG@10 - {base}, paired ± s.e. "
+           "(queries) | Recall@100 | held-out in-batch acc. |", "|---|---|---|---|---|---|"]
+  for runs in by_label(rows).values():
+    for r in runs:
+      acc = "-" if r.get("heldout_accuracy") is None else f"{r['heldout_accuracy']:.3f}"
+      diff = "-" if r["label"] == base or "ndcg_vs_base" not in r else signed(*r["ndcg_vs_base"])
+      lines.append(f"| {r['label']} | {r['seed']} | {r['ndcg@10']:.4f} ± "
+                   f"{r['ndcg_stderr']:.4f} | {diff} | {r['recall@100']:.4f} | {acc} |")
   return "\n".join(lines)
 
 
@@ -259,15 +348,28 @@ def report(a, rows, command: str) -> str:
       f"{a.batch_size}, at most 10: is the query's own passage the top one among the "
       f"batch's passages?); then the whole corpus indexed (float16) and the "
       f"'{a.eval_split}' queries searched with exact MaxSim, top 100",
-      f"{rows[0]['num_queries']} queries, {rows[0]['num_docs']} passages; s.e. = standard "
-      "error of the mean NDCG@10 over the queries; paired = mean over queries of a row's "
-      "NDCG@10 minus the base row's on the same query; one fine-tune per row",
+      f"{rows[0]['num_queries']} queries, {rows[0]['num_docs']} passages; "
+      + spread_note(sorted({r["seed"] for r in rows})),
       f"random rankings (mean of 20): NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 "
       f"{floor['recall@100']:.4f}",
       f"{bm25['name']}, no training: NDCG@10 "
       f"{bm25['ndcg@10']:.4f}, Recall@100 {bm25['recall@100']:.4f}")
   return ("\n".join(lines) + f"\n\n{table(rows)}\n\n## Rows (JSON lines)\n\n```jsonl\n"
           + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")
+
+
+def spread_note(seeds) -> str:
+  """What the table's ± means, for one seed or several."""
+  if len(seeds) == 1:
+    return ("s.e. = standard error of the mean NDCG@10 over the queries; paired = mean over "
+            "queries of a row's NDCG@10 minus the base row's on the same query; one "
+            f"fine-tune per row (gin SEED {seeds[0]}): the spread across seeds is in neither")
+  return (f"every row fine-tuned once per seed (gin SEED {', '.join(map(str, seeds))}); "
+          "± = standard error of the mean over the seeds (sample standard deviation / "
+          "sqrt(seeds)); paired = per seed, a row's NDCG@10 minus the base row's of the same "
+          "seed, then mean ± s.e. of those differences over the seeds; fine-tune and index + "
+          "search minutes are means per seed; the second table has each seed's row, its ± "
+          "over the queries")
 
 
 def keep_reading(out: pathlib.Path, text: str) -> str:
@@ -298,6 +400,8 @@ def parse_args(argv):
   parser.add_argument("--learning_rate", type=float, default=0.001)
   parser.add_argument("--query_length", type=int, default=32)
   parser.add_argument("--passage_length", type=int, default=256)
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                      help="gin SEED of the fine-tunes; every row is fine-tuned once per seed")
   parser.add_argument("--work", default=None,
                       help="runs folder (default runs/retrieval_table/<task>)")
   parser.add_argument("--out", default=None, help="write the Markdown table here")
@@ -307,6 +411,8 @@ def parse_args(argv):
     parser.error("ratios must be integers >= 1")
   if len(set(a.ratios)) != len(a.ratios):
     parser.error(f"--ratios {a.ratios} repeats a ratio")
+  if len(set(a.seeds)) != len(a.seeds):
+    parser.error(f"--seeds repeats a seed ({a.seeds}); give each seed once")
   if min(a.steps, a.batch_size, a.query_length - 1, a.passage_length - 1) < 1:
     parser.error("--steps and --batch_size must be >= 1, --query_length and "
                  "--passage_length >= 2 (one token and EOS)")
@@ -329,10 +435,12 @@ def main(argv=None):
   work.mkdir(parents=True, exist_ok=True)
   check_settings(a, work)
   rows = []
-  todo = variants(a)
+  todo = [(*variant, seed) for seed in a.seeds for variant in variants(a)]
   for i, variant in enumerate(todo, start=1):
     print(f"[{i}/{len(todo)}] ", end="", flush=True)
     rows.append(one_variant(*variant, a, work))
+  order = {label: i for i, (label, _, _) in enumerate(variants(a))}
+  rows.sort(key=lambda r: order[r["label"]])  # stable: each row's seeds in --seeds order
   command = benchmarking.command("decal_jax.tools.retrieval_table", argv)
   paired_to_base(rows, a, work)
   text = report(a, rows, command)

@@ -1,11 +1,14 @@
 """decal_jax/tools/retrieval_table.py without training (that is the end-to-end retrieval test's job):
 its per-query spread of NDCG@10 against pytrec_eval's per-query values and numpy, its random
 floor against the expectation worked out by hand, the refusals of bad arguments and changed
-settings, and the person-written reading surviving a rewrite of the results file."""
+settings, and the person-written reading surviving a rewrite of the results file; with
+--seeds, the mean +- s.e. over seeds and paired-by-seed differences worked by hand, and the
+per-seed folders, resume and reuse of finished seeds with training and search faked."""
 import argparse
 import importlib
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -111,7 +114,7 @@ def test_paired_difference_is_the_mean_and_spread_of_per_query_differences(tmp_p
   for seed, (pooling, ratio) in enumerate([("multi", 4), ("multi", 1), ("mean", 1)]):
     rng = np.random.default_rng(seed)
     run = {q: {f"d{i}": float(s) for i, s in enumerate(rng.normal(size=30))} for q in qrels}
-    row = {"pooling": pooling, "ratio": ratio}
+    row = {"pooling": pooling, "ratio": ratio, "seed": 0}
     ir_metrics.write_trec_run(str(table.run_file_of(row, a, tmp_path)), run, depth=30)
     per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
     values[(pooling, ratio)] = np.array([per_query[q]["ndcg_cut_10"] for q in sorted(qrels)])
@@ -136,3 +139,131 @@ def test_paired_difference_is_the_mean_and_spread_of_per_query_differences(tmp_p
     assert cells[2] == ("-" if i == 1 else
                         f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(len(d)):.4f}")
     assert cells[6:8] == [f"{i + 1:.2f}", f"{(i + 1) / 2:.3f}"]  # MiB; to the base's 2 MiB
+
+
+def _seeded_row(label, ratio, seed, ndcg, recall, accuracy, index_mib, vs_base):
+  return {"label": label, "ratio": ratio, "pooling": "multi", "seed": seed, "ndcg@10": ndcg,
+          "ndcg_stderr": 0.02, "ndcg_vs_base": vs_base, "recall@100": recall,
+          "heldout_accuracy": accuracy, "vectors_per_doc": 56.0 / ratio,
+          "index_bytes": index_mib * 2 ** 20, "train_minutes": 1.0 + seed, "eval_minutes": 0.5}
+
+
+def test_table_over_seeds_gives_mean_se_and_paired_by_seed_differences():
+  c1, c4 = "multi-vector, C = 1", "multi-vector, C = 4"
+  rows = [_seeded_row(c4, 4, s, n, 0.4, None, 0.5, [n - b, 0.005])
+          for s, n, b in ((0, 0.25, 0.30), (1, 0.35, 0.36), (2, 0.27, 0.33))]
+  rows += [_seeded_row(c1, 1, s, n, r, acc, 2.0, [0.0, 0.0])
+           for s, n, r, acc in ((0, 0.30, 0.5, 0.2), (1, 0.36, 0.6, 0.3), (2, 0.33, 0.7, 0.4))]
+  text = table.table(rows)
+  summary, per_seed = text.split("\n\n")
+  # C = 4: NDCG 0.25, 0.35, 0.27: mean 0.29, squared deviations .0016 + .0036 + .0004 = .0056,
+  #   s.d. sqrt(.0028) = .05292, s.e. .03055. Minus the same seed's C = 1 (0.30, 0.36, 0.33):
+  #   -0.05, -0.01, -0.06: mean -0.04, deviations .0001 + .0009 + .0004 = .0014, s.d.
+  #   sqrt(.0007) = .02646, s.e. .01528 (the two means' s.e. would add to ~.035). Recall 0.4
+  #   three times: s.e. 0. Minutes 1, 2, 3 per seed: mean 2.
+  # C = 1: NDCG 0.30, 0.36, 0.33: mean 0.33, s.d. 0.03, s.e. .01732; recall 0.5, 0.6, 0.7:
+  #   s.e. 0.1 / sqrt 3 = .05774; accuracy 0.2, 0.3, 0.4: 0.300 +- .058.
+  assert _cells(summary)[1:] == [
+      [c4, "0.2900 ± 0.0306", "-0.0400 ± 0.0153", "0.4000 ± 0.0000", "-", "14.00", "0.50",
+       "0.250", "2.0", "0.5", "0, 1, 2"],
+      [c1, "0.3300 ± 0.0173", "-", "0.6000 ± 0.0577", "0.300 ± 0.058", "56.00", "2.00",
+       "1.000", "2.0", "0.5", "0, 1, 2"]]
+  assert _cells(summary)[0][-1] == "seeds"
+  # One line per row and seed, with that run's per-query s.e. and paired difference.
+  assert _cells(per_seed)[1:] == [
+      [c4, "0", "0.2500 ± 0.0200", "-0.0500 ± 0.0050", "0.4000", "-"],
+      [c4, "1", "0.3500 ± 0.0200", "-0.0100 ± 0.0050", "0.4000", "-"],
+      [c4, "2", "0.2700 ± 0.0200", "-0.0600 ± 0.0050", "0.4000", "-"],
+      [c1, "0", "0.3000 ± 0.0200", "-", "0.5000", "0.200"],
+      [c1, "1", "0.3600 ± 0.0200", "-", "0.6000", "0.300"],
+      [c1, "2", "0.3300 ± 0.0200", "-", "0.7000", "0.400"]]
+
+
+def _cells(text):
+  return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+          if line.startswith("|") and "---" not in line]
+
+
+def _fake_runs(monkeypatch, tmp_path):
+  """Replaces the fine-tune and the search by fakes that write what the real ones would
+  (a held-out report in the log; metrics and a TREC run whose scores depend on the row and
+  seed); returns the list of (module, {gin macro: value}) calls."""
+  folder, qrels = _folder(tmp_path / "data", num_docs=30, num_queries=12)
+  calls = []
+
+  def fake_run(module, args, log):
+    gin = dict(a[len("--gin."):].split("=", 1) for a in args if a.startswith("--gin."))
+    calls.append((module, gin))
+    if module == "train":
+      with open(log, "a") as f:
+        f.write("Held-out (validation) at step 3: accuracy 0.5 loss 1.0 num_queries 12\n")
+      return 60.0
+    ratio = int(gin["PASSAGE_COMPRESSION_RATIO"])
+    out = pathlib.Path(gin["MODEL_DIR"].strip("'")) / "retrieval"
+    out.mkdir(parents=True)
+    rng = np.random.default_rng(10 * ratio + len(calls))
+    run = {q: {f"d{i}": float(s) for i, s in enumerate(rng.normal(size=30))} for q in qrels}
+    ir_metrics.write_trec_run(str(out / "decal_beir_x.test.step3.trec"), run, depth=30)
+    (out / "decal_beir_x.test.step3.metrics.json").write_text(json.dumps(dict(
+        ir_metrics.evaluate(run, qrels), vectors_per_doc=8.0 / ratio, index_bytes=1000 // ratio,
+        num_queries=12, num_docs=30)))
+    return 30.0
+
+  def fake_splits(a):
+    a.folder, a.validation_split = folder, a.validation_split or "test"
+
+  monkeypatch.setattr(table, "run", fake_run)
+  monkeypatch.setattr(table, "resolve_splits", fake_splits)
+  return calls
+
+
+def test_each_row_is_fine_tuned_once_per_seed_and_reruns_reuse_finished_seeds(
+    monkeypatch, tmp_path, capsys):
+  calls = _fake_runs(monkeypatch, tmp_path)
+  (tmp_path / "init" / "checkpoint_8").mkdir(parents=True)
+  work = tmp_path / "work"
+  argv = ["--init", str(tmp_path / "init"), "--task", "decal_beir_x", "--ratios", "1", "4",
+          "--steps", "3", "--work", str(work)]
+  table.main(argv + ["--seeds", "3", "5"])
+  trains = [(g["PASSAGE_COMPRESSION_RATIO"], g["SEED"], g["MODEL_DIR"])
+            for m, g in calls if m == "train"]
+  # every row for seed 3, then every row for seed 5, each in its own folder
+  assert trains == [("1", "3", f"'{work}/multi_c1_s3'"), ("4", "3", f"'{work}/multi_c4_s3'"),
+                    ("1", "5", f"'{work}/multi_c1_s5'"), ("4", "5", f"'{work}/multi_c4_s5'")]
+  searches = [g["MODEL_DIR"] for m, g in calls if m == "retrieve"]
+  assert searches == [t[2] for t in trains]
+  assert sorted(p.name for p in work.glob("*.row.json")) == [
+      "multi_c1_s3.row.json", "multi_c1_s5.row.json", "multi_c4_s3.row.json",
+      "multi_c4_s5.row.json"]
+  first = capsys.readouterr().out
+
+  # The same command: nothing is trained or searched again, the same table comes out.
+  calls.clear()
+  table.main(argv + ["--seeds", "3", "5"])
+  assert calls == []
+  assert capsys.readouterr().out.split("\n\n", 1)[1] == first.split("\n\n", 1)[1]
+
+  # One more seed: only its rows run; the table has three seeds per row, paired by seed.
+  out = tmp_path / "table.md"
+  table.main(argv + ["--seeds", "3", "5", "7", "--out", str(out)])
+  assert [(m, g["MODEL_DIR"]) for m, g in calls] == [
+      ("train", f"'{work}/multi_c1_s7'"), ("retrieve", f"'{work}/multi_c1_s7'"),
+      ("train", f"'{work}/multi_c4_s7'"), ("retrieve", f"'{work}/multi_c4_s7'")]
+  rows = [json.loads((work / f"multi_c{c}_s{s}.row.json").read_text())
+          for c in (1, 4) for s in (3, 5, 7)]
+  ndcg = np.array([r["ndcg@10"] for r in rows]).reshape(2, 3)
+  d = ndcg[1] - ndcg[0]
+  text = out.read_text()
+  c4_line = next(line for line in text.splitlines() if line.startswith("| multi-vector, C = 4 |"))
+  cells = [c.strip() for c in c4_line.strip("|").split("|")]
+  assert cells[1] == f"{ndcg[1].mean():.4f} ± {ndcg[1].std(ddof=1) / math.sqrt(3):.4f}"
+  assert cells[2] == f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(3):.4f}"
+  assert cells[-1] == "3, 5, 7"
+  assert "every row fine-tuned once per seed (gin SEED 3, 5, 7)" in text
+
+
+def test_a_repeated_seed_is_refused(tmp_path, capsys):
+  (tmp_path / "pretrained" / "checkpoint_800").mkdir(parents=True)
+  with pytest.raises(SystemExit):
+    table.parse_args(["--init", str(tmp_path / "pretrained"), "--seeds", "0", "1", "0"])
+  assert "--seeds repeats a seed ([0, 1, 0])" in capsys.readouterr().err
