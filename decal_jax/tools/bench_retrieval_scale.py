@@ -9,7 +9,11 @@ scan; this one the index and search that scale past one small corpus, issue 24.)
   python -m decal_jax.tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
       --synthetic_passages 100000 --ratios 4 --bits 2 none --num_centroids 0.25 \
       --nprobe 2 4 16 --candidates 100 200 400 \
-      --out docs/results/retrieval_scale_synthetic_cpu.md  # the scale run (1M: the target)
+      --out docs/results/retrieval_scale_synthetic_cpu.md
+  python -m decal_jax.tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
+      --synthetic_passages 1000000 --synthetic_topics 20000 --ratios 4 --bits 2 \
+      --num_centroids 0.125 --nprobe 4 16 --candidates 100 200 \
+      --out docs/results/retrieval_scale_1m_cpu.md  # 1M passages (issue 24's scale target)
 
 Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and
 `residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector,
