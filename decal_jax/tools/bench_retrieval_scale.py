@@ -216,7 +216,7 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
       approx, build_s = _timed(residual.build_residual_index,
                                os.path.join(tmp, f"c{ratio}-b{bits}"), exact, bits, k,
                                overwrite=True, centroids=centroids, seed=args.seed,
-                               codes=codes)
+                               codes=codes, sample_vectors=args.sample_vectors)
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
       for nprobe, candidates in itertools.product(args.nprobe, args.candidates):
         searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
@@ -291,7 +291,8 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"approximate: nprobe and candidates per row (defaults: nprobe "
       f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
-      f"k-means on 65,536 sampled vectors, 10 iterations, shared by the bit widths of one C; "
+      f"k-means on {args.sample_vectors:,} sampled vectors, 10 iterations, shared by the bit "
+      f"widths of one C; "
       f"top {args.top_k}",
       "bytes / passage: the codes and residuals (exact: the float16 vectors) over the "
       "passages; the centroid table is apart (JSON rows, centroid_bytes_per_passage). recall "
@@ -368,6 +369,8 @@ def parse_args(argv=None):
                       "several: a sweep)")
   parser.add_argument("--num_centroids", type=float, default=1.0,
                       help="centroids as a multiple of ColBERTv2's default")
+  parser.add_argument("--sample_vectors", type=int, default=1 << 16,
+                      help="corpus vectors k-means and the residual buckets are trained on")
   parser.add_argument("--top_k", type=int, default=100)
   parser.add_argument("--seed", type=int, default=0)
   benchmarking.add_output_args(parser)
