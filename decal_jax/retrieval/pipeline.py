@@ -229,7 +229,9 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        partitioner=None) -> Dict[str, float]:
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
-  MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json; returns the metrics.
+  MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json (approximate search:
+  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-candidates<c>.*, so that it never
+  overwrites the exact search's results or another setting's); returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
   candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None,
   num_centroids default ColBERTv2's).
@@ -264,8 +266,10 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   qids = list(data.queries)
   q_vectors, q_valid = encode_texts([data.queries[q] for q in qids], model, params, "query",
                                     query_length, batch_size)
-  searcher, search_kwargs = corpus_index, {}
+  searcher, search_kwargs, results = corpus_index, {}, f"{name}.{split}.step{step}"
   if search == "approximate":
+    results += (f".approximate-b{residual_bits or 'none'}-nprobe{nprobe}-candidates"
+                f"{candidates or 'default'}")
     compress = build_or_open_residual if shard_docs is None else sharded_residual
     searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}", data,
                         corpus_index, residual_bits, num_centroids)
@@ -275,15 +279,17 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   scores.update(ir_metrics.beir_measures(run, data.qrels))  # BEIR's set + MRR@10
   scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
-                index_bytes=searcher.nbytes, search=search)
-  _write_results(model_dir, name, split, step, run, scores, top_k)
+                index_bytes=searcher.nbytes, search=search,
+                **(dict(residual_bits=residual_bits, nprobe=nprobe, candidates=candidates)
+                   if search == "approximate" else {}))
+  _write_results(model_dir, results, name, split, step, run, scores, top_k)
   return scores
 
 
-def _write_results(model_dir, name, split, step, run, scores, top_k):
+def _write_results(model_dir, results, name, split, step, run, scores, top_k):
   if jax.process_index() != 0:
     return
-  stem = pathlib.Path(model_dir) / "retrieval" / f"{name}.{split}.step{step}"
+  stem = pathlib.Path(model_dir) / "retrieval" / results
   ir_metrics.write_trec_run(f"{stem}.trec", run, tag=f"decal_jax-step{step}", depth=top_k)
   fileio.write_text_atomic(f"{stem}.metrics.json", json.dumps(scores, indent=2, sort_keys=True))
   print(f"{name} {split} (step {step}, {scores['num_queries']} queries, "

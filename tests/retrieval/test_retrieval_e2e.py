@@ -102,10 +102,13 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   retrieve.main(args + ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
                         "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"])
   gin.clear_config()
-  approximate = ir_metrics.read_trec_run(f"{stem}.trec")
+  approx_stem = f"{stem}.approximate-bnone-nprobe100000-candidates100000"
+  approximate = ir_metrics.read_trec_run(f"{approx_stem}.trec")
   assert {q: ir_metrics.rank(d) for q, d in approximate.items()} == {
       q: ir_metrics.rank(d) for q, d in run.items()}
-  assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text())["search"] == "approximate"
+  assert json.loads(pathlib.Path(f"{approx_stem}.metrics.json").read_text())["search"] == (
+      "approximate")
+  assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text()) == scores  # kept
   assert (model_dir / "index" / "beir_fixture.step30.residual-bnone" / "meta.json").exists()
 
   # Index shards of 8 passages (sharded.py), searched by merging their top-k lists, rank as
@@ -115,7 +118,7 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
                      "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"]):
     retrieve.main(args + ["--gin.SHARD_DOCS=8"] + extra)
     gin.clear_config()
-    sharded_run = ir_metrics.read_trec_run(f"{stem}.trec")
+    sharded_run = ir_metrics.read_trec_run(f"{approx_stem if extra else stem}.trec")
     assert {q: ir_metrics.rank(d) for q, d in sharded_run.items()} == {
         q: ir_metrics.rank(d) for q, d in run.items()}
   manifest = json.loads((shards / "manifest.json").read_text())
