@@ -428,14 +428,13 @@ def scaled_updates(optimizer: Optional[optax.GradientTransformation] = None,
 
 
 def chain(*transforms: optax.GradientTransformation) -> Scheduled:
-  """`optax.chain(*transforms)` that keeps what this module's optimizers carry: the first
-  member's learning-rate schedule (`schedule_of`) and axis names holder, so that
-  `set_param_axes` reaches an `adafactor` inside (a plain optax.chain hides it)."""
-  chained = with_schedule(optax.chain(*transforms), next(
-      (s for s in map(schedule_of, transforms) if s is not None), None))
-  chained.param_axes = next((a for a in (getattr(t, "param_axes", None) for t in transforms)
-                             if a is not None), None)
-  return chained
+  """`optax.chain(*transforms)` that keeps what this module's optimizers carry (`_wrapping`):
+  the axis names holder and schedule of the first member with axis names (else of the first
+  with a schedule), so that `set_param_axes` reaches an `adafactor` inside (a plain
+  optax.chain hides it) and `schedule_of` sees its schedule."""
+  carrier = next((t for t in transforms if getattr(t, "param_axes", None) is not None),
+                 next((t for t in transforms if schedule_of(t) is not None), transforms[0]))
+  return _wrapping(carrier, optax.chain(*transforms))
 
 
 def _wrapping(optimizer, transform: optax.GradientTransformation) -> Scheduled:

@@ -41,8 +41,8 @@ class Frozen(t5x_optimizers.OptimizerDef):
     super().__init__(_FrozenHyperParams())
 
   def init_state(self, params):
-    placeholders = jax.tree_util.tree_map(lambda _: jnp.zeros((), jnp.int8), params)
-    return t5x_optimizers.OptimizerState(jnp.asarray(0, jnp.int32), placeholders)
+    one_byte_states = jax.tree_util.tree_map(lambda _: jnp.zeros((), jnp.int8), params)
+    return t5x_optimizers.OptimizerState(jnp.asarray(0, jnp.int32), one_byte_states)
 
   def apply_gradient(self, hyper_params, params, state, grads):
     del hyper_params, grads

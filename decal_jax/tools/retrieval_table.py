@@ -177,26 +177,18 @@ def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
           f"{a.task}.{a.eval_split}.step{a.steps}.trec")
 
 
-def by_seed(rows) -> dict:
-  """{seed: that seed's rows, in table order}."""
+def grouped(rows, key: str) -> dict:
+  """{value of `key`: the rows with it, in table order} (key 'seed' or 'label')."""
   groups = {}
   for r in rows:
-    groups.setdefault(r["seed"], []).append(r)
-  return groups
-
-
-def by_label(rows) -> dict:
-  """{label: that row's runs, one per seed}, in table order."""
-  groups = {}
-  for r in rows:
-    groups.setdefault(r["label"], []).append(r)
+    groups.setdefault(r[key], []).append(r)
   return groups
 
 
 def paired_to_base(rows, a, work: pathlib.Path) -> None:
   """Adds to each row `ndcg_vs_base`: (mean, s.e.) over queries of its NDCG@10 minus the
   base row's (multi-vector C = 1, else the first) of the same seed on the same query."""
-  for group in by_seed(rows).values():
+  for group in grouped(rows, "seed").values():
     reference = per_query_ndcg(run_file_of(base_row(group), a, work), a)
     for row in group:
       mine = per_query_ndcg(run_file_of(row, a, work), a)
@@ -240,9 +232,9 @@ def signed(mean: float, se: float) -> str:
 
 def seed_differences(rows) -> dict:
   """{label: [its NDCG@10 minus the base row's of the same seed, per seed]}."""
-  base_of = {seed: base_row(group)["ndcg@10"] for seed, group in by_seed(rows).items()}
+  base_of = {seed: base_row(group)["ndcg@10"] for seed, group in grouped(rows, "seed").items()}
   return {label: [r["ndcg@10"] - base_of[r["seed"]] for r in runs]
-          for label, runs in by_label(rows).items()}
+          for label, runs in grouped(rows, "label").items()}
 
 
 def quality_cells(runs, differences, over_seeds: bool):
@@ -267,7 +259,7 @@ def table(rows) -> str:
   difference to the base row over the queries; with several: the mean ± s.e. over the
   seeds of NDCG@10, of its per-seed difference to the base row and of Recall@100, then
   one line per row and seed (`seed_table`)."""
-  groups, base = by_label(rows), base_row(rows)
+  groups, base = grouped(rows, "label"), base_row(rows)
   over_seeds = len(groups) < len(rows)
   differences = seed_differences(rows)
   seeds_head = (" seeds |", "---|") if over_seeds else ("", "")
@@ -295,7 +287,7 @@ def seed_table(rows) -> str:
   base = base_row(rows)["label"]
   lines = [f"| passages | seed | NDCG@10 ± s.e. (queries) | NDCG@10 - {base}, paired ± s.e. "
            "(queries) | Recall@100 | held-out in-batch acc. |", "|---|---|---|---|---|---|"]
-  for runs in by_label(rows).values():
+  for runs in grouped(rows, "label").values():
     for r in runs:
       acc = "-" if r.get("heldout_accuracy") is None else f"{r['heldout_accuracy']:.3f}"
       diff = "-" if r["label"] == base or "ndcg_vs_base" not in r else signed(*r["ndcg_vs_base"])
