@@ -275,12 +275,13 @@ def machine() -> str:
 
 
 def machine_record() -> Dict[str, Any]:
-  """The machine and the moment, as fields of a JSON line."""
+  """The machine and the moment (and XLA_FLAGS when set), as fields of a JSON line."""
   device = jax.devices()[0]
   return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
           "command": "python " + " ".join(sys.argv), "host": platform.node(),
           "cpu": cpu_name(), "cpu_cores": os.cpu_count(), "platform": device.platform,
-          "device_kind": device.device_kind, "jax": jax.__version__}
+          "device_kind": device.device_kind, "jax": jax.__version__,
+          **({"xla_flags": os.environ["XLA_FLAGS"]} if os.environ.get("XLA_FLAGS") else {})}
 
 
 # bf16 dense (no 2:4 sparsity) peak TFLOP/s per chip, by a substring of jax's device_kind

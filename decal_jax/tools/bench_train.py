@@ -33,7 +33,9 @@ file whose task bindings need `decal_jax.tasks` is refused as unknown: give the 
 configuration (the first plus those), times both in one process, alternating their steps,
 and prints B / A. `--breakdown` times the parts of a T5 step on their own; `--profile_steps`
 traces steps with jax.profiler and records the top ops. Appends a JSON line per
-configuration to --out.
+configuration to --out. Progress (each stage's start, compile seconds, warm-up step times)
+goes to stderr, so a run stopped at a time limit shows where its time went; XLA_FLAGS, when
+set, is recorded in each JSON line (`xla_flags`).
 """
 import argparse
 import dataclasses
@@ -145,11 +147,21 @@ def model_flops_per_step(setup: Setup) -> Optional[float]:
 
 
 # ----------------------------------------------------------------------------- compile / run
+_START = time.perf_counter()
+
+
+def progress(message: str) -> None:
+  """A timestamped stage line on stderr (the seconds since the tool started)."""
+  print(f"[bench_train {time.perf_counter() - _START:7.1f} s] {message}", file=sys.stderr,
+        flush=True)
+
+
 class Runner:
   """A compiled train step with its state, batch and measurements."""
 
   def __init__(self, setup: Setup, seed: int):
     self.setup = setup
+    progress(f"{setup.label}: initialising the train state")
     cfg = batches.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
     self.state, shardings = train_state.init_state(setup.model, setup.optimizer,
                                                setup.partitioner, cfg, seed)
@@ -164,10 +176,14 @@ class Runner:
     """Lowers and compiles the trainer's own jitted step ahead of time."""
     start = time.perf_counter()
     with self.setup.partitioner.activate():
+      progress(f"{self.setup.label}: tracing and lowering the train step")
       lowered = step.jitted.lower(self.state, self.batch, self.rng)
       traced = time.perf_counter()
+      progress(f"{self.setup.label}: XLA compile ({traced - start:.1f} s to lower; on a GPU "
+               "the GEMM autotuning can take minutes, see XLA_FLAGS in docs/performance.md)")
       self.fn = lowered.compile()
     done = time.perf_counter()
+    progress(f"{self.setup.label}: compiled in {done - traced:.1f} s")
     self.info.update(trace_lower_s=traced - start, xla_compile_s=done - traced,
                      compile_s=done - start, **_cost(self.fn))
 
@@ -178,7 +194,7 @@ class Runner:
     elapsed = time.perf_counter() - start
     if timed:
       self.times.append(elapsed)
-    self.last_loss = float(aux["loss"])
+    self.last_s, self.last_loss = elapsed, float(aux["loss"])
 
 
 def _cost(compiled) -> Dict[str, Any]:
@@ -195,6 +211,9 @@ def time_steps(runners: Sequence[Runner], warmup: int, steps: int) -> None:
   for i in range(warmup + steps):
     for runner in runners:
       runner.step(timed=i >= warmup)
+    if i < warmup or i == warmup + steps - 1:
+      progress(f"step {i + 1} of {warmup} warm-up + {steps} timed: "
+               f"{1e3 * runners[-1].last_s:.1f} ms, loss {runners[-1].last_loss:.3f}")
 
 
 def summarize(runner: Runner, device) -> Dict[str, Any]:

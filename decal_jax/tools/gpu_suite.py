@@ -3,7 +3,7 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts train_probe,train,nuggets,squid,retrieval_scale
+  python -m decal_jax.tools.gpu_suite --lease --parts train,nuggets,squid,retrieval_scale
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
 Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
@@ -41,7 +41,8 @@ packs every file written into one .tar.gz (for machines that return only a few f
 ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI. The
 parts marked `device_image` run there with TensorFlow, seqio, clu and t5 refused, as on the
 workplace's GPU image. --lease: the GPU shapes in 9 minutes (gpu_suite_scales.lease_scale:
-three option sets probed, DeCAL-4x timed first, shorter part limits).
+no GEMM autotuning, DeCAL-4x timed first, shorter part limits). --xla_flags adds XLA_FLAGS
+for every part. The parts share one persistent compilation cache (WORK/jax_cache).
 """
 import argparse
 import dataclasses
@@ -77,7 +78,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _Refuse())
 """
 from decal_jax.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
-    CUDNN, LEASE_MINUTES, OPTION_SETS, PROFILED_RATIO, RATIOS, RETENTION_STEPS,
+    CUDNN, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILED_RATIO, RATIOS, RETENTION_STEPS,
     Scale, dry_run_scale, gpu_scale, lease_scale)
 
 
@@ -117,7 +118,10 @@ class Suite:
     log = self.logs / f"{self.part}.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-               PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+               PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+               # one compilation cache for the run: `train` reuses the probe's programs
+               JAX_COMPILATION_CACHE_DIR=str(self.work / "jax_cache"),
+               XLA_FLAGS=xla_flags(self.scale))
     if self.dry_run:
       env["JAX_PLATFORMS"] = "cpu"
       if self.refuse_dir:  # a device-image part: refuse what the image lacks
@@ -133,6 +137,11 @@ class Suite:
     if check and proc.returncode:
       raise PartFailed(f"{shlex.join(argv[:2])} exited with {proc.returncode}")
     return proc.returncode, timed_out
+
+
+def xla_flags(scale: Scale) -> str:
+  """The parts' XLA_FLAGS: the caller's own, then the scale's."""
+  return " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), scale.xla_flags]))
 
 
 def _wait(proc: subprocess.Popen, limit: float, grace: float) -> bool:
@@ -346,6 +355,7 @@ def render(summary: dict) -> str:
   profile when DeCAL-4x misses the MFU goal."""
   lines = ["# GPU suite", "", f"- command: `{summary['command']}`", f"- date: {summary['date']}",
            f"- device: {summary['device']}", f"- machine: {summary['machine']}",
+           f"- XLA_FLAGS: `{summary.get('xla_flags') or 'none'}`",
            f"- wall time: {summary['wall_s'] / 60:.1f} min of a {summary['minutes']:.0f}-minute "
            "budget", "", "| part | status | wall s | limit s | device | date | note |",
            "|---|---|---|---|---|---|---|"]
@@ -421,6 +431,8 @@ def parse_args(argv):
                  "(default: ../shared/data/beir/scifact if present, else the built-in one)")
   p.add_argument("--archive", type=pathlib.Path, default=None,
                  help="also pack every file written into this .tar.gz")
+  p.add_argument("--xla_flags", default=None, help="XLA_FLAGS added for every part (default "
+                 f"none; --lease: {LEASE_XLA_FLAGS!r}, no GEMM autotuning, for compile time)")
   a = p.parse_args(argv)
   names = [n.strip() for n in a.parts.split(",") if n.strip()]
   unknown = sorted(set(names) - {part.name for part in PARTS})
@@ -451,6 +463,8 @@ def main(argv=None) -> dict:
   a.log_dir.mkdir(parents=True, exist_ok=True)
   scale = (dry_run_scale(a.out_dir) if a.dry_run else lease_scale(a.beir_folder) if a.lease
            else gpu_scale(a.beir_folder))
+  if a.xla_flags is not None:
+    scale = dataclasses.replace(scale, xla_flags=a.xla_flags)
   summary_path = a.out_dir / "gpu_suite_summary.json"
   summary = json.loads(summary_path.read_text()) if summary_path.exists() else {
       "parts": {}, "details": {}}  # an earlier run's: its probe serves a later `train`
@@ -463,6 +477,7 @@ def main(argv=None) -> dict:
   given = sys.argv[1:] if argv is None else argv
   summary.update(command=shlex.join(["python", "-m", "decal_jax.tools.gpu_suite", *given]),
                  date=datetime.date.today().isoformat(), device=device, minutes=a.minutes,
+                 xla_flags=xla_flags(scale),
                  machine=f"{platform.node()}, {os.cpu_count()} CPU cores",
                  wall_s=time.time() - start)
   fileio.write_text_atomic(summary_path, json.dumps(summary, indent=1, default=str))

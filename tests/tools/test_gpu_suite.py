@@ -2,8 +2,10 @@
 (the same tools, flags and output names), and writes its results file with the fields a
 reader needs; a part forced to fail is recorded as failed while the parts after it still
 run; the ablation continues on another machine from its record."""
+import dataclasses
 import importlib
 import json
+import time
 
 import pytest
 
@@ -78,6 +80,8 @@ def test_the_probe_times_each_option_set_and_train_uses_the_fastest(result):
     assert row["lengths"] == {"inputs": 64, "targets": 16} and row["batch_size"] == 2
   for binding in gpu_suite.OPTION_SETS[fastest]:
     assert binding.replace("=", " = ") in train[0]["gin_bindings"]
+  log = (out / "logs" / "train_probe.log").read_text()  # stages on stderr, for a killed run
+  assert log.count("XLA compile (") == log.count("compiled in ") == len(probe)
 
 
 def test_decal_4x_is_profiled_and_its_top_ops_are_in_the_summary(result):
@@ -227,6 +231,29 @@ def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
   assert any(gpu_suite.CUDNN not in gpu_suite.OPTION_SETS[n] for n in lease.option_sets)
   assert len(lease.option_sets) * lease.probe_minutes <= lease.minutes["train_probe"]
   assert lease.minutes["train_probe"] + lease.minutes["train"] < gpu_suite.LEASE_MINUTES
+  assert lease.xla_flags == gpu_suite.LEASE_XLA_FLAGS and not full.xla_flags
   with pytest.raises(SystemExit):
     gpu_suite.parse_args(["--lease", "--dry_run"])
 
+
+
+def test_the_parts_get_the_xla_flags_and_one_compilation_cache(tmp_path, monkeypatch):
+  """A part's subprocess sees the scale's XLA_FLAGS after the caller's own (here: two CPU
+  devices where jax would show one) and writes its compiled programs into WORK/jax_cache."""
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  scale = dataclasses.replace(gpu_suite.dry_run_scale(tmp_path),
+                              xla_flags="--xla_force_host_platform_device_count=2")
+  suite = gpu_suite.Suite(tmp_path, tmp_path, tmp_path / "work", scale, True, 1e12,
+                          part="flags", part_deadline=time.time() + 120)
+  code = ("import os, jax, jax.numpy as jnp; print('XLA_FLAGS', os.environ['XLA_FLAGS']); "
+          "print('devices', jax.device_count()); print(float(jax.jit(jnp.sum)(jnp.ones(3))))")
+  assert suite.call(["-c", code]) == (0, False)
+  log = (tmp_path / "flags.log").read_text()
+  assert ("XLA_FLAGS --xla_cpu_enable_fast_math=false "
+          "--xla_force_host_platform_device_count=2") in log
+  assert "devices 2" in log and "3.0" in log
+  assert any((tmp_path / "work" / "jax_cache").iterdir())
+  summary = {"command": "c", "date": "d", "device": "cpu", "machine": "m", "wall_s": 60,
+             "minutes": 9, "xla_flags": scale.xla_flags, "parts": {}}
+  assert f"- XLA_FLAGS: `{scale.xla_flags}`" in gpu_suite.render(summary)
