@@ -27,11 +27,12 @@ OPTION_SETS: Dict[str, List[str]] = {
 # time, at T5.1.1-small's batch 128 (a guess, not a measurement: the full run probes them).
 LEASE_OPTION_SETS = ("einsum", "cudnn+fused", "xla+fused")
 LEASE_MINUTES = 9.0  # one device command (at most 10 minutes) with a minute to spare
-# The lease's XLA_FLAGS: no GEMM autotuning (cuBLAS / default kernel choices). On 2026-11-26
-# an H200 (jax 0.11.2) had not finished compiling the DeCAL-4x step at default flags after
-# 230 s, while this 2-core CPU compiles it in 14 s; XLA's GEMM fusion autotuner compiles and
-# times many kernel configurations per matmul, the usual cause of such compile times.
-LEASE_XLA_FLAGS = "--xla_gpu_autotune_level=0"
+# The lease's XLA_FLAGS: no autotuning and matmuls on cuBLAS rather than generated Triton
+# GEMM kernels (nothing per matmul to generate, compile and time). On 2026-11-26 an H200
+# (jax 0.11.2) had not finished compiling the DeCAL-4x step at default flags after 230 s,
+# while this 2-core CPU compiles it in 14 s; XLA's GEMM fusion autotuner compiles and times
+# many Triton kernel configurations per matmul, the usual cause of such compile times.
+LEASE_XLA_FLAGS = "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false"
 DRY_RUN_BUDGET = """# the suite's --dry_run ablation budget: one variant, a few steps
 Budget.variants = ['decal_2x']
 Budget.model_gin = 'experiments/models/mini.gin'
