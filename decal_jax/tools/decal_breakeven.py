@@ -3,6 +3,8 @@ input length, for targets that grow with the input or stay fixed.
 
   python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 128 256 512 1024 2048 4096 8192
   python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 128 256 512 1024 --measure
+  python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 1024 2048 4096 --measure \
+      --measure_targets n --batch_size 2 --steps 6   # autoencoding, where the FLOPs cross
 
 A training step costs about 3x the teacher-forced forward pass (`decal_jax/flops.py`), so the
 ratio of forward FLOPs is the ratio of step FLOPs. DeCAL's encoder runs over m + n positions
@@ -13,11 +15,11 @@ lengths: t = n / 4 (span corruption's targets, at least 32), t = --fixed_targets
 (autoencoding). The network is sized by --emb_dim / --layers / --heads / --head_dim /
 --mlp_dim (default the "reduced small" T5 of docs/performance.md).
 
-`--measure` also times the training step at each length with t = n / 4: decal_jax's own step
-(`decal_jax/tools/bench_train.py`, synthetic batches of --batch_size), C = 1 and C = --ratio
-built in one process and stepped alternately, the median of --steps steps each; it prints
-the measured step-time ratio beside the FLOP ratio and appends both configurations' rows to
---out. End-to-end trainers at 128 / 32: `decal_jax/tools/compare_trainers.py`.
+`--measure` also times the training step at each length with t = n / 4 (`--measure_targets
+n` for t = n, or both): decal_jax's own step (`decal_jax/tools/bench_train.py`, synthetic
+batches of --batch_size), C = 1 and C = --ratio built in one process and stepped
+alternately, the median of --steps steps each; it prints the measured step-time ratio beside
+the FLOP ratio and appends both configurations' rows to --out. End-to-end trainers at 128 / 32: `decal_jax/tools/compare_trainers.py`.
 """
 import argparse
 import json
@@ -28,6 +30,8 @@ from typing import Dict, List, Optional, Sequence
 from decal_jax import benchmarking, flops
 from decal_jax.networks.t5 import T5Config
 
+# the target length of each measured column, by input length n
+TARGETS = {"n/4": lambda n: max(32, n // 4), "n": lambda n: n}
 SIZE_FLAGS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
               "num_encoder_layers", "num_decoder_layers")
 
@@ -54,6 +58,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   p.add_argument("--vocab_size", type=int, default=4224)
   p.add_argument("--measure", action="store_true",
                  help="also time C = 1 and C = --ratio training steps at t = n / 4")
+  p.add_argument("--measure_targets", nargs="+", default=["n/4"], choices=sorted(TARGETS),
+                 help="the target lengths --measure times: n/4 (span corruption), n "
+                 "(autoencoding)")
   p.add_argument("--batch_size", type=int, default=8)
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -70,23 +77,24 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   print(f"model FLOPs of a training step, DeCAL C={args.ratio} / C=1 (< 1: DeCAL is cheaper)")
   print(f"{'n':>6}{'t = n/4':>10}{f't = {args.fixed_targets}':>10}{'t = n':>10}")
   for n in args.lengths:
-    row = {"inputs": n, "targets_n/4": step_flop_ratio(sizes, args.ratio, n, max(32, n // 4)),
-           "targets_fixed": step_flop_ratio(sizes, args.ratio, n, args.fixed_targets),
-           "targets_n": step_flop_ratio(sizes, args.ratio, n, n)}
+    row = {"inputs": n, "targets_fixed": step_flop_ratio(sizes, args.ratio, n, args.fixed_targets),
+           **{f"targets_{kind}": step_flop_ratio(sizes, args.ratio, n, targets(n))
+              for kind, targets in TARGETS.items()}}
     rows.append(row)
     print(f"{n:>6}{row['targets_n/4']:>10.3f}{row['targets_fixed']:>10.3f}"
           f"{row['targets_n']:>10.3f}")
-  if args.measure:
+  for kind in args.measure_targets if args.measure else []:
     for row in rows:
-      row["measured_n/4"] = measured_ratio(sizes, args, row["inputs"])
-    print(f"\nstep time, DeCAL C={args.ratio} / C=1 at t = n/4: FLOPs vs measured "
+      row[f"measured_{kind}"] = measured_ratio(sizes, args, row["inputs"],
+                                               TARGETS[kind](row["inputs"]))
+    print(f"\nstep time, DeCAL C={args.ratio} / C=1 at t = {kind}: FLOPs vs measured "
           f"(decal_jax's step, batch {args.batch_size}, {args.dtype})")
     for row in rows:
-      print(f"{row['inputs']:>6}{row['targets_n/4']:>10.3f}{row['measured_n/4']:>10.3f}")
+      print(f"{row['inputs']:>6}{row[f'targets_{kind}']:>10.3f}{row[f'measured_{kind}']:>10.3f}")
   return rows
 
 
-def measured_ratio(sizes: Dict[str, int], args, inputs: int) -> float:
+def measured_ratio(sizes: Dict[str, int], args, inputs: int, targets: int) -> float:
   """C = --ratio's median step time over C = 1's, both timed alternately in one
   `python -m decal_jax.tools.bench_train` process (its rows also go to --out when given)."""
   with tempfile.TemporaryDirectory(prefix="decal_breakeven_") as tmp:
@@ -95,10 +103,11 @@ def measured_ratio(sizes: Dict[str, int], args, inputs: int) -> float:
             *[f"--gin.t5.T5Config.{k}={sizes[k]}" for k in SIZE_FLAGS],
             "--gin.COMPRESSION_RATIO=1", f"--gin.ACTIVATION_DTYPE='{args.dtype}'",
             "--gin.DROPOUT_RATE=0.0", f"--batch_size={args.batch_size}",
-            f"--inputs_length={inputs}", f"--targets_length={max(32, inputs // 4)}",
+            f"--inputs_length={inputs}", f"--targets_length={targets}",
             f"--steps={args.steps}", "--label=C=1", f"--compare=COMPRESSION_RATIO={args.ratio}",
             f"--compare_label=C={args.ratio}", f"--out={rows_file}"]
-    print(f"n = {inputs}: timing C = 1 and C = {args.ratio} (bench_train) ...", flush=True)
+    print(f"n = {inputs}, t = {targets}: timing C = 1 and C = {args.ratio} (bench_train) ...",
+          flush=True)
     benchmarking.run_entry_point("tools.bench_train", argv, log)
     with open(rows_file) as f:
       rows = [json.loads(line) for line in f]

@@ -133,7 +133,7 @@ def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatc
   monkeypatch.setattr(breakeven.benchmarking, "run_entry_point", fake_run)
   out = tmp_path / "rows.jsonl"
   rows = breakeven.main(["--lengths", "512", "--measure", "--batch_size", "4", "--out", str(out)])
-  assert rows[0]["measured_n/4"] == 1.25 and len(seen) == 1
+  assert rows[0]["measured_n/4"] == 1.25 and len(seen) == 1 and "measured_n" not in rows[0]
   assert seen[0][0] == "tools.bench_train" and len(out.read_text().splitlines()) == 2
   args, (files, paths_, bindings) = bench.parse_args(seen[0][1])
   assert (args.batch_size, args.inputs_length, args.targets_length) == (4, 512, 128)
@@ -144,3 +144,25 @@ def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatc
       256, 4, 4224)
   built = [flops.forward_flops(c, 512, 128).total for c in configs]
   assert built[1] / built[0] == pytest.approx(rows[0]["targets_n/4"], rel=1e-9)
+
+
+def test_decal_breakeven_measures_autoencoding_at_targets_equal_to_inputs(monkeypatch, tmp_path):
+  """`--measure_targets n` times the steps at t = n (where the FLOP column crosses 1 first),
+  and both kinds together time each length twice, each at its own target length."""
+  import json
+  breakeven = importlib.import_module("decal_jax.tools.decal_breakeven")
+  seen = []
+
+  def fake_run(module, argv, log):
+    args, _ = bench.parse_args(argv)
+    seen.append((args.inputs_length, args.targets_length))
+    with open(args.out, "a") as f:
+      f.write(json.dumps({"ratio_to_a": {"step_s_median": args.targets_length / 1000}}) + "\n")
+  monkeypatch.setattr(breakeven.benchmarking, "run_entry_point", fake_run)
+  rows = breakeven.main(["--lengths", "256", "2048", "--measure", "--measure_targets", "n"])
+  assert seen == [(256, 256), (2048, 2048)]
+  assert [r["measured_n"] for r in rows] == [0.256, 2.048] and "measured_n/4" not in rows[0]
+  assert rows[1]["targets_n"] < rows[1]["targets_n/4"]  # autoencoding is where DeCAL gains
+  seen.clear()
+  breakeven.main(["--lengths", "256", "--measure", "--measure_targets", "n/4", "n"])
+  assert seen == [(256, 64), (256, 256)]
