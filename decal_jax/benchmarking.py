@@ -13,6 +13,7 @@ import platform
 import re
 import shlex
 import statistics
+import signal
 import subprocess
 import sys
 import time
@@ -461,11 +462,16 @@ def add_output_args(parser) -> None:
 
 def run_entry_point(module: str, args: Sequence[str], log) -> float:
   """Runs `python -m decal_jax.<module> args` from the repository, output appended to
-  `log`; exits on failure. Returns the seconds it took."""
+  `log`; exits on failure with the log's last lines (the log may live in a temporary
+  folder that is gone by then). Returns the seconds it took."""
   start = time.time()
   with open(log, "a") as f:
     proc = subprocess.run([sys.executable, "-m", f"decal_jax.{module}", *args], cwd=REPO,
                           stdout=f, stderr=subprocess.STDOUT, check=False)
   if proc.returncode:
-    sys.exit(f"{module} failed (exit {proc.returncode}); see {log}")
+    with open(log, errors="replace") as f:
+      tail = "".join(f.readlines()[-12:])
+    killed = (" (killed by SIGKILL: on Linux usually the out-of-memory killer; use a smaller "
+              "batch size or shorter lengths)" if proc.returncode == -signal.SIGKILL else "")
+    sys.exit(f"{module} failed (exit {proc.returncode}){killed}; the end of {log}:\n{tail}")
   return time.time() - start

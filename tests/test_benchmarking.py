@@ -84,3 +84,23 @@ def test_int_list_rejects_what_is_not_positive_integers():
     with pytest.raises(SystemExit):
       benchmarking.int_list(parser, bad, "--x")
   assert math.isclose(benchmarking.Run(0.25, None).total, 0.25)
+
+
+def test_a_failed_entry_point_exits_with_the_end_of_its_log(tmp_path, monkeypatch):
+  """The log is often in a temporary folder gone by the time the user reads the message, so
+  the message carries its last lines; a SIGKILL (the OOM killer's signal) is named as such."""
+  log = tmp_path / "run.log"
+  with pytest.raises(SystemExit) as e:
+    benchmarking.run_entry_point("tools.no_such_tool", [], str(log))
+  assert "tools.no_such_tool failed (exit 1)" in str(e.value)
+  assert "No module named decal_jax.tools.no_such_tool" in str(e.value)
+  assert "SIGKILL" not in str(e.value)
+
+  def killed(argv, stdout, **kwargs):
+    stdout.write("step 1 of 7\n")
+    return benchmarking.subprocess.CompletedProcess(argv, -9)
+  monkeypatch.setattr(benchmarking.subprocess, "run", killed)
+  with pytest.raises(SystemExit) as e:
+    benchmarking.run_entry_point("tools.bench_train", [], str(log))
+  assert "(exit -9) (killed by SIGKILL: on Linux usually the out-of-memory killer" in str(e.value)
+  assert str(e.value).endswith("step 1 of 7\n")
