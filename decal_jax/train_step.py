@@ -9,6 +9,12 @@ from decal_jax import resilience
 from decal_jax.models import BaseModel
 
 
+def global_norm(tree) -> jax.Array:
+  """The L2 norm of all leaves together (optax.global_norm's formula; that name and its
+  successors are deprecated across the optax versions we support)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+
+
 def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
   """(state, global batch, rng) -> (state, aux), jitted with the state donated.
 
@@ -21,7 +27,7 @@ def make_train_step(model: BaseModel, optimizer, partitioner, shardings):
     (loss, aux), grads = grad_fn(state["params"], batch, dropout_rng)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    aux = dict(aux, loss=loss, grad_norm=optax.global_norm(grads))
+    aux = dict(aux, loss=loss, grad_norm=global_norm(grads))
     finite = jnp.isfinite(aux["loss"]) & jnp.isfinite(aux["grad_norm"])
 
     def if_finite(new, old):

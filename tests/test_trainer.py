@@ -4,6 +4,7 @@ import re
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -285,3 +286,16 @@ def test_initial_checkpoint_errors_name_the_problem(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="holds no checkpoint_<step>"):
     checkpoints.resolve_checkpoint(str(tmp_path / "empty"))
+
+
+def test_the_steps_grad_norm_is_the_l2_norm_of_every_gradient_together():
+  """train_step.global_norm (aux['grad_norm'], the NaN guard's input) against numpy in
+  float64 over the leaves flattened into one vector."""
+  from decal_jax import train_step
+  rng = np.random.default_rng(0)
+  tree = {"a": rng.normal(size=(3, 4)), "b": [rng.normal(size=5), rng.normal(size=(2, 2, 2))]}
+  want = np.linalg.norm(np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(tree)]))
+  got = train_step.global_norm(jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32),
+                                                      tree))
+  np.testing.assert_allclose(float(got), want, rtol=1e-6)
+  assert not np.isfinite(float(train_step.global_norm({"a": jnp.array([1.0, jnp.inf])})))
