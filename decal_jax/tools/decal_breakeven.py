@@ -3,8 +3,9 @@ input length, for targets that grow with the input or stay fixed.
 
   python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 128 256 512 1024 2048 4096 8192
   python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 128 256 512 1024 --measure
-  python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 1024 2048 4096 --measure \
+  python -m decal_jax.tools.decal_breakeven --ratio=4 --lengths 1024 2048 --measure \
       --measure_targets n --batch_size 2 --steps 6   # autoencoding, where the FLOPs cross
+      # (both steps are compiled in one process: 2048 at batch 2 takes about 13 GB)
 
 A training step costs about 3x the teacher-forced forward pass (`decal_jax/flops.py`), so the
 ratio of forward FLOPs is the ratio of step FLOPs. DeCAL's encoder runs over m + n positions
@@ -19,7 +20,8 @@ lengths: t = n / 4 (span corruption's targets, at least 32), t = --fixed_targets
 n` for t = n, or both): decal_jax's own step (`decal_jax/tools/bench_train.py`, synthetic
 batches of --batch_size), C = 1 and C = --ratio built in one process and stepped
 alternately, the median of --steps steps each; it prints the measured step-time ratio beside
-the FLOP ratio and appends both configurations' rows to --out. End-to-end trainers at 128 / 32: `decal_jax/tools/compare_trainers.py`.
+the FLOP ratio and appends both configurations' rows to --out. End-to-end trainers at
+128 / 32: `decal_jax/tools/compare_trainers.py`.
 """
 import argparse
 import json
@@ -57,7 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   p.add_argument("--mlp_dim", type=int, default=1024)
   p.add_argument("--vocab_size", type=int, default=4224)
   p.add_argument("--measure", action="store_true",
-                 help="also time C = 1 and C = --ratio training steps at t = n / 4")
+                 help="also time C = 1 and C = --ratio training steps (at --measure_targets)")
   p.add_argument("--measure_targets", nargs="+", default=["n/4"], choices=sorted(TARGETS),
                  help="the target lengths --measure times: n/4 (span corruption), n "
                  "(autoencoding)")
