@@ -84,9 +84,12 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
                            "2", "4", "8", "--bits", "1", "2", "4", "none", "--num_centroids",
                            "0.25", "--synthetic_passages", "0"]
           + (["--beir_folder", beir_folder] if beir_folder else []),
+          # ColBERTv2's full centroid count (32,768 at 1M passages, C = 4), which CPU cores
+          # cannot assign within the budget but the GPU's centroid search can (codec.py)
           retrieval_scale_synthetic=["--beir_folder", "", "--msmarco_folder", "",
                                      "--synthetic_passages", "1000000", "--ratios", "4", "--bits",
-                                     "2", "none", "--num_centroids", "0.25"],
+                                     "2", "none", "--num_centroids", "1.0",
+                                     "--sample_vectors", "1048576"],
           retention=["--steps", str(RETENTION_STEPS)],
           ablation=["--budget", "gpu"]))
 

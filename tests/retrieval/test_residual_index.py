@@ -117,7 +117,7 @@ def test_kmeans_backends_find_separated_clusters():
   rng = np.random.default_rng(3)
   centers = 10 * np.eye(DIM, dtype=np.float32)[:6]  # 6 clusters far apart
   x = centers[np.repeat(np.arange(6), 50)] + 0.1 * rng.standard_normal((300, DIM))
-  for backend in ("numpy", "faiss"):
+  for backend in ("numpy", "jax", "faiss"):  # jax: Lloyd's with the device's assignments
     if backend == "faiss":
       pytest.importorskip("faiss")
     found, used = codec_lib.kmeans(x.astype(np.float32), 6, iterations=20, seed=0,
@@ -128,6 +128,25 @@ def test_kmeans_backends_find_separated_clusters():
     assert distances.min(axis=0).max() < 0.1 and distances.min(axis=1).max() < 0.1
   with pytest.raises(ValueError, match="multiple of 4"):
     codec_lib.Codec.train(x[:, :6], 2, 2)
+
+
+def test_the_device_centroid_search_finds_the_nearest_centroid_in_every_chunk():
+  """nearest_centroids on jax's device (what a GPU runs; forced here on the CPU) against a
+  float64 numpy search: every vector's chosen centroid is at the minimum distance, across
+  several fixed-size chunks and a padded last one; 'auto' keeps the host search on a CPU."""
+  rng = np.random.default_rng(5)
+  centroids = rng.standard_normal((4096, 16)).astype(np.float32)  # chunks of 16,384 rows
+  vectors = rng.standard_normal((20000, 16)).astype(np.float32)
+  got = codec_lib.nearest_centroids(vectors, centroids, device=True)
+  x, c = vectors.astype(np.float64), centroids.astype(np.float64)
+  dist = (x ** 2).sum(1)[:, None] - 2 * x @ c.T + (c ** 2).sum(1)[None]  # [n, k]
+  chosen = dist[np.arange(len(x)), got]
+  np.testing.assert_allclose(chosen, dist.min(axis=1), rtol=0, atol=1e-4)
+  assert np.mean(got == dist.argmin(axis=1)) > 0.999  # ties aside, the same centroid
+  assert not codec_lib.on_accelerator()  # so 'auto' below is the host search
+  np.testing.assert_array_equal(codec_lib.nearest_centroids(vectors[:500], centroids),
+                                codec_lib.nearest_centroids(vectors[:500], centroids,
+                                                            device=False))
 
 
 @pytest.mark.parametrize("bits", codec_lib.BITS)

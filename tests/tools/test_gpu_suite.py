@@ -211,6 +211,7 @@ def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
   assert real.ratios == [1, 2, 4, 8] and real.bits == [1, 2, 4, None]
   synthetic = bench.parse_args(scale.tools["retrieval_scale_synthetic"] + ["--out", "x.md"])
   assert synthetic.synthetic_passages == 1_000_000 and synthetic.ratios == [4]
+  assert synthetic.num_centroids == 1.0 and synthetic.sample_vectors == 1 << 20
   assert synthetic.beir_folder == synthetic.msmarco_folder == ""
   assert scale.tools["retention"] == ["--steps", str(gpu_suite.RETENTION_STEPS)]
 
