@@ -74,23 +74,29 @@ def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8
 def _nearest_on_device(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
   """nearest_centroids on jax's default device, in chunks of a fixed row count (one
   compilation; about 256 MiB of scores each), the last one padded."""
-  import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   c = jnp.asarray(centroids)  # [k, d]
   squared = jnp.sum(c * c, axis=1)  # [k]
   rows = max(256, min(65536, (1 << 26) // len(centroids)))
-
-  @jax.jit
-  def nearest(x):  # [rows, d] -> [rows]
-    scores = squared[None, :] - 2 * jnp.dot(x, c.T, precision=jax.lax.Precision.HIGHEST)
-    return jnp.argmin(scores, axis=1)  # [rows]
-
   out = np.empty(len(vectors), np.int64)
   for start in range(0, len(vectors), rows):
     x = np.asarray(vectors[start:start + rows], np.float32)  # [<= rows, d]
     padded = np.pad(x, ((0, rows - len(x)), (0, 0)))  # [rows, d]
-    out[start:start + len(x)] = np.asarray(nearest(padded))[:len(x)]
+    out[start:start + len(x)] = np.asarray(_nearest_chunk()(padded, c, squared))[:len(x)]
   return out
+
+
+@functools.lru_cache(maxsize=None)
+def _nearest_chunk():
+  """The jitted chunk search (compiled once per shape, across k-means iterations):
+  `[rows, d]`, `[k, d]`, `[k]` -> `[rows]`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  def nearest(x, c, squared):
+    scores = squared[None, :] - 2 * jnp.dot(x, c.T, precision=jax.lax.Precision.HIGHEST)
+    return jnp.argmin(scores, axis=1)  # [rows]
+  return jax.jit(nearest)
 
 
 def kmeans_numpy(sample: np.ndarray, k: int, iterations: int, seed: int,
