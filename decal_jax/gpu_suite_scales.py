@@ -3,6 +3,7 @@ probe times, and the arguments each part gives its tool at the GPU's size (`gpu_
 a short lease of this workplace's device machine (`lease_scale`: the same shapes, less to
 probe, limits that fit one command) and at --dry_run's tiny CPU size (`dry_run_scale`)."""
 import dataclasses
+import os
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
@@ -65,6 +66,10 @@ class Scale:
   grace_s: float  # SIGTERM -> SIGKILL
   tools: Dict[str, List[str]]  # the other benchmarks' arguments
   xla_flags: str = ""  # added to XLA_FLAGS for every part's subprocesses
+
+  def all_xla_flags(self) -> str:
+    """The parts' XLA_FLAGS: the caller's own, then the scale's."""
+    return " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), self.xla_flags]))
 
 
 def gpu_scale(beir_folder: Optional[str]) -> Scale:

@@ -121,7 +121,7 @@ class Suite:
                PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                # one compilation cache for the run: `train` reuses the probe's programs
                JAX_COMPILATION_CACHE_DIR=str(self.work / "jax_cache"),
-               XLA_FLAGS=xla_flags(self.scale))
+               XLA_FLAGS=self.scale.all_xla_flags())
     if self.dry_run:
       env["JAX_PLATFORMS"] = "cpu"
       if self.refuse_dir:  # a device-image part: refuse what the image lacks
@@ -137,11 +137,6 @@ class Suite:
     if check and proc.returncode:
       raise PartFailed(f"{shlex.join(argv[:2])} exited with {proc.returncode}")
     return proc.returncode, timed_out
-
-
-def xla_flags(scale: Scale) -> str:
-  """The parts' XLA_FLAGS: the caller's own, then the scale's."""
-  return " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), scale.xla_flags]))
 
 
 def _wait(proc: subprocess.Popen, limit: float, grace: float) -> bool:
@@ -477,7 +472,7 @@ def main(argv=None) -> dict:
   given = sys.argv[1:] if argv is None else argv
   summary.update(command=shlex.join(["python", "-m", "decal_jax.tools.gpu_suite", *given]),
                  date=datetime.date.today().isoformat(), device=device, minutes=a.minutes,
-                 xla_flags=xla_flags(scale),
+                 xla_flags=scale.all_xla_flags(),
                  machine=f"{platform.node()}, {os.cpu_count()} CPU cores",
                  wall_s=time.time() - start)
   fileio.write_text_atomic(summary_path, json.dumps(summary, indent=1, default=str))
