@@ -108,7 +108,7 @@ def lease_scale(beir_folder: Optional[str]) -> Scale:
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
-      minutes=dict(full.minutes, train_probe=3.75, train=5.0, nuggets=2, squid=2,
+      minutes=dict(full.minutes, train_probe=3.75, train=5.0, nuggets=2, squid=2, gpthf=1.5,
                    retrieval_scale=3))
 
 

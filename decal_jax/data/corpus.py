@@ -6,14 +6,20 @@ documents (blank-line separated blocks, whitespace collapsed, blocks under
 `MIN_DOCUMENT_CHARS` dropped, repeats kept once) and send each document to `train` or
 `validation` by a stable hash of its own text: the splits never overlap and do not depend
 on iteration order or on the Python process (`hash()` salting plays no part).
+
+The text itself (`documents`, `titled_documents`, `corpus_fingerprint`) needs neither seqio
+nor TensorFlow, so the built-in vocabulary and the benchmarks' real-text prompts work on a
+GPU image without them; the seqio source (`data_source`, `StreamingSource`) imports them
+when used.
 """
 import functools
 import hashlib
 import re
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
-import seqio
-import tensorflow as tf
+if TYPE_CHECKING:
+  import seqio
+  import tensorflow as tf
 
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 8
@@ -76,7 +82,8 @@ def corpus_fingerprint() -> str:
   return digest.hexdigest()[:12]
 
 
-def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> tf.data.Dataset:
+def _dataset_fn(split: str, shuffle_files: bool,
+                seed: Optional[int] = None) -> "tf.data.Dataset":
   """{'text': scalar string} per document.
 
   Evaluation reads (or `shuffle_files=False`) give one pass in the fixed order. Shuffled
@@ -85,6 +92,7 @@ def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> 
   per element downstream) on every pass, instead of seqio's `repeat()` replaying the first
   pass's examples verbatim.
   """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   if split not in SPLITS:
     raise ValueError(f"The built-in corpus has splits {SPLITS}, not {split!r}.")
   docs = documents()[split]
@@ -94,29 +102,44 @@ def _dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None) -> 
   return reshuffled_passes(ds, len(docs), seed or 0)
 
 
-def reshuffled_passes(ds: tf.data.Dataset, n: int, seed: int,
-                      passes: int = TRAIN_PASSES) -> tf.data.Dataset:
+def reshuffled_passes(ds: "tf.data.Dataset", n: int, seed: int,
+                      passes: int = TRAIN_PASSES) -> "tf.data.Dataset":
   """`passes` passes over the `n` elements of `ds`, pass i ordered by seed (seed, i)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   def one_pass(i):  # i: scalar int64 pass index
     return ds.shuffle(n, seed=seed * 100_003 + i, reshuffle_each_iteration=False)
   return tf.data.Dataset.range(passes).flat_map(one_pass)
 
 
-class StreamingSource(seqio.FunctionDataSource):
-  """FunctionDataSource whose shuffled training stream is not cached in memory.
+@functools.lru_cache(maxsize=None)
+def _streaming_source_class() -> type:
+  """`StreamingSource`, defined on first use (its base class is seqio's)."""
+  import seqio  # pylint: disable=import-outside-toplevel
 
-  seqio caches any source with fewer than ~10k input examples in memory; a training stream
-  of reshuffled passes would only grow memory. Other splits count `count(split)` examples.
-  """
+  class StreamingSource(seqio.FunctionDataSource):
+    """FunctionDataSource whose shuffled training stream is not cached in memory.
 
-  def __init__(self, dataset_fn, splits, count: Callable[[str], int]):
-    super().__init__(dataset_fn, splits=splits)
-    self._count = count
+    seqio caches any source with fewer than ~10k input examples in memory; a training
+    stream of reshuffled passes would only grow memory. Other splits count `count(split)`
+    examples.
+    """
 
-  def num_input_examples(self, split: str) -> Optional[int]:
-    return None if split == "train" else self._count(split)
+    def __init__(self, dataset_fn, splits, count: Callable[[str], int]):
+      super().__init__(dataset_fn, splits=splits)
+      self._count = count
+
+    def num_input_examples(self, split: str) -> Optional[int]:
+      return None if split == "train" else self._count(split)
+
+  return StreamingSource
 
 
-def data_source() -> seqio.FunctionDataSource:
+def __getattr__(name: str):
+  if name == "StreamingSource":
+    return _streaming_source_class()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def data_source() -> "seqio.FunctionDataSource":
   """The built-in corpus as a seqio source: splits 'train' / 'validation', feature 'text'."""
-  return StreamingSource(_dataset_fn, SPLITS, lambda split: len(documents()[split]))
+  return _streaming_source_class()(_dataset_fn, SPLITS, lambda split: len(documents()[split]))

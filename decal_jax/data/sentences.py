@@ -29,14 +29,16 @@ import functools
 import logging
 import re
 import threading
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 import numpy as np
-import seqio
-import tensorflow as tf
 
 from decal_jax.data import vocabularies
+
+if TYPE_CHECKING:  # the preprocessor's types; splitting and prompts need neither package
+  import seqio
+  import tensorflow as tf
 
 log = logging.getLogger(__name__)  # decal_jax.* warnings: console.py routes them in the CLI
 
@@ -113,7 +115,7 @@ def split_sentences(text: str, abbreviations: Sequence[str] = ABBREVIATIONS,
 # ----------------------------------------------------------------------------- end id and index
 
 @gin.configurable
-def sentence_end_id(vocabulary: seqio.Vocabulary, end_id: Optional[int] = None) -> int:
+def sentence_end_id(vocabulary: "seqio.Vocabulary", end_id: Optional[int] = None) -> int:
   """The end-of-sentence token id for `vocabulary`.
 
   Default: its last id, `vocab_size - 1`, the top sentinel (extra id) of a T5-style
@@ -148,8 +150,9 @@ def sentence_index(tokens: np.ndarray, end_id: int) -> np.ndarray:
   return np.where(tokens == 0, -1, before).astype(np.int32)
 
 
-def sentence_index_tf(tokens: tf.Tensor, end_id: int) -> tf.Tensor:
+def sentence_index_tf(tokens: "tf.Tensor", end_id: int) -> "tf.Tensor":
   """TensorFlow twin of `sentence_index` for a 1-D int tensor."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   ends = tf.cast(tf.equal(tokens, end_id), tf.int32)  # [n]
   before = tf.cumsum(ends, exclusive=True)  # [n]
   return tf.where(tf.equal(tokens, 0), -tf.ones_like(before), before)
@@ -186,7 +189,7 @@ def sentence_split_counts() -> Dict[str, int]:
 
 # ----------------------------------------------------------------------------- preprocessor
 
-def encode_sentences(text: str, vocabulary: seqio.Vocabulary, end_id: int,
+def encode_sentences(text: str, vocabulary: "seqio.Vocabulary", end_id: int,
                      max_sentence_length: int, task_name: str = "") -> np.ndarray:
   """One document -> `[n]` int32 ids: each sentence's tokens (cut into pieces of at most
   `max_sentence_length - 1`, each cut counted), each sentence or piece followed by
@@ -211,10 +214,10 @@ def configured_max_sentence_length() -> int:
 
 
 @gin.configurable
-def sentences_lm(dataset: tf.data.Dataset, sequence_length: Optional[Mapping[str, int]],
-                 output_features: Mapping[str, seqio.Feature],
+def sentences_lm(dataset: "tf.data.Dataset", sequence_length: Optional[Mapping[str, int]],
+                 output_features: Mapping[str, "seqio.Feature"],
                  max_sentence_length: int = DEFAULT_MAX_SENTENCE_LENGTH,
-                 task_name: str = "") -> tf.data.Dataset:
+                 task_name: str = "") -> "tf.data.Dataset":
   """seqio preprocessor: raw {'text': scalar string} -> {'targets': `[<= length]`,
   'sentence_ids': `[<= length]`} chunks of one stream of sentence-segmented documents.
 
@@ -224,6 +227,7 @@ def sentences_lm(dataset: tf.data.Dataset, sequence_length: Optional[Mapping[str
   `sentences_lm.max_sentence_length`) must equal the network's
   `GpthfConfig.max_sentence_length`.
   """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from decal_jax.tasks import lm_tasks  # pylint: disable=import-outside-toplevel
   if max_sentence_length < 2:
     raise ValueError(f"max_sentence_length must be >= 2 (one token and the end token), "
@@ -257,7 +261,7 @@ def _builtin_document_ids(max_sentence_length: int) -> Tuple[List[int], ...]:
   """Every built-in corpus paragraph as token ids with the end id after each sentence
   (`encode_sentences`: long sentences cut at the bound, as in GPTHF's training data)."""
   from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
-  vocabulary = vocabularies.builtin_vocabulary()
+  vocabulary = vocabularies.builtin_plain_vocabulary()  # the built-in one's ids, seqio-free
   end_id = sentence_end_id(vocabulary)
   documents = corpus.documents()
   return tuple(encode_sentences(document, vocabulary, end_id, max_sentence_length).tolist()

@@ -24,7 +24,9 @@ BuiltinVocabulary, T5Vocabulary, DeferredVocabulary, vocabulary_identity), and s
 built-in corpus; this module imports them when a vocabulary is made, and names them here
 on first access. Parsing a model's gin file (which imports this module) thus needs neither
 seqio nor TensorFlow: `bench_train` builds a model with `VOCABULARY = None` on a GPU image
-that has neither (docs/performance.md).
+that has neither (docs/performance.md). `PlainSentencePieceVocabulary` (and
+`builtin_plain_vocabulary`) give the same ids from SentencePiece alone, for the benchmarks
+that tokenize real text there (`bench_gpthf`).
 """
 import contextlib
 import io
@@ -104,7 +106,7 @@ def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = 
                             recipe: Optional[str] = None) -> str:
   """Path of the cached built-in vocabulary of `recipe` (default: `builtin_recipe()`),
   training it first if missing (and `build`)."""
-  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel  (seqio, TF)
+  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
   recipe = builtin_recipe(recipe)
   tag = "" if recipe == "chars" else f"{recipe}_"  # 'chars' files predate the recipe tag
   path = cache_dir() / f"builtin_spm_{vocab_size}_{tag}{corpus.corpus_fingerprint()}.model"
@@ -128,6 +130,46 @@ def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EX
   `extra_ids` sentinels, trained with `recipe` (default `$DECAL_BUILTIN_VOCAB` or 'bytes').
   Creating it is cheap; the model is built on first use."""
   return _classes().BuiltinVocabulary(vocab_size, extra_ids, recipe)
+
+
+class PlainSentencePieceVocabulary:
+  """The ids of seqio's SentencePieceVocabulary over the same model file, without seqio or
+  TensorFlow (for benchmarks on a GPU image that lacks them): the model with the `extra_ids`
+  sentinels appended as seqio appends them (user-defined pieces '▁<extra_id_i>', highest i
+  first), so `encode`, `decode`, `vocab_size` and `extra_ids` agree with seqio's."""
+
+  pad_id, eos_id, unk_id = 0, 1, 2
+
+  def __init__(self, path: str, extra_ids: int = EXTRA_IDS):
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
+    with open(path, "rb") as f:
+      model = sentencepiece_model_pb2.ModelProto.FromString(f.read())
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    for i in reversed(range(extra_ids)):
+      model.pieces.add(piece=f"\u2581<extra_id_{i}>", score=0.0, type=user_defined)
+    self.path, self.extra_ids = path, extra_ids
+    self.tokenizer = spm.SentencePieceProcessor(model_proto=model.SerializeToString())
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.GetPieceSize()  # the sentinels included, as in seqio
+
+  def encode(self, text: str) -> list:
+    return self.tokenizer.EncodeAsIds(text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids` up to the first eos, as seqio decodes: a sentinel as its piece
+    ('<extra_id_0>'), an id past the vocabulary as unk."""
+    ids = [self.unk_id if i >= self.vocab_size else int(i) for i in ids]
+    ids = ids[:ids.index(self.eos_id) + 1] if self.eos_id in ids else ids
+    return self.tokenizer.DecodeIds(ids)
+
+
+def builtin_plain_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS,
+                             recipe: Optional[str] = None) -> PlainSentencePieceVocabulary:
+  """`builtin_vocabulary()`'s ids without seqio or TensorFlow (trained first if missing)."""
+  return PlainSentencePieceVocabulary(builtin_vocabulary_path(vocab_size, recipe=recipe),
+                                      extra_ids)
 
 
 def _t5_vocab_path(path: Optional[str]) -> str:

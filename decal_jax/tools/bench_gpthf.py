@@ -445,7 +445,7 @@ def parse_args(argv=None):
     args.max_batch_work = args.preset_value.max_batch_work
   elif args.max_batch_work == 0:
     args.max_batch_work = None
-  args.end_id = sentence_end_id(vocabularies.builtin_vocabulary())
+  args.end_id = sentence_end_id(vocabularies.builtin_plain_vocabulary())
   if args.end_id >= args.preset_value.decoder.vocab_size:
     parser.error(f"the built-in vocabulary's end id {args.end_id} is outside the preset's "
                  f"{args.preset_value.decoder.vocab_size}-id vocabulary.")

@@ -3,7 +3,7 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts train,nuggets,squid,retrieval_scale
+  python -m decal_jax.tools.gpu_suite --lease --parts train,nuggets,squid,gpthf,retrieval_scale
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
 Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
@@ -297,7 +297,7 @@ PARTS = [
     Part("squid", _tool_part("bench_squid", "squid_latency_gpu"),
          ("squid_latency_gpu.md", "squid_latency_gpu.png"), device_image=True),
     Part("gpthf", _tool_part("bench_gpthf", "gpthf_efficiency_gpu"),
-         ("gpthf_efficiency_gpu.md", "gpthf_efficiency_gpu.png")),
+         ("gpthf_efficiency_gpu.md", "gpthf_efficiency_gpu.png"), device_image=True),
     Part("retrieval", _tool_part("bench_retrieval", "retrieval_bench_gpu"),
          ("retrieval_bench_gpu.md", "retrieval_bench_gpu.png")),
     Part("retrieval_scale", part_retrieval_scale,

@@ -1,6 +1,7 @@
 """The built-in SentencePiece vocabulary: training, special ids, round trips, the cache."""
 import hashlib
 import json
+import os
 import pathlib
 import threading
 import time
@@ -175,3 +176,39 @@ def test_make_vocab_builds_the_builtin_vocabulary_into_the_cache(cache, capsys):
   _load_make_vocab().main(["--vocab_size", str(SMALL)])
   printed = capsys.readouterr().out
   assert str(next(path.glob("*.model"))) in printed
+
+
+def _same_ids_as_seqio(plain, seqio_vocab, texts):
+  assert (plain.vocab_size, plain.extra_ids) == (seqio_vocab.vocab_size, seqio_vocab.extra_ids)
+  for text in texts:
+    ids = plain.encode(text)
+    assert ids == list(seqio_vocab.encode(text)), text[:60]
+    for tail in ([plain.vocab_size - 1, 5], [1, 7, 9], [plain.vocab_size + 3]):
+      assert plain.decode(ids + tail) == seqio_vocab.decode(ids + tail)  # sentinel, eos, past
+
+
+SENTINEL_TEXTS = ["Fill <extra_id_0> and <extra_id_99> here.", "<extra_id_7>", "plain words"]
+
+
+def test_the_plain_builtin_vocabulary_gives_seqios_ids_without_seqio(cache):
+  """builtin_plain_vocabulary (SentencePiece alone, for GPU images without seqio) against
+  seqio's SentencePieceVocabulary over the same file: every corpus document and literal
+  sentinel strings tokenize to the same ids, and the sizes agree."""
+  _, vocab = cache
+  plain = vocabularies.builtin_plain_vocabulary(SMALL)
+  assert plain.path == vocab.sentencepiece_model_file
+  docs = corpus.documents()
+  _same_ids_as_seqio(plain, vocab, docs["train"][::7] + docs["validation"] + SENTINEL_TEXTS)
+  assert plain.encode("<extra_id_0>")[-1] == plain.vocab_size - 1  # seqio's order: 0 on top
+
+
+def test_the_plain_vocabulary_gives_seqios_ids_on_the_t5_vocabulary():
+  data = pathlib.Path(os.environ.get("DECAL_DATA_DIR", paths.REPO.parent / "shared" / "data"))
+  spiece = data / "vocab" / "t5_spiece.model"
+  if not spiece.exists():
+    pytest.skip(f"the T5 vocabulary is not at {spiece} (../shared/data)")
+  import seqio  # pylint: disable=import-outside-toplevel
+  plain = vocabularies.PlainSentencePieceVocabulary(str(spiece))
+  assert plain.vocab_size == 32_100
+  _same_ids_as_seqio(plain, seqio.SentencePieceVocabulary(str(spiece), extra_ids=100),
+                     corpus.documents()["validation"][:40] + SENTINEL_TEXTS + ["é 中 $ £ ж"])

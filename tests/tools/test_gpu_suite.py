@@ -132,7 +132,7 @@ def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   import sys
   summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
-      "train_probe", "train", "nuggets", "squid", "retrieval_scale"}
+      "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval_scale"}
   assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
       gpu_suite.DEVICE_IMAGE_LACKS)
   for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
@@ -235,6 +235,19 @@ def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
   assert lease.xla_flags == gpu_suite.LEASE_XLA_FLAGS and not full.xla_flags
   with pytest.raises(SystemExit):
     gpu_suite.parse_args(["--lease", "--dry_run"])
+
+
+def test_the_documented_lease_recipe_names_only_parts_the_device_image_runs():
+  """The lease command in docs/performance.md and in the tool's usage runs on an image
+  without TensorFlow / seqio: every part it names is marked device_image (which the dry run
+  above proves with those imports refused)."""
+  import re
+  texts = [(paths.REPO / "docs" / "performance.md").read_text(), gpu_suite.__doc__]
+  recipes = [m for text in texts for m in re.findall(r"gpu_suite --lease\s*\\?\s*--parts (\S+)", text)]
+  assert len(recipes) == 2, recipes
+  device_image = {p.name for p in gpu_suite.PARTS if p.device_image}
+  for parts in recipes:
+    assert set(parts.split(",")) <= device_image, parts
 
 
 
