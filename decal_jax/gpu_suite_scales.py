@@ -27,6 +27,8 @@ OPTION_SETS: Dict[str, List[str]] = {
 # QKV fused where the kernel takes it. Scan and remat save memory or compile time, not step
 # time, at T5.1.1-small's batch 128 (a guess, not a measurement: the full run probes them).
 LEASE_OPTION_SETS = ("einsum", "cudnn+fused", "xla+fused")
+# The retrieval part tokenizes with SentencePiece alone (the image has no seqio): the same ids.
+PLAIN_VOCABULARY = "VOCABULARY = @vocabularies.%s_plain_vocabulary()"
 LEASE_MINUTES = 9.0  # one device command (at most 10 minutes) with a minute to spare
 # The lease's XLA_FLAGS: no autotuning and matmuls on cuBLAS rather than generated Triton
 # GEMM kernels (nothing per matmul to generate, compile and time). On 2026-11-26 an H200
@@ -84,7 +86,8 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
           squid=["--preset", "qwen2"],
           gpthf=["--preset", "paper"],
           retrieval=["--size", "small", "--ratios", *map(str, RATIOS), "--encode_repeats", "3",
-                     "--repeats", "5"] + (["--beir_folder", beir_folder] if beir_folder else []),
+                     "--repeats", "5", "--gin_bindings", PLAIN_VOCABULARY % "t5"]
+          + (["--beir_folder", beir_folder] if beir_folder else []),
           retrieval_scale=["--passage_length", "128", "--max_queries", "300", "--ratios", "1",
                            "2", "4", "8", "--bits", "1", "2", "4", "none", "--num_centroids",
                            "0.25", "--synthetic_passages", "0"]
@@ -108,7 +111,7 @@ def lease_scale(beir_folder: Optional[str]) -> Scale:
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
-      minutes=dict(full.minutes, train_probe=3.75, train=5.0, nuggets=2, squid=2, gpthf=1.5,
+      minutes=dict(full.minutes, train_probe=3.75, train=5.0, nuggets=2, squid=2, gpthf=1.5, retrieval=1.5,
                    retrieval_scale=3))
 
 
@@ -132,6 +135,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
           gpthf=["--preset", "tiny", "--prompts", "10", "--new_tokens", "3", "--batches", "1",
                  "--repeats", "1", "--warmup", "0"],
           retrieval=["--size", "tiny", "--gin_bindings", "t5.T5Config.num_encoder_layers = 1",
+                     "--gin_bindings", PLAIN_VOCABULARY % "builtin",
                      "--projection_dim", "16", "--passage_length", "32", "--query_length", "8",
                      "--ratios", "1", "2", "--max_docs", "40", "--batch_size", "16",
                      "--repeats", "1"],

@@ -165,6 +165,7 @@ class PlainSentencePieceVocabulary:
     return self.tokenizer.DecodeIds(ids)
 
 
+@gin.configurable  # bindable in a binding string, where gin files' imports do not reach
 def builtin_plain_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS,
                              recipe: Optional[str] = None) -> PlainSentencePieceVocabulary:
   """`builtin_vocabulary()`'s ids without seqio or TensorFlow (trained first if missing)."""
@@ -183,6 +184,19 @@ def _check_t5_vocab(path: str) -> None:
         "copy (from this repo: ../shared/data/vocab/t5_spiece.model), pass the path, or bind "
         "`vocabularies.t5_vocabulary.path` in gin; or use the built-in task "
         "'decal_builtin_span_corruption', whose vocabulary needs no download.")
+
+
+@gin.configurable  # bindable in a binding string, where gin files' imports do not reach
+def t5_plain_vocabulary(path: Optional[str] = None,
+                        extra_ids: int = EXTRA_IDS) -> PlainSentencePieceVocabulary:
+  """`t5_vocabulary()`'s ids without seqio or TensorFlow, from a local file (the argument,
+  else `$DECAL_T5_VOCAB`): gin `VOCABULARY = @vocabularies.t5_plain_vocabulary()`."""
+  path = _t5_vocab_path(path)
+  if "://" in path:
+    raise ValueError(f"t5_plain_vocabulary reads a local file, not {path!r}: set DECAL_T5_VOCAB "
+                     "to a copy (../shared/data/vocab/t5_spiece.model).")
+  _check_t5_vocab(path)
+  return PlainSentencePieceVocabulary(path, extra_ids)
 
 
 def t5_vocabulary(path: Optional[str] = None, extra_ids: int = EXTRA_IDS,

@@ -20,6 +20,7 @@ probing it for attributes. A wrapper owns a network module (`self.module`, with 
   compression_ratio(lengths)     input tokens per kept vector (1: no compression)
 """
 import abc
+import importlib
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
@@ -37,20 +38,20 @@ Shapes = Dict[str, Tuple[int, ...]]
 
 
 class SeqioConverter:
-  """A FEATURE_CONVERTER_CLS naming one of seqio's feature converters, imported when called.
-  T5X types the attribute `Callable[..., seqio.FeatureConverter]` and only calls it (as do
-  `pipeline` and `inference_eval`: `model.FEATURE_CONVERTER_CLS(pack=...)`); the model
-  itself never does, so it imports (and `bench_train` times its step) without seqio."""
+  """A FEATURE_CONVERTER_CLS naming a seqio feature converter class (`name` in `module`:
+  seqio's own, or one of ours built on it), imported when called. T5X types the attribute
+  `Callable[..., seqio.FeatureConverter]` and only calls it (as do `pipeline` and
+  `inference_eval`: `model.FEATURE_CONVERTER_CLS(pack=...)`); the model itself never does,
+  so it imports (and `bench_train` / `bench_retrieval` time it) without seqio."""
 
-  def __init__(self, name: str):
-    self.name = name
+  def __init__(self, name: str, module: str = "seqio"):
+    self.name, self.module = name, module
 
   def __call__(self, *args, **kwargs) -> "seqio.FeatureConverter":
-    import seqio  # pylint: disable=import-outside-toplevel,redefined-outer-name
-    return getattr(seqio, self.name)(*args, **kwargs)
+    return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
 
   def __repr__(self) -> str:
-    return f"SeqioConverter({self.name!r})"
+    return f"SeqioConverter({self.name!r}, {self.module!r})"
 
 
 class BaseModel(abc.ABC):

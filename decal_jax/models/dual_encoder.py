@@ -8,18 +8,20 @@ Task features (T5X Retrieval's names) -> model features:
                          one per query [batch, length] or several [batch, n_neg, length])
 
 The loss treats every other passage of the (global) batch as a negative for a query, plus
-the hard negatives when the task has them: softmax over MaxSim scores / temperature.
+the hard negatives when the task has them: softmax over MaxSim scores / temperature. The
+feature converter (seqio) is in `dual_encoder_features.py`.
 """
-from typing import Any, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
-import tensorflow as tf
 
 from decal_jax.models import base
 from decal_jax.retrieval import maxsim
+
+if TYPE_CHECKING:
+  import seqio
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -29,59 +31,6 @@ FEATURE_NAMES = {"inputs": "left_encoder_input_tokens",
                  "negative_targets": "right_negative_encoder_input_tokens"}
 
 
-def _spec():
-  return seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)
-
-
-class _PairConverter(seqio.FeatureConverter):
-  TASK_FEATURES = {"inputs": _spec(), "targets": _spec()}
-  MODEL_FEATURES = {FEATURE_NAMES[k]: _spec() for k in TASK_FEATURES}
-  PACKING_FEATURE_DTYPES = None
-
-  def _convert_features(self, ds: tf.data.Dataset, task_feature_lengths):
-    ds = self._pack_or_pad(ds, task_feature_lengths)
-    return ds.map(lambda ex: {FEATURE_NAMES[k]: ex[k] for k in self.TASK_FEATURES},
-                  num_parallel_calls=tf.data.AUTOTUNE)
-
-  def get_model_feature_lengths(self, task_feature_lengths):
-    return {FEATURE_NAMES[k]: task_feature_lengths[k] for k in self.TASK_FEATURES}
-
-
-class _TripleConverter(_PairConverter):
-  TASK_FEATURES = {"inputs": _spec(), "targets": _spec(), "negative_targets": _spec()}
-  MODEL_FEATURES = {FEATURE_NAMES[k]: _spec() for k in TASK_FEATURES}
-
-
-class DualEncoderFeatureConverter(seqio.FeatureConverter):
-  """(query, passage[, negative]) task features -> the dual encoder's padded model features.
-  With 'negative_targets' in the feature lengths the task must provide hard negatives.
-  Every text is encoded alone, so packing is refused."""
-
-  TASK_FEATURES = _PairConverter.TASK_FEATURES
-  MODEL_FEATURES = _PairConverter.MODEL_FEATURES
-  PACKING_FEATURE_DTYPES = None
-
-  def __init__(self, pack: bool = False, **kwargs):
-    if pack:
-      raise ValueError("A dual encoder encodes every query and passage alone; packed examples "
-                       "are not supported. Set the dataset's pack=False.")
-    super().__init__(pack=False, **kwargs)
-    self._pairs = _PairConverter(pack=False, **kwargs)
-    self._triples = _TripleConverter(pack=False, **kwargs)
-
-  def _inner(self, task_feature_lengths):
-    return self._triples if "negative_targets" in task_feature_lengths else self._pairs
-
-  def __call__(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]):
-    return self._inner(task_feature_lengths)(ds, task_feature_lengths)
-
-  def _convert_features(self, ds, task_feature_lengths):
-    return self._inner(task_feature_lengths)._convert_features(ds, task_feature_lengths)
-
-  def get_model_feature_lengths(self, task_feature_lengths):
-    return self._inner(task_feature_lengths).get_model_feature_lengths(task_feature_lengths)
-
-
 class DualEncoderModel(base.BaseModel):
   """Loss / eval / scoring / encoding around `networks.dual_encoder.DualEncoder`. It
   encodes, it does not decode text (retrieval is `decal_jax.retrieve`).
@@ -89,11 +38,14 @@ class DualEncoderModel(base.BaseModel):
   `temperature` divides the MaxSim scores before the softmax (1.0 suits multi-vector sums
   of cosines; a single normalised vector wants about 0.05)."""
 
-  FEATURE_CONVERTER_CLS = DualEncoderFeatureConverter
+  # dual_encoder_features.DualEncoderFeatureConverter (seqio, TF), imported when called, so
+  # the model builds and encodes without them (bench_retrieval on a GPU image).
+  FEATURE_CONVERTER_CLS = base.SeqioConverter("DualEncoderFeatureConverter",
+                                              "decal_jax.models.dual_encoder_features")
   PREDICTS_TEXT = False
 
-  def __init__(self, module, input_vocabulary: seqio.Vocabulary,
-               output_vocabulary: Optional[seqio.Vocabulary] = None, temperature: float = 1.0):
+  def __init__(self, module, input_vocabulary: "seqio.Vocabulary",
+               output_vocabulary: Optional["seqio.Vocabulary"] = None, temperature: float = 1.0):
     if temperature <= 0:
       raise ValueError(f"DualEncoderModel.temperature must be positive, got {temperature}.")
     super().__init__(module, input_vocabulary, output_vocabulary or input_vocabulary)

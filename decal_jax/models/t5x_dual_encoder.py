@@ -26,7 +26,7 @@ from clu import metrics as clu_metrics
 from t5x import metrics as metrics_lib
 from t5x import models as t5x_models
 
-from decal_jax.models import dual_encoder
+from decal_jax.models import dual_encoder, dual_encoder_features
 from decal_jax.retrieval import maxsim
 
 Array = jax.Array
@@ -38,7 +38,7 @@ NEGATIVES = "right_negative_encoder_input_tokens"
 class DualEncoderModel(t5x_models.BaseTransformerModel):
   """T5X's model interface (loss / eval / predict / score / init) around our dual encoder."""
 
-  FEATURE_CONVERTER_CLS = dual_encoder.DualEncoderFeatureConverter
+  FEATURE_CONVERTER_CLS = dual_encoder_features.DualEncoderFeatureConverter
 
   def __init__(self, module, input_vocabulary: seqio.Vocabulary,
                output_vocabulary: Optional[seqio.Vocabulary] = None, optimizer_def=None,

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from decal_jax import fileio, metrics, partitioning, train_state
-from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.data.batches import DatasetConfig
 from decal_jax.retrieval import beir, index, ir_metrics, residual, sharded
 
 EOS_ID = 1

@@ -65,7 +65,7 @@ def load_model(args) -> Tuple[Any, dict, str]:
   lengths = {"inputs": args.query_length, "targets": args.passage_length}
   try:
     model, params, step, _ = gin_utils.load_model(files, args.model_dir, bindings=bindings,
-                                                  feature_lengths=lengths)
+                                                  feature_lengths=lengths, register_tasks=False)
   finally:
     gin.clear_config()
   if args.model_dir:

@@ -3,7 +3,7 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts train,nuggets,squid,gpthf,retrieval_scale
+  python -m decal_jax.tools.gpu_suite --lease --parts train,nuggets,squid,gpthf,retrieval,retrieval_scale
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
 Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
@@ -20,7 +20,7 @@ recorded as such while the next part runs:
   squid        decal_jax/tools/bench_squid.py --preset qwen2;
   gpthf        decal_jax/tools/bench_gpthf.py --preset paper;
   retrieval    decal_jax/tools/bench_retrieval.py, T5.1.1-small at C = 1, 2, 4, 8 (SciFact when
-               --beir_folder or ../shared/data/beir/scifact exists, else the built-in folder);
+               --beir_folder or $DECAL_DATA_DIR (../shared/data)/beir/scifact exists, else the built-in folder);
   retrieval_scale  decal_jax/tools/bench_retrieval_scale.py: exact vs approximate search x
                residual bits x C on SciFact + TREC-DL 2019, then the 1M-passage synthetic
                corpus at C = 4 (exact scan on the GPU against the approximate search);
@@ -122,6 +122,9 @@ class Suite:
                # one compilation cache for the run: `train` reuses the probe's programs
                JAX_COMPILATION_CACHE_DIR=str(self.work / "jax_cache"),
                XLA_FLAGS=self.scale.all_xla_flags())
+    t5_vocab = data_dir() / "vocab" / "t5_spiece.model"
+    if t5_vocab.exists():  # offline, T5-vocabulary models read the data folder's copy
+      env.setdefault("DECAL_T5_VOCAB", str(t5_vocab.resolve()))
     if self.dry_run:
       env["JAX_PLATFORMS"] = "cpu"
       if self.refuse_dir:  # a device-image part: refuse what the image lacks
@@ -279,6 +282,11 @@ def part_ablation(suite: Suite) -> str:
                     suite.out / "ablation_gpu.md", "variants")
 
 
+def data_dir() -> pathlib.Path:
+  """$DECAL_DATA_DIR (from the repository, where the parts run), default ../shared/data."""
+  return REPO / os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
   name: str
@@ -299,7 +307,7 @@ PARTS = [
     Part("gpthf", _tool_part("bench_gpthf", "gpthf_efficiency_gpu"),
          ("gpthf_efficiency_gpu.md", "gpthf_efficiency_gpu.png"), device_image=True),
     Part("retrieval", _tool_part("bench_retrieval", "retrieval_bench_gpu"),
-         ("retrieval_bench_gpu.md", "retrieval_bench_gpu.png")),
+         ("retrieval_bench_gpu.md", "retrieval_bench_gpu.png"), device_image=True),
     Part("retrieval_scale", part_retrieval_scale,
          ("retrieval_scale_gpu.md", "retrieval_scale_gpu.png",
           "retrieval_scale_synthetic_gpu.md"), device_image=True),
@@ -423,7 +431,7 @@ def parse_args(argv):
                  "retention table's runs, in WORK/ablate and WORK/retention (default "
                  "runs/gpu_suite; --dry_run: OUT_DIR/work)")
   p.add_argument("--beir_folder", default=None, help="the retrieval benchmark's corpus "
-                 "(default: ../shared/data/beir/scifact if present, else the built-in one)")
+                 "(default: $DECAL_DATA_DIR/beir/scifact if present, else the built-in one)")
   p.add_argument("--archive", type=pathlib.Path, default=None,
                  help="also pack every file written into this .tar.gz")
   p.add_argument("--xla_flags", default=None, help="XLA_FLAGS added for every part (default "
@@ -442,7 +450,7 @@ def parse_args(argv):
                  else REPO / "docs" / "results")
   a.log_dir = a.log_dir or (a.out_dir / "logs" if a.dry_run else REPO / "runs/gpu_suite/logs")
   a.work = a.work or (a.out_dir / "work" if a.dry_run else REPO / "runs/gpu_suite")
-  scifact = REPO.parent / "shared" / "data" / "beir" / "scifact"
+  scifact = data_dir() / "beir" / "scifact"
   a.beir_folder = a.beir_folder or (str(scifact) if scifact.exists() else None)
   return a
 

@@ -208,7 +208,9 @@ def test_the_plain_vocabulary_gives_seqios_ids_on_the_t5_vocabulary():
   if not spiece.exists():
     pytest.skip(f"the T5 vocabulary is not at {spiece} (../shared/data)")
   import seqio  # pylint: disable=import-outside-toplevel
-  plain = vocabularies.PlainSentencePieceVocabulary(str(spiece))
+  plain = vocabularies.t5_plain_vocabulary(str(spiece))
   assert plain.vocab_size == 32_100
+  with pytest.raises(ValueError, match="DECAL_T5_VOCAB"):
+    vocabularies.t5_plain_vocabulary("gs://t5-data/vocabs/sentencepiece.model")
   _same_ids_as_seqio(plain, seqio.SentencePieceVocabulary(str(spiece), extra_ids=100),
                      corpus.documents()["validation"][:40] + SENTINEL_TEXTS + ["é 中 $ £ ж"])

@@ -132,7 +132,7 @@ def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   import sys
   summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
-      "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval_scale"}
+      "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval", "retrieval_scale"}
   assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
       gpu_suite.DEVICE_IMAGE_LACKS)
   for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
@@ -271,3 +271,22 @@ def test_the_parts_get_the_xla_flags_and_one_compilation_cache(tmp_path, monkeyp
   summary = {"command": "c", "date": "d", "device": "cpu", "machine": "m", "wall_s": 60,
              "minutes": 9, "xla_flags": scale.xla_flags, "parts": {}}
   assert f"- XLA_FLAGS: `{scale.xla_flags}`" in gpu_suite.render(summary)
+
+
+def test_the_parts_read_the_t5_vocabulary_from_the_data_folder(tmp_path, monkeypatch):
+  """Offline (a lent GPU), a part's T5-vocabulary model reads $DECAL_DATA_DIR/vocab's copy
+  (the caller's own DECAL_T5_VOCAB wins; without a copy nothing is set)."""
+  (tmp_path / "data" / "vocab").mkdir(parents=True)
+  (tmp_path / "data" / "vocab" / "t5_spiece.model").write_bytes(b"x")
+  monkeypatch.delenv("DECAL_T5_VOCAB", raising=False)
+  suite = gpu_suite.Suite(tmp_path, tmp_path, tmp_path / "work", gpu_suite.dry_run_scale(
+      tmp_path), True, 1e12, part="vocab", part_deadline=time.time() + 60)
+  code = "import os; print('T5', os.environ.get('DECAL_T5_VOCAB'))"
+  for data, mine, expected in [(tmp_path / "data", None, tmp_path / "data/vocab/t5_spiece.model"),
+                               (tmp_path / "data", "/mine", "/mine"),
+                               (tmp_path / "none", None, None)]:
+    monkeypatch.setenv("DECAL_DATA_DIR", str(data))
+    monkeypatch.setenv("DECAL_T5_VOCAB", mine) if mine else monkeypatch.delenv(
+        "DECAL_T5_VOCAB", raising=False)
+    assert suite.call(["-c", code]) == (0, False)
+    assert (tmp_path / "vocab.log").read_text().splitlines()[-1] == f"T5 {expected}"
