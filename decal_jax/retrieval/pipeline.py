@@ -230,8 +230,9 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json (approximate search:
-  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-candidates<c>.*, so that it never
-  overwrites the exact search's results or another setting's); returns the metrics.
+  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-candidates<c>.*, a sharded index:
+  <name>.<split>.step<N>.shards[.approximate-...].*, so that a run never overwrites another
+  search's or another setting's results); returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
   candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None,
   num_centroids default ColBERTv2's).
@@ -266,7 +267,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   qids = list(data.queries)
   q_vectors, q_valid = encode_texts([data.queries[q] for q in qids], model, params, "query",
                                     query_length, batch_size)
-  searcher, search_kwargs, results = corpus_index, {}, f"{name}.{split}.step{step}"
+  results = f"{name}.{split}.step{step}" + ("" if shard_docs is None else ".shards")
+  searcher, search_kwargs = corpus_index, {}
   if search == "approximate":
     results += (f".approximate-b{residual_bits or 'none'}-nprobe{nprobe}-candidates"
                 f"{candidates or 'default'}")

@@ -112,15 +112,19 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   assert (model_dir / "index" / "beir_fixture.step30.residual-bnone" / "meta.json").exists()
 
   # Index shards of 8 passages (sharded.py), searched by merging their top-k lists, rank as
-  # the single index does; so do uncompressed residual shards sharing one codec.
+  # the single index does; so do uncompressed residual shards sharing one codec. Their
+  # results go to files of their own: the single index's stay as they were.
   shards = model_dir / "index" / "beir_fixture.step30.shards"
-  for extra in ([], ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
-                     "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"]):
+  single = {p.name: p.read_bytes() for p in (model_dir / "retrieval").glob("*.step30*")}
+  for extra, results in (([], f"{stem}.shards"), (
+      ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None", "--gin.NPROBE=100000",
+       "--gin.CANDIDATES=100000"], f"{stem}.shards.approximate-bnone-nprobe100000-candidates100000")):
     retrieve.main(args + ["--gin.SHARD_DOCS=8"] + extra)
     gin.clear_config()
-    sharded_run = ir_metrics.read_trec_run(f"{approx_stem if extra else stem}.trec")
+    sharded_run = ir_metrics.read_trec_run(f"{results}.trec")
     assert {q: ir_metrics.rank(d) for q, d in sharded_run.items()} == {
         q: ir_metrics.rank(d) for q, d in run.items()}
+  assert {name: (model_dir / "retrieval" / name).read_bytes() for name in single} == single
   manifest = json.loads((shards / "manifest.json").read_text())
   assert [s["num_docs"] for s in manifest["shards"]] == [8, 8, 8, 8, len(corpus) - 32]
   assert (model_dir / "index" / "beir_fixture.step30.shards.residual-bnone" /
