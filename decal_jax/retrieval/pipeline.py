@@ -31,6 +31,7 @@ import numpy as np
 from decal_jax import fileio, metrics, partitioning, train_state
 from decal_jax.data.batches import DatasetConfig
 from decal_jax.retrieval import beir, index, ir_metrics, residual, sharded
+from decal_jax.retrieval import codec as codec_lib
 
 EOS_ID = 1
 SEARCHES = ("exact", "approximate")
@@ -136,15 +137,20 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
                            corpus_fingerprint=data.corpus_fingerprint)
 
 
+def _codec_settings(bits: Optional[int], num_centroids: Optional[int], seed: int) -> Dict:
+  """The codec settings an existing residual index must have been built with to be reused
+  (an index of another quantizer, e.g. one built before 'rotated-lloyd', is rebuilt)."""
+  settings = {"bits": bits, "seed": seed, "quantizer": codec_lib.quantizer_setting(bits)}
+  return settings if num_centroids is None else dict(settings, num_centroids=num_centroids)
+
+
 def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: index.Index,
                            bits: Optional[int], num_centroids: Optional[int] = None,
                            seed: int = 0) -> residual.ResidualIndex:
   """The residual-compressed copy of `exact_index` at `directory`: reused when built with
   the same encoder config (another is refused), corpus and codec settings; else (re)built
   from `exact_index`, with a WARNING when the corpus changed."""
-  settings = {"bits": bits, "seed": seed}
-  if num_centroids is not None:
-    settings["num_centroids"] = num_centroids
+  settings = _codec_settings(bits, num_centroids, seed)
   if (pathlib.Path(directory) / "meta.json").exists():
     existing = residual.ResidualIndex.open(directory, expected_config=exact_index.config)
     corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
@@ -183,9 +189,7 @@ def sharded_residual(directory: str, data: beir.BeirData, source: sharded.Sharde
                      seed: int = 0) -> sharded.ShardedIndex:
   """The residual-compressed copy of the sharded index `source` at `directory`: reused when
   built from this corpus with the same config and codec settings, else (re)built."""
-  settings = {"bits": bits, "seed": seed}
-  if num_centroids is not None:
-    settings["num_centroids"] = num_centroids
+  settings = _codec_settings(bits, num_centroids, seed)
   if (pathlib.Path(directory) / sharded.MANIFEST).exists():
     existing = sharded.ShardedIndex.open(directory, expected_config=source.config)
     built = existing.meta["codec"]

@@ -45,6 +45,7 @@ import numpy as np
 import tqdm
 
 from decal_jax import fileio
+from decal_jax.retrieval import codec as codec_lib
 from decal_jax.retrieval import index as exact
 from decal_jax.retrieval.codec import Codec, check_bits, train_codec
 
@@ -104,7 +105,8 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
   else:
     check_bits(codec.bits, source.dim)
     settings = dict(codec_settings or {"bits": codec.bits, "num_centroids": len(codec.centroids),
-                                       "normalize": codec.normalize})
+                                       "normalize": codec.normalize,
+                                       "quantizer": codec.quantizer})
   backend = settings.pop("kmeans_backend", "given")
   bits, k = codec.bits, len(codec.centroids)
   with fileio.atomic_directory(directory) as folder:
@@ -112,9 +114,7 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
     codes = _write_codes(tmp, source, codec, chunk_vectors, progress, codes)
     _write_inverted_lists(tmp, codes, source.offsets, k)
     np.save(os.path.join(tmp, "centroids.npy"), codec.centroids)
-    if bits is not None:
-      np.save(os.path.join(tmp, "cutoffs.npy"), codec.cutoffs)
-      np.save(os.path.join(tmp, "weights.npy"), codec.weights)
+    codec_lib.save_tables(tmp, codec)
     np.save(os.path.join(tmp, "offsets.npy"), source.offsets)
     exact.write_json(os.path.join(tmp, "doc_ids.json"), source.doc_ids)
     per_vector = codec.bytes_per_vector(source.dtype.itemsize)
@@ -194,11 +194,7 @@ class ResidualIndex(exact.StoredIndex):
 
     def load(name: str, mmap: bool = False) -> np.ndarray:
       return np.load(os.path.join(directory, name), mmap_mode="r" if mmap else None)
-    bits = meta["codec"]["bits"]
-    codec = Codec(load("centroids.npy"), bits,
-                  None if bits is None else load("cutoffs.npy"),
-                  None if bits is None else load("weights.npy"),
-                  meta["codec"].get("normalize", False))
+    codec = codec_lib.load_tables(directory, load("centroids.npy"), meta["codec"])
     arrays = {"codes": load("codes.npy", True), "residuals": load("residuals.npy", True),
               "offsets": load("offsets.npy"), "ivf": load("ivf.npy"),
               "ivf_offsets": load("ivf_offsets.npy")}
@@ -236,6 +232,11 @@ class ResidualIndex(exact.StoredIndex):
   def vectors(self, rows: np.ndarray) -> np.ndarray:
     """The decompressed vectors of the given rows: `[len(rows), d]` float32."""
     return self.codec.decode(self.codes[rows], self.residuals[rows])
+
+  def scoring_vectors(self, rows: np.ndarray) -> np.ndarray:
+    """`vectors(rows)` in the codec's rotated coordinates (`codec.rotate`): what search
+    scores against queries rotated alike, without turning every vector back."""
+    return self.codec.decode_rotated(self.codes[rows], self.residuals[rows])
 
   def doc_vectors(self, i: int) -> np.ndarray:
     """Document i's decompressed vectors `[count, d]` (possibly 0 rows)."""
@@ -335,6 +336,7 @@ class ResidualIndex(exact.StoredIndex):
     -> (per query `[docs]`, per query the rows it decompressed (ascending) and their exact
     similarities to every query vector `[h, mq]`, for the rerank to reuse)."""
     b, mq, k = centroid_scores.shape
+    q = self.codec.rotate(q)  # [b, mq, d]: scored against the rotated decoded vectors
     sizes = [len(g) for g in groups]
     docs = np.concatenate(groups)  # [g]
     counts = self.offsets[docs + 1] - self.offsets[docs]  # [g], each >= 1
@@ -347,7 +349,7 @@ class ResidualIndex(exact.StoredIndex):
     in_probe &= np.any(centroid_scores != 0, axis=2, keepdims=True)  # not invalid vectors
     mask = in_probe[row_query, :, codes]  # [r, mq]
     hit = np.flatnonzero(mask.any(axis=1))  # rows in a cell some query vector probed
-    vectors = self.vectors(rows[hit])  # [h, d], grouped by query
+    vectors = self.scoring_vectors(rows[hit])  # [h, d], grouped by query
     bounds = np.searchsorted(row_query[hit], np.arange(b + 1))  # [b + 1]
     exact_sims = np.concatenate([np.einsum("hd,md->hm", vectors[start:stop], q[j]) for j, (
         start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))])  # [h, mq]
@@ -366,6 +368,7 @@ class ResidualIndex(exact.StoredIndex):
       return np.zeros(0, np.float32)
     counts = self.offsets[docs + 1] - self.offsets[docs]  # [c]
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
+    q = self.codec.rotate(q)  # [mq, d]
     sims = np.empty((len(rows), len(q)), np.float32)  # [r, mq]
     missing = np.ones(len(rows), bool)
     if decoded is not None and len(decoded[0]):
@@ -373,7 +376,7 @@ class ResidualIndex(exact.StoredIndex):
       at = np.minimum(np.searchsorted(known_rows, rows), len(known_rows) - 1)  # [r]
       missing = known_rows[at] != rows
       sims[~missing] = known_sims[at[~missing]]
-    sims[missing] = np.einsum("rd,md->rm", self.vectors(rows[missing]), q)
+    sims[missing] = np.einsum("rd,md->rm", self.scoring_vectors(rows[missing]), q)
     return _segment_max(sims, counts).sum(axis=1)  # [c]
 
 
