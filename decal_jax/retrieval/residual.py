@@ -76,7 +76,8 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                          centroids: Optional[np.ndarray] = None,
                          codec: Optional[Codec] = None,
                          codec_settings: Optional[Mapping[str, Any]] = None,
-                         codes: Optional[np.ndarray] = None) -> "ResidualIndex":
+                         codes: Optional[np.ndarray] = None,
+                         quantizer: str = codec_lib.DEFAULT_QUANTIZER) -> "ResidualIndex":
   """Compresses the exact index `source` into a residual index at `directory`; returns it
   opened. num_centroids: default `default_num_centroids`, at most the sample's size;
   sample_vectors: how many of the corpus's vectors (drawn without replacement with `seed`)
@@ -84,7 +85,8 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
   bit width's index of the same corpus) instead of running k-means; codes: with them, each
   source vector's nearest centroid (that index's codes), skipping the assignment; codec
   (with the settings it was trained with, `codec_settings`): use it as it is, training
-  nothing (the shards of a sharded index share one, sharded.py)."""
+  nothing (the shards of a sharded index share one, sharded.py); quantizer: one of
+  codec.QUANTIZERS."""
   directory = os.path.abspath(directory)
   if source.num_vectors == 0:
     raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
@@ -101,7 +103,7 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                      "corpus's codec.centroids and codes together, or neither.")
   if codec is None:
     codec, settings = train_codec(source, bits, num_centroids, sample_vectors, kmeans_iterations,
-                                  seed, kmeans_backend, centroids)
+                                  seed, kmeans_backend, centroids, quantizer)
   else:
     check_bits(codec.bits, source.dim)
     settings = dict(codec_settings or {"bits": codec.bits, "num_centroids": len(codec.centroids),

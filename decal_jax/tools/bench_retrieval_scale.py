@@ -212,17 +212,21 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
     _log(rows[-1])
     centroids = codes = None
     k = max(int(args.num_centroids * codec_lib.default_num_centroids(exact.num_vectors)), 1)
-    for bits in args.bits:
+    for bits, quantizer in ((b, q) for b in args.bits for q in (
+        args.quantizers if b is not None else [codec_lib.DEFAULT_QUANTIZER])):
       approx, build_s = _timed(residual.build_residual_index,
-                               os.path.join(tmp, f"c{ratio}-b{bits}"), exact, bits, k,
-                               overwrite=True, centroids=centroids, seed=args.seed,
-                               codes=codes, sample_vectors=args.sample_vectors)
+                               os.path.join(tmp, f"c{ratio}-b{bits}-{quantizer}"), exact, bits,
+                               k, overwrite=True, centroids=centroids, seed=args.seed,
+                               codes=codes, sample_vectors=args.sample_vectors,
+                               quantizer=quantizer)
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
+      label = "none" if bits is None else bits if len(args.quantizers) == 1 else (
+          f"{bits} ({quantizer})")
       for nprobe, candidates in itertools.product(args.nprobe, args.candidates):
         searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
                                    candidates=candidates)
         rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
-                         search="approximate", bits="none" if bits is None else bits,
+                         search="approximate", bits=label, quantizer=approx.codec.quantizer,
                          nprobe=nprobe, candidates=candidates or residual.default_candidates(
                              args.top_k, exact.num_docs),
                          num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
@@ -292,7 +296,7 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
       f"k-means on {args.sample_vectors:,} sampled vectors, 10 iterations, shared by the bit "
-      f"widths of one C; "
+      f"widths of one C; residual quantizer {', '.join(args.quantizers)} (codec.py); "
       f"top {args.top_k}",
       "bytes / passage: the codes and residuals (exact: the float16 vectors) over the "
       "passages; the centroid table is apart (JSON rows, centroid_bytes_per_passage). recall "
@@ -362,6 +366,9 @@ def parse_args(argv=None):
   parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8])
   parser.add_argument("--bits", nargs="+", default=["1", "2", "4", "none"],
                       help="residual bits: 1 2 4 8 or none")
+  parser.add_argument("--quantizers", nargs="+", choices=codec_lib.QUANTIZERS,
+                      default=[codec_lib.DEFAULT_QUANTIZER],
+                      help="residual quantizers (codec.py) of the b-bit rows, side by side")
   parser.add_argument("--nprobe", type=int, nargs="+", default=[residual.DEFAULT_NPROBE],
                       help="cells probed per query vector (several: a sweep, one row each)")
   parser.add_argument("--candidates", type=_candidates, nargs="+", default=[None],

@@ -113,3 +113,19 @@ def test_wall_line_splits_the_run_into_builds_and_searches():
   assert line == ("wall time: 20.0 min in all: exact index builds 2.0, residual index builds "
                   "5.0, exact searches 6.7, approximate searches 0.5, the rest (corpus, "
                   "queries, measures) 5.8")
+
+
+def test_quantizers_run_side_by_side_on_shared_centroids(tmp_path):
+  rows = bench.main(["--beir_folder", "", "--msmarco_folder", "", "--synthetic_passages",
+                     "120", "--synthetic_length", "8", "--synthetic_topics", "10",
+                     "--synthetic_queries", "6", "--dim", str(DIM), "--ratios", "2",
+                     "--bits", "2", "none", "--quantizers", "quantile", "rotated-lloyd",
+                     "--top_k", "10", "--out", str(tmp_path / "q.md")])
+  approximate = {r["bits"]: r for r in rows if r["search"] == "approximate"}
+  assert set(approximate) == {"2 (quantile)", "2 (rotated-lloyd)", "none"}
+  assert approximate["2 (quantile)"]["quantizer"] == "quantile"
+  assert approximate["2 (rotated-lloyd)"]["quantizer"] == "rotated-lloyd"
+  assert approximate["none"]["quantizer"] is None
+  assert (approximate["2 (quantile)"]["bytes_per_passage"] ==  # same centroids and codes
+          approximate["2 (rotated-lloyd)"]["bytes_per_passage"])
+  assert "residual quantizer quantile, rotated-lloyd" in (tmp_path / "q.md").read_text()
