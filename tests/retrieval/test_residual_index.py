@@ -288,6 +288,17 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
   assert rebuilt.corpus_change(FINGERPRINT) == "119 -> 120 documents"
   more = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
   assert "num_centroids 12 -> 8" in capsys.readouterr().out and more.num_centroids == 8
+  # an index of the codec before 'rotated-lloyd' (no quantizer recorded) is rebuilt
+  del more
+  residual.build_residual_index(path, exact, 2, 8, overwrite=True, quantizer="quantile")
+  with open(os.path.join(path, "meta.json")) as f:
+    meta = json.load(f)
+  del meta["codec"]["quantizer"]
+  index_lib.write_json(os.path.join(path, "meta.json"), meta)
+  assert residual.ResidualIndex.open(path).codec.quantizer == "quantile"
+  latest = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
+  assert "quantizer None -> 'rotated-lloyd'" in capsys.readouterr().out
+  assert latest.codec.quantizer == "rotated-lloyd"
   with open(os.path.join(path, "meta.json")) as f:
     assert json.load(f)["config"] == CONFIG
   exact.meta["config"] = {**CONFIG, "passage_ratio": 8}
@@ -352,6 +363,19 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
     interaction = approx.centroid_interaction(q[None], centroid_scores, probed, [cand])[0][0]
     np.testing.assert_allclose(interaction, [full[d] for d in cand], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
+
+
+def test_a_rotated_index_without_its_rotation_names_the_file(tmp_path):
+  exact = _exact(tmp_path / "exact", _corpus(seed=3))
+  built = residual.build_residual_index(str(tmp_path / "res"), exact, 2, num_centroids=8,
+                                        kmeans_backend="numpy")
+  assert built.codec.quantizer == "rotated-lloyd" and built.meta["codec"]["quantizer"] == (
+      "rotated-lloyd")
+  reopened = residual.ResidualIndex.open(str(tmp_path / "res"))
+  np.testing.assert_array_equal(reopened.codec.rotation, built.codec.rotation)
+  (tmp_path / "res" / "rotation.npy").unlink()
+  with pytest.raises(FileNotFoundError, match="rotation.npy.*Rebuild it"):
+    residual.ResidualIndex.open(str(tmp_path / "res"))
 
 
 def test_codes_reuse_gives_the_same_index(tmp_path):
