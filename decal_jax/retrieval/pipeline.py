@@ -137,20 +137,23 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
                            corpus_fingerprint=data.corpus_fingerprint)
 
 
-def _codec_settings(bits: Optional[int], num_centroids: Optional[int], seed: int) -> Dict:
+def _codec_settings(bits: Optional[int], num_centroids: Optional[int], seed: int,
+                    quantizer: Optional[str]) -> Dict:
   """The codec settings an existing residual index must have been built with to be reused
   (an index of another quantizer, e.g. one built before 'rotated-lloyd', is rebuilt)."""
-  settings = {"bits": bits, "seed": seed, "quantizer": codec_lib.quantizer_setting(bits)}
+  settings = {"bits": bits, "seed": seed,
+              "quantizer": codec_lib.quantizer_setting(bits, quantizer)}
   return settings if num_centroids is None else dict(settings, num_centroids=num_centroids)
 
 
 def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: index.Index,
                            bits: Optional[int], num_centroids: Optional[int] = None,
-                           seed: int = 0) -> residual.ResidualIndex:
+                           seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER
+                           ) -> residual.ResidualIndex:
   """The residual-compressed copy of `exact_index` at `directory`: reused when built with
   the same encoder config (another is refused), corpus and codec settings; else (re)built
-  from `exact_index`, with a WARNING when the corpus changed."""
-  settings = _codec_settings(bits, num_centroids, seed)
+  from `exact_index`, with a WARNING when the corpus changed. quantizer: codec.QUANTIZERS."""
+  settings = _codec_settings(bits, num_centroids, seed, quantizer)
   if (pathlib.Path(directory) / "meta.json").exists():
     existing = residual.ResidualIndex.open(directory, expected_config=exact_index.config)
     corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
@@ -163,7 +166,8 @@ def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: ind
            f"({corpus})") if corpus else f"the codec settings changed ({codec})"
     partitioning.log(f"{why}; rebuilding the residual index.")
   return residual.build_residual_index(directory, exact_index, bits, num_centroids,
-                                       seed=seed, overwrite=True, progress=True)
+                                       seed=seed, overwrite=True, progress=True,
+                                       quantizer=quantizer)
 
 
 def build_sharded(directory: str, data: beir.BeirData, model, params, config: Dict,
@@ -186,10 +190,11 @@ def build_sharded(directory: str, data: beir.BeirData, model, params, config: Di
 
 def sharded_residual(directory: str, data: beir.BeirData, source: sharded.ShardedIndex,
                      bits: Optional[int], num_centroids: Optional[int] = None,
-                     seed: int = 0) -> sharded.ShardedIndex:
+                     seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER
+                     ) -> sharded.ShardedIndex:
   """The residual-compressed copy of the sharded index `source` at `directory`: reused when
   built from this corpus with the same config and codec settings, else (re)built."""
-  settings = _codec_settings(bits, num_centroids, seed)
+  settings = _codec_settings(bits, num_centroids, seed, quantizer)
   if (pathlib.Path(directory) / sharded.MANIFEST).exists():
     existing = sharded.ShardedIndex.open(directory, expected_config=source.config)
     built = existing.meta["codec"]
@@ -199,7 +204,7 @@ def sharded_residual(directory: str, data: beir.BeirData, source: sharded.Sharde
       return existing
     del existing  # its memory maps: the rebuild replaces the shards
   return sharded.build_sharded_residual(directory, source, bits, num_centroids, seed=seed,
-                                        progress=True)
+                                        progress=True, quantizer=quantizer)
 
 
 def host_params(params):
@@ -229,17 +234,19 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        nprobe: int = residual.DEFAULT_NPROBE,
                        candidates: Optional[int] = None,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
+                       quantizer: str = codec_lib.DEFAULT_QUANTIZER,
                        shard_docs: Optional[int] = None,
                        partitioner=None) -> Dict[str, float]:
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json (approximate search:
-  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-candidates<c>.*, a sharded index:
+  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-candidates<c>[-<quantizer>].*, the
+  quantizer named when it is not the default, a sharded index:
   <name>.<split>.step<N>.shards[.approximate-...].*, so that a run never overwrites another
   search's or another setting's results); returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
   candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None,
-  num_centroids default ColBERTv2's).
+  num_centroids default ColBERTv2's, quantizer one of codec.QUANTIZERS).
   shard_docs: index in shards of this many passages (`sharded.py`; resumable), each process
   of a multi-process run encoding its block of them; a multi-process run shards even
   without it (sharded.DEFAULT_CHUNK_DOCS). The sharded index goes to `<index>.shards/`."""
@@ -274,11 +281,13 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   results = f"{name}.{split}.step{step}" + ("" if shard_docs is None else ".shards")
   searcher, search_kwargs = corpus_index, {}
   if search == "approximate":
+    recorded = codec_lib.quantizer_setting(residual_bits, quantizer)  # None: uncompressed
+    other = "" if recorded in (None, codec_lib.DEFAULT_QUANTIZER) else f"-{recorded}"
     results += (f".approximate-b{residual_bits or 'none'}-nprobe{nprobe}-candidates"
-                f"{candidates or 'default'}")
+                f"{candidates or 'default'}{other}")
     compress = build_or_open_residual if shard_docs is None else sharded_residual
-    searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}", data,
-                        corpus_index, residual_bits, num_centroids)
+    searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}{other}", data,
+                        corpus_index, residual_bits, num_centroids, quantizer=quantizer)
     search_kwargs = {"nprobe": nprobe, "candidates": candidates}
   run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)
@@ -286,8 +295,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=searcher.nbytes, search=search,
-                **(dict(residual_bits=residual_bits, nprobe=nprobe, candidates=candidates)
-                   if search == "approximate" else {}))
+                **(dict(residual_bits=residual_bits, nprobe=nprobe, candidates=candidates,
+                        quantizer=recorded) if search == "approximate" else {}))
   _write_results(model_dir, results, name, split, step, run, scores, top_k)
   return scores
 

@@ -111,6 +111,17 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text()) == scores  # kept
   assert (model_dir / "index" / "beir_fixture.step30.residual-bnone" / "meta.json").exists()
 
+  # 2-bit codes of either quantizer (gin QUANTIZER): each its own index and result files.
+  for quantizer, suffix in (("rotated-lloyd", ""), ("quantile", "-quantile")):
+    retrieve.main(args + ["--gin.SEARCH='approximate'", f"--gin.QUANTIZER='{quantizer}'"])
+    gin.clear_config()
+    metrics = json.loads(pathlib.Path(
+        f"{stem}.approximate-b2-nprobe16-candidatesdefault{suffix}.metrics.json").read_text())
+    assert (metrics["quantizer"], metrics["residual_bits"]) == (quantizer, 2)
+    meta = json.loads((model_dir / "index" / f"beir_fixture.step30.residual-b2{suffix}" /
+                       "meta.json").read_text())
+    assert meta["codec"]["quantizer"] == quantizer
+
   # Index shards of 8 passages (sharded.py), searched by merging their top-k lists, rank as
   # the single index does; so do uncompressed residual shards sharing one codec. Their
   # results go to files of their own: the single index's stay as they were.
