@@ -102,6 +102,12 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
           ablation=["--budget", "gpu"]))
 
 
+def data_dir() -> pathlib.Path:
+  """$DECAL_DATA_DIR (from the repository, where the parts run), default ../shared/data."""
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  return repo / os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))
+
+
 def lease_scale(beir_folder: Optional[str]) -> Scale:
   """gpu_scale's shapes in LEASE_MINUTES, compiled with LEASE_XLA_FLAGS: DeCAL-4x (the MFU
   goal's) timed first, `train` given 5 of the minutes and the next parts what is left; when

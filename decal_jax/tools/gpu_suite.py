@@ -79,7 +79,7 @@ sys.meta_path.insert(0, _Refuse())
 """
 from decal_jax.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
     CUDNN, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILED_RATIO, RATIOS, RETENTION_STEPS,
-    Scale, dry_run_scale, gpu_scale, lease_scale)
+    Scale, data_dir, dry_run_scale, gpu_scale, lease_scale)
 
 
 class PartFailed(Exception):
@@ -280,11 +280,6 @@ def part_ablation(suite: Suite) -> str:
                             "--work", str(suite.work / "ablate")],
                     suite.out / "ablation_gpu_runs.json",
                     suite.out / "ablation_gpu.md", "variants")
-
-
-def data_dir() -> pathlib.Path:
-  """$DECAL_DATA_DIR (from the repository, where the parts run), default ../shared/data."""
-  return REPO / os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))
 
 
 @dataclasses.dataclass(frozen=True)
