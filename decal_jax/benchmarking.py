@@ -164,14 +164,30 @@ def profile_top_ops(step: Callable[[], Any], steps: int, trace_dir: str, hlo_tex
 
 
 def _op_events(profile):
-  """(op name, duration ns) of every op event in a profile: the device planes' "XLA Ops"
-  lines where there are device planes, else the host's events that name an HLO op (CPU)."""
+  """(op name, duration ns) of every op event in a profile. On a device (GPU / TPU): its
+  "XLA Ops" lines where the trace has them (XProf derives them), else every kernel on its
+  lines that carries an `hlo_op` stat, named by it (a GPU's raw CUPTI trace), else every
+  kernel on its "Stream" lines, by kernel name. On the CPU: the host's events that name an
+  HLO op."""
   devices = [p for p in profile.planes if p.name.startswith("/device:")]
-  for plane in devices or [p for p in profile.planes if p.name == "/host:CPU"]:
-    for line in plane.lines:
-      for event in line.events:
-        if (line.name == "XLA Ops") if devices else any(k == "hlo_op" for k, _ in event.stats):
-          yield event.name, event.duration_ns
+  if not devices:
+    for plane in (p for p in profile.planes if p.name == "/host:CPU"):
+      for line in plane.lines:
+        yield from ((e.name, e.duration_ns) for e in line.events if _stat(e, "hlo_op"))
+    return
+  lines = [line for plane in devices for line in plane.lines]
+  xla_ops = [(e.name, e) for line in lines if line.name == "XLA Ops" for e in line.events]
+  by_stat = [(_stat(e, "hlo_op"), e) for line in lines for e in line.events
+             if _stat(e, "hlo_op")]
+  kernels = [(e.name, e) for line in lines if line.name.startswith("Stream")
+             for e in line.events]
+  for name, event in xla_ops or by_stat or kernels:
+    yield str(name), event.duration_ns
+
+
+def _stat(event, key: str):
+  """The value of an event's stat `key`, or None."""
+  return next((value for name, value in event.stats if name == key), None)
 
 
 # ----------------------------------------------------------------------------- memory

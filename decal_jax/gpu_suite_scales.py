@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 from decal_jax import fileio
 
+GOAL_MFU = 0.40  # T5.1.1-small DeCAL-4x on one H100
 RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
 PROFILED_RATIO = 4
@@ -30,12 +31,37 @@ LEASE_OPTION_SETS = ("einsum", "cudnn+fused", "xla+fused")
 # The retrieval part tokenizes with SentencePiece alone (the image has no seqio): the same ids.
 PLAIN_VOCABULARY = "VOCABULARY = @vocabularies.%s_plain_vocabulary()"
 LEASE_MINUTES = 9.0  # one device command (at most 10 minutes) with a minute to spare
-# The lease's XLA_FLAGS: no autotuning and matmuls on cuBLAS rather than generated Triton
-# GEMM kernels (nothing per matmul to generate, compile and time). On 2026-11-26 an H200
-# (jax 0.11.2) had not finished compiling the DeCAL-4x step at default flags after 230 s,
-# while this 2-core CPU compiles it in 14 s; XLA's GEMM fusion autotuner compiles and times
-# many Triton kernel configurations per matmul, the usual cause of such compile times.
-LEASE_XLA_FLAGS = "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false"
+# XLA_FLAGS candidates that the `xla_flags` part times on a T5.1.1-small-shaped block
+# (bench_xla_flags.py), cheapest to compile first; the parts after it use the chosen set.
+# Seen on an H200 (jax 0.11.2), 2026-11-26: at XLA's defaults the DeCAL-4x step had not
+# compiled after 230 s (the GEMM autotuner compiles and times Triton tilings per matmul);
+# with no autotuning at all ('cublas-untuned') it compiled in 16 s but stepped at 0.1 % MFU,
+# the GPU busy throughout, while XLA's cost analysis counted 27.5 of the step's 3,870 GFLOP
+# (the matmuls were library calls, run with an untuned algorithm).
+XLA_FLAG_SETS: Dict[str, str] = {
+    "cublas-untuned": "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false",
+    "cublas": "--xla_gpu_enable_triton_gemm=false",  # cuBLAS, its algorithms timed
+    "triton-untuned": "--xla_gpu_autotune_level=0",  # Triton GEMMs at their default tiling
+    "default": "",
+}
+# The lease's XLA_FLAGS until its `xla_flags` part has chosen (or when it is left out):
+# matmuls on cuBLAS with its algorithms autotuned, no Triton GEMM kernels to generate.
+LEASE_XLA_FLAGS = XLA_FLAG_SETS["cublas"]
+
+
+def choose_xla_flags(rows: Dict[str, Optional[dict]]) -> Optional[str]:
+  """The flag set to run with, from bench_xla_flags rows by set name (None: did not run):
+  the fastest (TFLOP/s) of those whose block compiled within twice the quickest compile (or
+  5 s more), since the train step compiles ~15 times the block's matmuls."""
+  ran = {name: row for name, row in rows.items() if row}
+  if not ran:
+    return None
+  quickest = min(row["compile_s"] for row in ran.values())
+  allowed = {name: row for name, row in ran.items()
+             if row["compile_s"] <= max(2 * quickest, quickest + 5)}
+  return max(allowed, key=lambda name: allowed[name]["tflops"])
+
+
 DRY_RUN_BUDGET = """# the suite's --dry_run ablation budget: one variant, a few steps
 Budget.variants = ['decal_2x']
 Budget.model_gin = 'experiments/models/mini.gin'
@@ -79,9 +105,10 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       model=("--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin"),
       ratios=RATIOS, batch=128, lengths=(512, 128), steps=20, probe_steps=5, warmup=3,
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
-      minutes=dict(train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
+      minutes=dict(xla_flags=3, train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
                    retrieval_scale=8, retention=12, ablation=40),
       tools=dict(
+          xla_flags=["--batch", "32", "--length", "640", "--steps", "10"],
           nuggets=["--contexts", "16384,65536", "--dtype", "bfloat16"],
           squid=["--preset", "qwen2"],
           gpthf=["--preset", "paper"],
@@ -109,16 +136,16 @@ def data_dir() -> pathlib.Path:
 
 
 def lease_scale(beir_folder: Optional[str]) -> Scale:
-  """gpu_scale's shapes in LEASE_MINUTES, compiled with LEASE_XLA_FLAGS: DeCAL-4x (the MFU
-  goal's) timed first, `train` given 5 of the minutes and the next parts what is left; when
-  asked for, the probe times 3 option sets (1.25 minutes each at most: start, compile, 8
-  steps)."""
+  """gpu_scale's shapes in LEASE_MINUTES: `xla_flags` chooses the XLA_FLAGS in 1.5 minutes
+  (LEASE_XLA_FLAGS until it has), DeCAL-4x (the MFU goal's) is timed first, `train` is given
+  4 of the minutes and the next parts what is left; when asked for, the probe times 3 option
+  sets (1.25 minutes each at most: start, compile, 8 steps)."""
   full = gpu_scale(beir_folder)
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
-      minutes=dict(full.minutes, train_probe=3.75, train=5.0, nuggets=2, squid=2, gpthf=1.5, retrieval=1.5,
-                   retrieval_scale=3))
+      minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=4.0, nuggets=1.5,
+                   squid=2, gpthf=1.5, retrieval=1.5, retrieval_scale=3))
 
 
 def dry_run_scale(out: pathlib.Path) -> Scale:
@@ -130,9 +157,10 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       ratios=(1, PROFILED_RATIO), batch=2, lengths=(64, 16), steps=2, probe_steps=1, warmup=1,
       profile_steps=1, probe_minutes=3, grace_s=20,
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
-      minutes=dict(train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
+      minutes=dict(xla_flags=2, train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
                    retrieval_scale=3, retention=4, ablation=5),
       tools=dict(
+          xla_flags=["--batch", "2", "--length", "64", "--steps", "2"],
           nuggets=["--contexts", "32,64", "--dtype", "bfloat16", "--emb_dim", "32", "--layers",
                    "1", "--heads", "2", "--kv_heads", "1", "--head_dim", "16", "--mlp_dim", "64",
                    "--vocab", "64", "--new_tokens", "3", "--warmup", "1"],

@@ -104,3 +104,34 @@ def test_a_failed_entry_point_exits_with_the_end_of_its_log(tmp_path, monkeypatc
     benchmarking.run_entry_point("tools.bench_train", [], str(log))
   assert "(exit -9) (killed by SIGKILL: on Linux usually the out-of-memory killer" in str(e.value)
   assert str(e.value).endswith("step 1 of 7\n")
+
+
+def _trace(*planes):
+  """A stand-in for jax.profiler.ProfileData: planes of lines of events, each event a
+  (name, duration ns, stats) triple."""
+  event = lambda name, ns, stats: argparse.Namespace(name=name, duration_ns=ns,
+                                                     stats=list(stats.items()))
+  return argparse.Namespace(planes=[argparse.Namespace(name=plane, lines=[
+      argparse.Namespace(name=line, events=[event(*e) for e in events])
+      for line, events in lines.items()]) for plane, lines in planes])
+
+
+def test_op_events_read_each_kind_of_trace():
+  """XProf's derived "XLA Ops" line when present; a GPU's raw CUPTI trace (kernels on stream
+  lines, an `hlo_op` stat naming the HLO op) otherwise; kernel names when no stat names one;
+  the host's HLO-op events on the CPU."""
+  derived = _trace(("/device:TPU:0", {"XLA Ops": [("fusion.1", 30, {})],
+                                      "XLA Modules": [("jit_step", 99, {})]}))
+  assert list(benchmarking._op_events(derived)) == [("fusion.1", 30)]
+  cupti = _trace(("/host:CPU", {"python": [("step", 500, {})]}),
+                 ("/device:GPU:0", {"Stream #13(compute)": [
+                     ("loop_fusion_kernel", 7, {"hlo_op": "fusion.2", "hlo_module": "m"}),
+                     ("cutlass_gemm_bf16", 40, {"hlo_op": "custom-call.3"})],
+                     "Stream #14(memcpy)": [("memcpy", 2, {})]}))
+  assert list(benchmarking._op_events(cupti)) == [("fusion.2", 7), ("custom-call.3", 40)]
+  bare = _trace(("/device:GPU:0", {"Stream #13": [("sm90_xmma_gemm", 40, {})],
+                                   "Launch Stats": [("launch", 1, {})]}))
+  assert list(benchmarking._op_events(bare)) == [("sm90_xmma_gemm", 40)]
+  cpu = _trace(("/host:CPU", {"XLA pool": [("dot.4", 12, {"hlo_op": "dot.4"}),
+                                           ("schedule", 3, {})]}))
+  assert list(benchmarking._op_events(cpu)) == [("dot.4", 12)]

@@ -32,13 +32,16 @@ file whose task bindings need `decal_jax.tasks` is refused as unknown: give the 
 `--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
 configuration (the first plus those), times both in one process, alternating their steps,
 and prints B / A. `--breakdown` times the parts of a T5 step on their own; `--profile_steps`
-traces steps with jax.profiler and records the top ops. Appends a JSON line per
+traces steps with jax.profiler and records the top ops; `--hlo_out` keeps the compiled
+step's HLO (which ops XLA fused, which matmuls became library calls); `--init_on_host`
+builds the state on the host CPU (a GPU compiles the initializers slowly). Appends a JSON line per
 configuration to --out. Progress (each stage's start, compile seconds, warm-up step times)
 goes to stderr, so a run stopped at a time limit shows where its time went; XLA_FLAGS, when
 set, is recorded in each JSON line (`xla_flags`).
 """
 import argparse
 import dataclasses
+import gzip
 import os
 import statistics
 import sys
@@ -159,12 +162,12 @@ def progress(message: str) -> None:
 class Runner:
   """A compiled train step with its state, batch and measurements."""
 
-  def __init__(self, setup: Setup, seed: int):
+  def __init__(self, setup: Setup, seed: int, init_on_host: bool = False):
     self.setup = setup
     progress(f"{setup.label}: initialising the train state")
     cfg = batches.DatasetConfig("synthetic", setup.lengths, batch_size=setup.batch_size)
     self.state, shardings = train_state.init_state(setup.model, setup.optimizer,
-                                               setup.partitioner, cfg, seed)
+                                               setup.partitioner, cfg, seed, init_on_host)
     step = train_step.make_train_step(setup.model, setup.optimizer, setup.partitioner, shardings)
     self.batch = batches.to_global(synthetic_batch(setup, seed), setup.partitioner)
     self.rng = jax.random.PRNGKey(seed)
@@ -280,6 +283,9 @@ def parse_args(argv):
   parser.add_argument("--steps", type=int, default=20, help="timed steps (protocol: >= 20)")
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--init_on_host", action="store_true", help="initialise the train "
+                      "state on the host CPU, then place it on the mesh (a GPU compiles the "
+                      "initializers slowly: 75 s of an H200 lease for T5.1.1-small)")
   parser.add_argument("--label", default=None, help="name of configuration A")
   parser.add_argument("--compare", action="append", default=[], metavar="BINDING",
                       help="configuration B = A plus this gin binding (repeatable)")
@@ -289,6 +295,8 @@ def parse_args(argv):
   parser.add_argument("--profile_steps", type=int, default=0, help="then trace this many "
                       "steps of the last configuration into --profile_dir; record top ops")
   parser.add_argument("--profile_dir", default="/tmp/bench_train_trace")
+  parser.add_argument("--hlo_out", default=None, help="write the compiled step's HLO text "
+                      "(of the last configuration) to this .gz file")
   parser.add_argument("--out", default=None, help="JSONL file to append to (default "
                       "docs/results/bench_train_<platform>.jsonl)")
   args, gin_argv = parser.parse_known_args(argv)
@@ -304,7 +312,7 @@ def main(argv=None):
     files_b, bindings_b = files + args.compare_gin_file, bindings + args.compare
     setups.append(build(args.compare_label or _describe(args.compare_gin_file, args.compare),
                         files_b, paths, bindings_b, args))
-  runners = [Runner(setup, args.seed) for setup in setups]
+  runners = [Runner(setup, args.seed, args.init_on_host) for setup in setups]
   time_steps(runners, args.warmup, args.steps)
   device = jax.devices()[0]
   rows = [dict(machine_record(), note=SYNTHETIC, **summarize(r, device)) for r in runners]
@@ -324,9 +332,16 @@ def main(argv=None):
         lambda: runners[-1].step(timed=False), args.profile_steps, args.profile_dir,
         runners[-1].fn.as_text())
     print(f"\nops taking the most time ({args.profile_steps} steps, {args.profile_dir}):")
+    if not top:
+      print(f"  none found: the trace in {args.profile_dir} has no op events that "
+            "benchmarking._op_events reads (open it in TensorBoard / XProf)")
     for op in top:
       print(f"  {100 * op['share']:5.1f}% {op['ms_per_step']:9.3f} ms/step  {op['op']}: "
             f"{op['jax_op'][-90:]}")
+  if args.hlo_out:  # the step as XLA compiled it for this device: its fusions, its GEMM calls
+    with gzip.open(args.hlo_out, "wt") as f:
+      f.write(runners[-1].fn.as_text())
+    print(f"wrote {args.hlo_out}")
   write_jsonl(args.out or f"docs/results/bench_train_{device.platform}.jsonl", rows)
 
 

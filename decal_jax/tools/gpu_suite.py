@@ -3,19 +3,22 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts train,nuggets,squid,gpthf,retrieval,retrieval_scale
+  python -m decal_jax.tools.gpu_suite --lease --parts xla_flags,train,nuggets,squid,gpthf,retrieval,retrieval_scale
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
 Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
 SIGTERM, then SIGKILL after a grace period), and one that fails or runs out of time is
 recorded as such while the next part runs:
+  xla_flags    decal_jax/tools/bench_xla_flags.py under each XLA_FLAG_SETS entry (cuBLAS or
+               Triton GEMMs, autotuned or not): a T5.1.1-small encoder layer's compile time
+               and TFLOP/s; the parts after it use the fastest set that compiles quickly;
   train_probe  decal_jax/tools/bench_train.py, T5.1.1-small DeCAL-4x, bf16, batch 128, 512 / 128: a
                short probe (a few steps) of every option set in OPTION_SETS (attention
                kernel, fused QKV, scan, remat policy), one subprocess each;
   train        the fastest probed set at C = 1, 2, 4, 8 (decal.gin, COMPRESSION_RATIO = C):
                step time, seq/s, MFU; the C = 4 run also traces a few steps with
                jax.profiler, and the summary lists the ops that took its time when its MFU
-               is under the 40 % goal (or unknown);
+               is under the 40 % goal (or unknown); its compiled HLO goes to the logs;
   nuggets      decal_jax/tools/bench_nuggets.py in bf16 at 16k and 64k context;
   squid        decal_jax/tools/bench_squid.py --preset qwen2;
   gpthf        decal_jax/tools/bench_gpthf.py --preset paper;
@@ -41,8 +44,9 @@ packs every file written into one .tar.gz (for machines that return only a few f
 ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI. The
 parts marked `device_image` run there with TensorFlow, seqio, clu and t5 refused, as on the
 workplace's GPU image. --lease: the GPU shapes in 9 minutes (gpu_suite_scales.lease_scale:
-no GEMM autotuning, DeCAL-4x timed first, shorter part limits). --xla_flags adds XLA_FLAGS
-for every part. The parts share one persistent compilation cache (WORK/jax_cache).
+DeCAL-4x timed first, shorter part limits). --xla_flags fixes XLA_FLAGS for every part
+(the xla_flags part then only measures). The parts share one persistent compilation cache
+(WORK/jax_cache).
 """
 import argparse
 import dataclasses
@@ -63,7 +67,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 REPO = pathlib.Path.cwd()  # run from the repository root: docs/results/, runs/, ../shared/data
 from decal_jax import fileio  # noqa: E402  (light: the suite itself never touches the GPU)
 
-GOAL_MFU = 0.40
 # What a GPU image may lack that the library's data path needs (the workplace's own image has
 # jax, flax, optax and orbax but none of these, and TensorFlow is too large to carry there).
 # gin-config is missing there too, but its 61 kB wheel travels with the recipe
@@ -78,8 +81,10 @@ class _Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _Refuse())
 """
 from decal_jax.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
-    CUDNN, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILED_RATIO, RATIOS, RETENTION_STEPS,
-    Scale, data_dir, dry_run_scale, gpu_scale, lease_scale)
+    CUDNN, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILED_RATIO, RATIOS,
+    RETENTION_STEPS, XLA_FLAG_SETS, Scale, choose_xla_flags, data_dir, dry_run_scale,
+    gpu_scale, lease_scale)
+from decal_jax.gpu_suite_report import render  # noqa: E402
 
 
 class PartFailed(Exception):
@@ -103,6 +108,7 @@ class Suite:
   commands: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
   details: Dict[str, object] = dataclasses.field(default_factory=dict)
   refuse_dir: Optional[pathlib.Path] = None  # its sitecustomize.py refuses DEVICE_IMAGE_LACKS
+  keep_xla_flags: bool = False  # --xla_flags given: the xla_flags part measures, never switches
 
   def left(self) -> float:
     return self.deadline - time.time()
@@ -174,7 +180,8 @@ def bench_train_argv(s: Scale, bindings: Sequence[str], steps: int, label: str,
   return ["-m", "decal_jax.tools.bench_train", *s.model, "--gin.ACTIVATION_DTYPE='bfloat16'",
           *[f"--gin.{b}" for b in bindings], f"--batch_size={s.batch}",
           f"--inputs_length={s.lengths[0]}", f"--targets_length={s.lengths[1]}",
-          f"--steps={steps}", f"--warmup={s.warmup}", f"--label={label}", f"--out={out}"]
+          f"--steps={steps}", f"--warmup={s.warmup}", f"--label={label}", f"--out={out}",
+          "--init_on_host"]
 
 
 def _bench_train(suite: Suite, out: str, label: str, bindings: Sequence[str],
@@ -187,6 +194,29 @@ def _bench_train(suite: Suite, out: str, label: str, bindings: Sequence[str],
   rc, _ = suite.call(argv, limit_s, check)
   rows = _jsonl_rows(path)[before:]
   return rows[-1] if rc == 0 and rows else None
+
+
+def part_xla_flags(suite: Suite) -> str:
+  """bench_xla_flags under each XLA_FLAG_SETS entry (its share of the part's limit); the
+  parts after it run with the chosen set (gpu_suite_scales.choose_xla_flags)."""
+  base, rows = suite.scale, {}
+  path = suite.out / "bench_xla_flags_gpu.jsonl"
+  for name, flags in XLA_FLAG_SETS.items():
+    suite.scale = dataclasses.replace(base, xla_flags=flags)
+    before = len(_jsonl_rows(path))
+    rc, _ = suite.call(["-m", "decal_jax.tools.bench_xla_flags", *base.tools["xla_flags"],
+                        "--label", name, "--out", str(path)],
+                       limit_s=60 * base.minutes["xla_flags"] / len(XLA_FLAG_SETS), check=False)
+    new = _jsonl_rows(path)[before:]
+    rows[name] = new[-1] if rc == 0 and new else None
+  chosen = choose_xla_flags(rows)
+  use = base.xla_flags if suite.keep_xla_flags or not chosen else XLA_FLAG_SETS[chosen]
+  suite.scale = dataclasses.replace(base, xla_flags=use)
+  suite.details["xla_flags"] = {"sets": rows, "chosen": chosen}
+  if not chosen:
+    raise PartFailed(f"no flag set ran; the parts keep {base.xla_flags!r}")
+  return (f"chosen: {chosen} ({rows[chosen]['tflops']:.3g} TFLOP/s)" +
+          (f"; the parts keep --xla_flags {use!r}" if suite.keep_xla_flags else ""))
 
 
 def part_train_probe(suite: Suite) -> str:
@@ -212,7 +242,9 @@ def part_train(suite: Suite) -> str:
   rows, failed = {}, []
   for ratio in suite.scale.ratios:
     extra = ([f"--profile_steps={suite.scale.profile_steps}",
-              f"--profile_dir={suite.logs / 'profile'}"] if ratio == PROFILED_RATIO else [])
+              f"--profile_dir={suite.logs / 'profile'}",
+              f"--hlo_out={suite.logs / f'train_step_c{ratio}.hlo.txt.gz'}"]
+             if ratio == PROFILED_RATIO else [])
     row = _bench_train(suite, "bench_train_gpu.jsonl", f"DeCAL-{ratio}x bf16 {best}",
                        [f"COMPRESSION_RATIO={ratio}", *OPTION_SETS[best]], suite.scale.steps,
                        extra, check=False)
@@ -293,6 +325,7 @@ class Part:
 
 
 PARTS = [
+    Part("xla_flags", part_xla_flags, ("bench_xla_flags_gpu.jsonl",), device_image=True),
     Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",), device_image=True),
     Part("train", part_train, ("bench_train_gpu.jsonl",), device_image=True),
     Part("nuggets", _tool_part("bench_nuggets", "nuggets_cache_gpu", plot=False),
@@ -347,56 +380,6 @@ def run_part(suite: Suite, part: Part, device: str) -> dict:
   return row
 
 
-# ----------------------------------------------------------------------------- summary
-def render(summary: dict) -> str:
-  """The Markdown summary: the parts' table, the training step per C, the probe, and the
-  profile when DeCAL-4x misses the MFU goal."""
-  lines = ["# GPU suite", "", f"- command: `{summary['command']}`", f"- date: {summary['date']}",
-           f"- device: {summary['device']}", f"- machine: {summary['machine']}",
-           f"- XLA_FLAGS: `{summary.get('xla_flags') or 'none'}`",
-           f"- wall time: {summary['wall_s'] / 60:.1f} min of a {summary['minutes']:.0f}-minute "
-           "budget", "", "| part | status | wall s | limit s | device | date | note |",
-           "|---|---|---|---|---|---|---|"]
-  for r in summary["parts"].values():
-    lines.append(f"| {r['part']} | {r['status']} | {r['wall_s']:.0f} | {r['limit_s']} | "
-                 f"{r['device']} | {r['date']} | {r.get('note', '').replace('|', '/')} |")
-  details = summary.get("details", {})
-  if details.get("train"):
-    lines += ["", "## Training step (bench_train_gpu.jsonl)", "",
-              "| C | configuration | step ms | seq/s | tok/s | MFU | temp GiB |",
-              "|---|---|---|---|---|---|---|"]
-    for ratio, r in sorted(details["train"].items(), key=lambda item: int(item[0])):
-      mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
-      lines.append(f"| {ratio} | {r['label']} | {1e3 * r['step_s_median']:.1f} | "
-                   f"{r['sequences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
-                   f"{(r.get('temp_bytes') or 0) / 2**30:.2f} |")
-    if str(PROFILED_RATIO) in details["train"]:
-      lines += _profile_lines(details["train"][str(PROFILED_RATIO)])
-  if details.get("probe"):
-    lines += ["", "## Option probe (bench_train_probe_gpu.jsonl, DeCAL-4x bf16)", "",
-              "| option set | bindings | step ms |", "|---|---|---|"]
-    for name, seconds in details["probe"].items():
-      lines.append(f"| {name} | {', '.join(OPTION_SETS[name]) or 'none'} | "
-                   f"{'failed' if not seconds else f'{1e3 * seconds:.1f}'} |")
-  for r in summary["parts"].values():
-    lines += ["", f"## Commands: {r['part']}", ""] + [f"    {c}" for c in r["commands"]]
-    if r.get("log_tail"):
-      lines += ["", f"Last lines of {r['log']}:", ""] + [f"    {t}" for t in r["log_tail"]]
-  return "\n".join(lines) + "\n"
-
-
-def _profile_lines(row: dict) -> List[str]:
-  mfu, top = row["mfu"], row.get("profile_top_ops") or []
-  if mfu is not None and mfu >= GOAL_MFU:
-    return ["", f"DeCAL-{PROFILED_RATIO}x meets the {100 * GOAL_MFU:.0f} % MFU goal."]
-  state = "not known" if mfu is None else f"{100 * mfu:.1f} %, under the goal"
-  lines = ["", f"## What takes DeCAL-{PROFILED_RATIO}x's time (MFU {state})", "",
-           "jax.profiler trace of the step; ops by time, share of all op time:", "",
-           "| share | ms / step | op | from (JAX) |", "|---|---|---|---|"]
-  return lines + [f"| {100 * op['share']:.1f} % | {op['ms_per_step']:.3f} | {op['op']} | "
-                  f"{op['jax_op'][-100:]} |" for op in top]
-
-
 def probe_device(dry_run: bool) -> Tuple[str, str]:
   """(platform, device kind) from a subprocess: the suite itself never takes the GPU."""
   env = dict(os.environ, **({"JAX_PLATFORMS": "cpu"} if dry_run else {}))
@@ -429,8 +412,9 @@ def parse_args(argv):
                  "(default: $DECAL_DATA_DIR/beir/scifact if present, else the built-in one)")
   p.add_argument("--archive", type=pathlib.Path, default=None,
                  help="also pack every file written into this .tar.gz")
-  p.add_argument("--xla_flags", default=None, help="XLA_FLAGS added for every part (default "
-                 f"none; --lease: {LEASE_XLA_FLAGS!r}, no GEMM autotuning, for compile time)")
+  p.add_argument("--xla_flags", default=None, help="XLA_FLAGS added for every part, kept "
+                 "whatever the xla_flags part measures (default: that part's choice; before "
+                 f"it, none, or with --lease {LEASE_XLA_FLAGS!r})")
   a = p.parse_args(argv)
   names = [n.strip() for n in a.parts.split(",") if n.strip()]
   unknown = sorted(set(names) - {part.name for part in PARTS})
@@ -467,7 +451,7 @@ def main(argv=None) -> dict:
   summary = json.loads(summary_path.read_text()) if summary_path.exists() else {
       "parts": {}, "details": {}}  # an earlier run's: its probe serves a later `train`
   suite = Suite(a.out_dir, a.log_dir, a.work, scale, a.dry_run, start + 60 * a.minutes,
-                details=summary["details"])
+                details=summary["details"], keep_xla_flags=a.xla_flags is not None)
   for part in a.parts:
     summary["parts"][part.name] = run_part(suite, part, device)
   summary["parts"] = {p.name: summary["parts"][p.name] for p in PARTS
@@ -475,7 +459,7 @@ def main(argv=None) -> dict:
   given = sys.argv[1:] if argv is None else argv
   summary.update(command=shlex.join(["python", "-m", "decal_jax.tools.gpu_suite", *given]),
                  date=datetime.date.today().isoformat(), device=device, minutes=a.minutes,
-                 xla_flags=scale.all_xla_flags(),
+                 xla_flags=suite.scale.all_xla_flags(),
                  machine=f"{platform.node()}, {os.cpu_count()} CPU cores",
                  wall_s=time.time() - start)
   fileio.write_text_atomic(summary_path, json.dumps(summary, indent=1, default=str))

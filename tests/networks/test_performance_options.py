@@ -194,6 +194,26 @@ def test_scanned_adafactor_statistics_are_sharded_like_their_params():
                          for n in stacked)
 
 
+def test_state_initialised_on_host_equals_the_mesh_initialised_state():
+  """bench_train --init_on_host: the host CPU builds the state, then it is placed on the
+  mesh; every leaf must equal the state jitted onto the mesh, with the same sharding."""
+  model = _model(dataclasses.replace(PLAIN, scan_layers=True))
+  data = pipeline.DatasetConfig("unused", {"inputs": 11, "targets": 6}, batch_size=2)
+  part = partitioning.Partitioner(mesh_shape=(1, -1, 1))  # FSDP: sharded parameters
+  on_mesh, shardings = train_state.init_state(model, optimizers.adafactor(), part, data, 0)
+  on_host, host_shardings = train_state.init_state(model, optimizers.adafactor(), part, data,
+                                                   0, on_host=True)
+  assert host_shardings == shardings
+  mesh_leaves = jax.tree_util.tree_leaves_with_path(on_mesh)
+  host_leaves = jax.tree_util.tree_leaves(on_host)
+  assert len(mesh_leaves) == len(host_leaves)
+  assert any(leaf.sharding.spec != jax.sharding.PartitionSpec() for _, leaf in mesh_leaves)
+  for (path, want), got in zip(mesh_leaves, host_leaves):
+    assert got.sharding == want.sharding, jax.tree_util.keystr(path)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
+                                  err_msg=jax.tree_util.keystr(path))
+
+
 # ----------------------------------------------------------------------------- remat
 def test_remat_policies_equal_plain_loss_and_grads():
   plain = _plain_run()

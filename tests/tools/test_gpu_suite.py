@@ -84,6 +84,46 @@ def test_the_probe_times_each_option_set_and_train_uses_the_fastest(result):
   assert log.count("XLA compile (") == log.count("compiled in ") == len(probe)
 
 
+def test_each_xla_flag_set_is_timed_and_the_parts_after_run_with_the_chosen_one(result):
+  summary, out = result
+  rows = _rows(out / "bench_xla_flags_gpu.jsonl")
+  assert [row["label"] for row in rows] == list(gpu_suite.XLA_FLAG_SETS)
+  for row in rows:
+    assert row["compile_s"] > 0 and row["tflops"] > 0 and row["peak_fraction"] is None
+    assert (row["batch"], row["length"]) == (2, 64)
+  chosen = summary["details"]["xla_flags"]["chosen"]
+  assert chosen == gpu_suite.choose_xla_flags({row["label"]: row for row in rows})
+  flags = gpu_suite.XLA_FLAG_SETS[chosen]
+  for row in _rows(out / "bench_train_probe_gpu.jsonl") + _rows(out / "bench_train_gpu.jsonl"):
+    assert row.get("xla_flags", "").endswith(flags)
+  assert summary["xla_flags"].endswith(flags)
+  text = (out / "gpu_suite_summary.md").read_text()
+  assert f"Chosen for the parts after it: {chosen}." in text
+  assert all(f"| {name} | `{f or 'none'}` |" in text
+             for name, f in gpu_suite.XLA_FLAG_SETS.items())
+
+
+def test_the_chosen_flags_are_the_fastest_that_compile_quickly():
+  """Hand-worked: 'slow-compile' is fastest but compiles in 40 s against the quickest 4 s
+  (allowed: up to max(2 x 4, 4 + 5) = 9 s); of the rest 'b' (7 s, inside) beats 'a'."""
+  rows = {"a": {"compile_s": 4.0, "tflops": 2.0}, "b": {"compile_s": 7.0, "tflops": 300.0},
+          "slow-compile": {"compile_s": 40.0, "tflops": 500.0}, "failed": None}
+  assert gpu_suite.choose_xla_flags(rows) == "b"
+  assert gpu_suite.choose_xla_flags({"failed": None}) is None
+
+
+def test_the_block_flops_are_what_xla_counts():
+  """bench_xla_flags' analytical count (2 m n k per matmul, x 3) against XLA's own count of
+  the compiled forward + backward on CPU (which adds the softmax and GELU's few FLOPs)."""
+  import jax
+  bench, xla_cost = _tool("bench_xla_flags"), importlib.import_module(
+      "decal_jax.benchmarking").xla_cost
+  for batch, length in ((2, 64), (1, 160)):
+    x = jax.numpy.zeros((batch, length, bench.EMB), jax.numpy.bfloat16)
+    compiled = jax.jit(bench.loss_and_grads).lower(bench.init_weights(0), x).compile()
+    assert 1.0 <= xla_cost(compiled) / bench.block_flops(batch, length) < 1.03
+
+
 def test_decal_4x_is_profiled_and_its_top_ops_are_in_the_summary(result):
   _, out = result
   row = _rows(out / "bench_train_gpu.jsonl")[-1]
@@ -92,6 +132,9 @@ def test_decal_4x_is_profiled_and_its_top_ops_are_in_the_summary(result):
   assert [op["share"] for op in top] == sorted((op["share"] for op in top), reverse=True)
   assert sum(op["share"] for op in top) <= 1 + 1e-9
   assert any("jit(step_fn)" in op["jax_op"] for op in top)  # mapped to the JAX operation
+  import gzip
+  hlo = gzip.open(out / "logs" / "train_step_c4.hlo.txt.gz", "rt").read()
+  assert "ENTRY" in hlo and any(op["op"] in hlo for op in top)  # the program profiled
   text = (out / "gpu_suite_summary.md").read_text()
   assert "## What takes DeCAL-4x's time (MFU not known)" in text  # no peak on CPU
   assert f"| {top[0]['op']} |" in text
@@ -132,7 +175,7 @@ def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   import sys
   summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
-      "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval", "retrieval_scale"}
+      "xla_flags", "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval", "retrieval_scale"}
   assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
       gpu_suite.DEVICE_IMAGE_LACKS)
   for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
