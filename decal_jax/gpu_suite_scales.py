@@ -28,6 +28,17 @@ OPTION_SETS: Dict[str, List[str]] = {
 # QKV fused where the kernel takes it. Scan and remat save memory or compile time, not step
 # time, at T5.1.1-small's batch 128 (a guess, not a measurement: the full run probes them).
 LEASE_OPTION_SETS = ("einsum", "cudnn+fused", "xla+fused")
+# Smaller grids where the full run's would not fit a lease part (on 2026-11-26 the H200
+# compiled each bench_gpthf row's four programs in 22 s, each bench_squid context in ~40 s):
+# the longest contexts, and the 1M-passage run after the real corpora at C = 1 and 4 only.
+LEASE_TOOLS: Dict[str, List[str]] = {  # retrieval_scale: + the BEIR folder (lease_scale)
+    "squid": ["--preset", "qwen2", "--contexts", "2048,8192", "--ratios", "4,16"],
+    "gpthf": ["--preset", "paper", "--prompts", "250,1000", "--new_tokens", "100",
+              "--batches", "32"],
+    "retrieval_scale": ["--passage_length", "128", "--max_queries", "300", "--ratios", "1",
+                        "4", "--bits", "2", "none", "--num_centroids", "0.25",
+                        "--synthetic_passages", "0"],
+}
 # The retrieval part tokenizes with SentencePiece alone (the image has no seqio): the same ids.
 PLAIN_VOCABULARY = "VOCABULARY = @vocabularies.%s_plain_vocabulary()"
 LEASE_MINUTES = 9.0  # one device command (at most 10 minutes) with a minute to spare
@@ -145,7 +156,9 @@ def lease_scale(beir_folder: Optional[str]) -> Scale:
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
       minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=4.0, nuggets=1.5,
-                   squid=2, gpthf=1.5, retrieval=1.5, retrieval_scale=3))
+                   squid=1.5, gpthf=1.5, retrieval=1.5, retrieval_scale=2.5),
+      tools={**full.tools, **LEASE_TOOLS, "retrieval_scale": LEASE_TOOLS["retrieval_scale"] + (
+          ["--beir_folder", beir_folder] if beir_folder else [])})
 
 
 def dry_run_scale(out: pathlib.Path) -> Scale:

@@ -3,10 +3,10 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts xla_flags,train,nuggets,squid,gpthf,retrieval,retrieval_scale
+  python -m decal_jax.tools.gpu_suite --lease --parts xla_flags,train,retrieval_scale,squid,gpthf,retrieval
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
-Parts, in this order; each runs as subprocesses under the part's time limit (at the limit:
+Parts, in this order (--parts: those named, in the order named); each runs as subprocesses under the part's time limit (at the limit:
 SIGTERM, then SIGKILL after a grace period), and one that fails or runs out of time is
 recorded as such while the next part runs:
   xla_flags    decal_jax/tools/bench_xla_flags.py under each XLA_FLAG_SETS entry (cuBLAS or
@@ -396,7 +396,7 @@ def parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--dry_run", action="store_true", help="tiny shapes on CPU (CI)")
   p.add_argument("--parts", default=",".join(part.name for part in PARTS),
-                 help="comma-separated parts to run, in the suite's order")
+                 help="comma-separated parts to run, in the order given")
   p.add_argument("--minutes", type=float, default=None,
                  help="the whole run's budget (default 40; --lease 9; --dry_run 20)")
   p.add_argument("--lease", action="store_true", help="a short lease (this workplace's "
@@ -420,7 +420,7 @@ def parse_args(argv):
   unknown = sorted(set(names) - {part.name for part in PARTS})
   if unknown or not names:
     p.error(f"unknown parts {unknown}; known: {', '.join(part.name for part in PARTS)}")
-  a.parts = [part for part in PARTS if part.name in names]
+  a.parts = [part for name in dict.fromkeys(names) for part in PARTS if part.name == name]
   if a.lease and a.dry_run:
     p.error("--lease sets the GPU run's limits; --dry_run has its own tiny scale: give one.")
   a.minutes = a.minutes or (20.0 if a.dry_run else LEASE_MINUTES if a.lease else 40.0)

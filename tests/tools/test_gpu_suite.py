@@ -244,6 +244,22 @@ def test_the_gpu_benchmark_flags_exist(part, tool):
           }[part]()
 
 
+def test_the_lease_grids_parse_to_what_they_name():
+  """The lease's smaller grids (gpu_suite_scales.LEASE_TOOLS) parse in their tools."""
+  lease = gpu_suite.lease_scale("beir/folder")
+  squid = _tool("bench_squid").parse_args(lease.tools["squid"] + ["--out", "x.md"])
+  assert (squid.preset, squid.contexts, squid.ratios) == ("qwen2", [2048, 8192], [4, 16])
+  gpthf = _tool("bench_gpthf").parse_args(lease.tools["gpthf"] + ["--out", "x.md"])
+  assert (gpthf.preset, gpthf.prompts, gpthf.new_tokens, gpthf.batches) == (
+      "paper", [250, 1000], [100], [32])
+  real = _tool("bench_retrieval_scale").parse_args(lease.tools["retrieval_scale"] +
+                                                   ["--out", "x.md"])
+  assert real.ratios == [1, 4] and real.bits == [2, None]
+  assert real.beir_folder == "beir/folder" and real.synthetic_passages == 0
+  assert lease.tools["retrieval_scale_synthetic"] == gpu_suite.gpu_scale(None).tools[
+      "retrieval_scale_synthetic"]  # the 1M-passage run as in the full suite
+
+
 def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
   """What the dry run cannot run at the GPU's size: the 1M-passage run's and the real
   corpora's arguments parse to the corpora, C and bit widths the docs name."""
@@ -276,6 +292,9 @@ def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
   assert len(lease.option_sets) * lease.probe_minutes <= lease.minutes["train_probe"]
   assert lease.minutes["train_probe"] + lease.minutes["train"] < gpu_suite.LEASE_MINUTES
   assert lease.xla_flags == gpu_suite.LEASE_XLA_FLAGS and not full.xla_flags
+  order = ["xla_flags", "train", "retrieval_scale", "squid"]
+  assert [p.name for p in gpu_suite.parse_args(["--lease", "--parts", ",".join(order)]).parts
+          ] == order  # run in the order named: the lease's priorities first
   with pytest.raises(SystemExit):
     gpu_suite.parse_args(["--lease", "--dry_run"])
 
