@@ -34,7 +34,9 @@ configuration (the first plus those), times both in one process, alternating the
 and prints B / A. `--breakdown` times the parts of a T5 step on their own; `--profile_steps`
 traces steps with jax.profiler and records the top ops; `--hlo_out` keeps the compiled
 step's HLO (which ops XLA fused, which matmuls became library calls); `--init_on_host`
-builds the state on the host CPU (a GPU compiles the initializers slowly). Appends a JSON line per
+builds the state on the host CPU (a GPU compiles the initializers slowly); `--time_budget_s`
+cuts the warm-up and the timing short (at least one step each) so that a run whose steps
+are slow still reports instead of being stopped at its limit. Appends a JSON line per
 configuration to --out. Progress (each stage's start, compile seconds, warm-up step times)
 goes to stderr, so a run stopped at a time limit shows where its time went; XLA_FLAGS, when
 set, is recorded in each JSON line (`xla_flags`).
@@ -209,14 +211,34 @@ def _cost(compiled) -> Dict[str, Any]:
   return out
 
 
-def time_steps(runners: Sequence[Runner], warmup: int, steps: int) -> None:
-  """Warm-up then timed steps, alternating configurations step by step (shared drift)."""
-  for i in range(warmup + steps):
+def time_steps(runners: Sequence[Runner], warmup: int, steps: int,
+               deadline: Optional[float] = None, reserve: int = 0) -> None:
+  """Warm-up then timed steps, alternating configurations step by step (shared drift).
+  With a `deadline` (a time.perf_counter() value): after the first warm-up step, the rest of
+  the warm-up is cut when 1 + `reserve` + 3 more steps would pass it, and timing stops when
+  1 + `reserve` more would (a slow step then still gives a median and a profile)."""
+  for i in range(warmup):
+    if i and not _fits(runners, deadline, 1 + reserve + 3):
+      progress(f"warm-up cut after {i} step(s): --time_budget_s")
+      break
     for runner in runners:
-      runner.step(timed=i >= warmup)
-    if i < warmup or i == warmup + steps - 1:
-      progress(f"step {i + 1} of {warmup} warm-up + {steps} timed: "
-               f"{1e3 * runners[-1].last_s:.1f} ms, loss {runners[-1].last_loss:.3f}")
+      runner.step(timed=False)
+    progress(f"step {i + 1} of {warmup} warm-up + {steps} timed: "
+             f"{1e3 * runners[-1].last_s:.1f} ms, loss {runners[-1].last_loss:.3f}")
+  for i in range(steps):
+    if i and not _fits(runners, deadline, 1 + reserve):
+      progress(f"timing stopped after {i} of {steps} steps: --time_budget_s")
+      return
+    for runner in runners:
+      runner.step(timed=True)
+  progress(f"{steps} timed steps, the last {1e3 * runners[-1].last_s:.1f} ms, "
+           f"loss {runners[-1].last_loss:.3f}")
+
+
+def _fits(runners: Sequence[Runner], deadline: Optional[float], steps: int) -> bool:
+  """Whether `steps` more steps of every runner (at their last step's time) end in time."""
+  return deadline is None or (
+      time.perf_counter() + steps * sum(r.last_s for r in runners) <= deadline)
 
 
 def summarize(runner: Runner, device) -> Dict[str, Any]:
@@ -283,6 +305,10 @@ def parse_args(argv):
   parser.add_argument("--steps", type=int, default=20, help="timed steps (protocol: >= 20)")
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--time_budget_s", type=float, default=None, help="the whole run's "
+                      "seconds: warm-up and timing stop early (at least one step each) so the "
+                      "profile and the results still fit (a run stopped at a limit reports "
+                      "nothing)")
   parser.add_argument("--init_on_host", action="store_true", help="initialise the train "
                       "state on the host CPU, then place it on the mesh (a GPU compiles the "
                       "initializers slowly: 75 s of an H200 lease for T5.1.1-small)")
@@ -313,14 +339,16 @@ def main(argv=None):
     setups.append(build(args.compare_label or _describe(args.compare_gin_file, args.compare),
                         files_b, paths, bindings_b, args))
   runners = [Runner(setup, args.seed, args.init_on_host) for setup in setups]
-  time_steps(runners, args.warmup, args.steps)
+  deadline = _START + args.time_budget_s - 10 if args.time_budget_s else None  # 10 s to report
+  time_steps(runners, args.warmup, args.steps, deadline, args.profile_steps)
   device = jax.devices()[0]
   rows = [dict(machine_record(), note=SYNTHETIC, **summarize(r, device)) for r in runners]
   if len(rows) == 2:
     rows[1]["ratio_to_a"] = compare(rows[0], rows[1])
   print_table(rows)
-  if args.steps < 20:
-    print(f"note: {args.steps} timed steps; the issue's protocol is a median over >= 20.")
+  if rows[-1]["steps_timed"] < 20:
+    print(f"note: {rows[-1]['steps_timed']} timed steps; the issue's protocol is a median "
+          "over >= 20.")
   if device_peak(device) is None:
     print(f"note: no bf16 peak known for {device.platform} ({device.device_kind}): MFU not "
           "reported.")
@@ -328,10 +356,12 @@ def main(argv=None):
     for row, setup in zip(rows, setups):
       row["breakdown"] = step_breakdown.breakdown(setup, row["step_s_median"], args.seed)
   if args.profile_steps:
+    profiled = args.profile_steps if deadline is None else max(1, min(args.profile_steps, int(
+        (deadline - time.perf_counter()) / runners[-1].last_s)))
     rows[-1]["profile_top_ops"] = top = profile_top_ops(
-        lambda: runners[-1].step(timed=False), args.profile_steps, args.profile_dir,
+        lambda: runners[-1].step(timed=False), profiled, args.profile_dir,
         runners[-1].fn.as_text())
-    print(f"\nops taking the most time ({args.profile_steps} steps, {args.profile_dir}):")
+    print(f"\nops taking the most time ({profiled} steps, {args.profile_dir}):")
     if not top:
       print(f"  none found: the trace in {args.profile_dir} has no op events that "
             "benchmarking._op_events reads (open it in TensorBoard / XProf)")

@@ -190,7 +190,9 @@ def _bench_train(suite: Suite, out: str, label: str, bindings: Sequence[str],
   """One decal_jax/tools/bench_train.py run; the JSON line it appended, or None."""
   path = suite.out / out
   before = len(_jsonl_rows(path))
-  argv = bench_train_argv(suite.scale, bindings, steps, label, path) + list(extra)
+  budget = min(suite.part_deadline - time.time(), limit_s or float("inf"))
+  argv = bench_train_argv(suite.scale, bindings, steps, label, path) + list(extra) + [
+      f"--time_budget_s={budget - 5:.0f}"]  # a slow step still reports (fewer steps)
   rc, _ = suite.call(argv, limit_s, check)
   rows = _jsonl_rows(path)[before:]
   return rows[-1] if rc == 0 and rows else None

@@ -166,3 +166,28 @@ def test_decal_breakeven_measures_autoencoding_at_targets_equal_to_inputs(monkey
   seen.clear()
   breakeven.main(["--lengths", "256", "--measure", "--measure_targets", "n/4", "n"])
   assert seen == [(256, 64), (256, 256)]
+
+
+def test_a_time_budget_cuts_the_warm_up_and_the_timing_but_keeps_a_median(monkeypatch):
+  """Hand-worked on a fake clock, steps of 10 s, deadline at 55 s, one profile step to keep:
+  warm-up 1 ends at 10 s; warm-up 2 would need 10 + (1 + 1 + 3) x 10 = 60 > 55: cut. Timed
+  steps end at 20, 30, 40 s; a fourth would need 40 + 2 x 10 = 60 > 55: 3 of 20 timed."""
+  clock = [0.0]
+  monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(bench, "progress", lambda message: None)
+
+  class Slow:
+    times, last_s, last_loss, calls = [], 0.0, 1.0, 0
+
+    def step(self, timed):
+      clock[0] += 10.0
+      self.last_s, self.calls = 10.0, self.calls + 1
+      if timed:
+        self.times = self.times + [10.0]
+
+  runner = Slow()
+  bench.time_steps([runner], warmup=3, steps=20, deadline=55.0, reserve=1)
+  assert (runner.calls, len(runner.times), clock[0]) == (4, 3, 40.0)
+  unbounded = Slow()
+  bench.time_steps([unbounded], warmup=3, steps=20)
+  assert (unbounded.calls, len(unbounded.times)) == (23, 20)
