@@ -34,9 +34,15 @@ clustering's own randomness, the numpy one slower on large samples. On a GPU or 
 default backend is not the CPU) the nearest-centroid search, of k-means and of encoding,
 runs there instead (`_nearest_on_device`: the same |c|^2 - 2 x.c, in float32 at full
 precision), and k-means is Lloyd's with those assignments ('jax'): the 16M vectors x 32,768
-centroids of a 1M-passage index are about 140 TFLOP of matmul, minutes on CPU cores.
+centroids of a 1M-passage index are about 140 TFLOP of matmul, minutes on CPU cores. On CPU cores with faiss, `centroid_probe` > 0 makes that search
+two-level (`probed_search_index`: a faiss IndexIVFFlat over the centroids in coarse_lists(k)
+coarse cells; the nearest of the centroids in the `centroid_probe` nearest cells), for
+k-means and encoding alike: 32,768 centroids at probe 8 cost 256 + 8 x 128 distances per
+vector instead of 32,768, and some vectors get a near rather than the nearest centroid
+(their residual is coded all the same).
 """
 import functools
+import hashlib
 import json
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -64,18 +70,18 @@ def on_accelerator() -> bool:
 
 
 def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8192,
-                      device: Optional[bool] = None) -> np.ndarray:
+                      device: Optional[bool] = None, probe: int = 0) -> np.ndarray:
   """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]`. On jax's
   device when `device` (default: when that is a GPU / TPU), else faiss's exhaustive search
-  when installed, else numpy; all rank by |c|^2 - 2 x.c."""
+  when installed, else numpy; all rank by |c|^2 - 2 x.c. `probe` > 0 (CPU, faiss): the
+  nearest of the centroids in the `probe` nearest coarse cells (`probed_search_index`)."""
   centroids = np.ascontiguousarray(centroids, np.float32)
   if on_accelerator() if device is None else device:
     return _nearest_on_device(vectors, centroids)
-  try:
-    import faiss  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    faiss = None
-  if faiss is not None:
+  faiss = _faiss()
+  if faiss is not None and 0 < probe < coarse_lists(len(centroids)):
+    flat = _probed_index(centroids, probe)
+  elif faiss is not None:
     flat = faiss.IndexFlatL2(centroids.shape[1])
     flat.add(centroids)
   squared = np.sum(centroids ** 2, axis=1)  # [k]
@@ -87,6 +93,46 @@ def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8
     else:
       out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
   return out
+
+
+def _faiss():
+  try:
+    import faiss  # pylint: disable=import-outside-toplevel
+    return faiss
+  except ImportError:
+    return None
+
+
+def coarse_lists(k: int) -> int:
+  """The coarse cells of a probed centroid search: the power of two at or above sqrt(k)."""
+  return 1 << int(np.ceil(np.log2(np.sqrt(max(k, 1)))))
+
+
+def probed_search_index(dim: int, k: int, probe: int, train: np.ndarray, seed: int = 0):
+  """An empty faiss IndexIVFFlat for searching `k` centroids two-level (add them next):
+  its coarse quantizer, coarse_lists(k) cells by k-means on `train` `[n, d]` (the
+  centroids, or sample vectors before there are any), probes the `probe` nearest cells."""
+  faiss = _faiss()
+  ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(dim), dim, coarse_lists(k))
+  ivf.cp.seed, ivf.cp.min_points_per_centroid = seed, 1
+  ivf.train(np.ascontiguousarray(train, np.float32))
+  ivf.nprobe = probe
+  return ivf
+
+
+_PROBED: Dict[Tuple[bytes, int], Any] = {}  # the last centroid table's probed index
+
+
+def _probed_index(centroids: np.ndarray, probe: int):
+  """probed_search_index holding these centroids, built once per table (encoding calls
+  nearest_centroids once per chunk of the corpus)."""
+  key = (hashlib.blake2b(centroids.tobytes(), digest_size=16).digest(), probe)
+  if key not in _PROBED:
+    _PROBED.clear()
+    ivf = probed_search_index(centroids.shape[1], len(centroids), probe, centroids)
+    ivf.add(centroids)
+    _PROBED[key] = ivf
+  return _PROBED[key]
 
 
 def _nearest_on_device(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -118,14 +164,15 @@ def _nearest_chunk():
 
 
 def kmeans_numpy(sample: np.ndarray, k: int, iterations: int, seed: int,
-                 device: Optional[bool] = None) -> np.ndarray:
+                 device: Optional[bool] = None, probe: int = 0) -> np.ndarray:
   """Lloyd's k-means from k distinct random sample points; an empty cluster keeps its
-  centroid. `[n, d]` -> `[k, d]` float32. Assignments as `nearest_centroids(device=)`."""
+  centroid. `[n, d]` -> `[k, d]` float32. Assignments as `nearest_centroids(device=,
+  probe=)`."""
   rng = np.random.default_rng(seed)
   sample = np.asarray(sample, np.float32)
   centroids = sample[rng.choice(len(sample), size=k, replace=False)].copy()  # [k, d]
   for _ in range(iterations):
-    assigned = nearest_centroids(sample, centroids, device=device)  # [n]
+    assigned = nearest_centroids(sample, centroids, device=device, probe=probe)  # [n]
     counts = np.bincount(assigned, minlength=k)  # [k]
     sums = np.zeros_like(centroids)
     np.add.at(sums, assigned, sample)
@@ -135,10 +182,12 @@ def kmeans_numpy(sample: np.ndarray, k: int, iterations: int, seed: int,
 
 
 def kmeans(sample: np.ndarray, k: int, iterations: int = 10, seed: int = 0,
-           backend: str = "auto") -> Tuple[np.ndarray, str]:
+           backend: str = "auto", probe: int = 0) -> Tuple[np.ndarray, str]:
   """(centroids `[k, d]` float32, the backend that ran: 'jax', 'faiss' or 'numpy').
   backend: 'auto' ('jax' on a GPU / TPU, else faiss when installed, else numpy), 'jax'
-  (Lloyd's with the assignments on jax's device), 'faiss' or 'numpy'."""
+  (Lloyd's with the assignments on jax's device), 'faiss' or 'numpy'. probe > 0: the
+  CPU backends assign two-level (nearest_centroids; faiss: its assignment index is
+  probed_search_index, coarse cells from a sample of the points)."""
   if backend not in ("auto", "jax", "faiss", "numpy"):
     raise ValueError("kmeans backend must be 'auto', 'jax', 'faiss' or 'numpy', got "
                      f"{backend!r}.")
@@ -155,9 +204,13 @@ def kmeans(sample: np.ndarray, k: int, iterations: int = 10, seed: int = 0,
       sample = np.ascontiguousarray(sample, np.float32)
       model = faiss.Kmeans(sample.shape[1], k, niter=iterations, seed=seed, verbose=False,
                            min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+      if 0 < probe < coarse_lists(k):
+        coarse = np.random.default_rng(seed).choice(len(sample), min(len(sample), 64 * (
+            coarse_lists(k))), replace=False)
+        model.index = probed_search_index(sample.shape[1], k, probe, sample[coarse], seed)
       model.train(sample)
       return np.asarray(model.centroids, np.float32), "faiss"
-  return kmeans_numpy(sample, k, iterations, seed, device=False), "numpy"
+  return kmeans_numpy(sample, k, iterations, seed, device=False, probe=probe), "numpy"
 
 
 # ------------------------------------------------------------------------------- codec
@@ -184,35 +237,39 @@ class Codec:
 
   def __init__(self, centroids: np.ndarray, bits: Optional[int],
                cutoffs: Optional[np.ndarray] = None, weights: Optional[np.ndarray] = None,
-               normalize: bool = False, rotation: Optional[np.ndarray] = None):
+               normalize: bool = False, rotation: Optional[np.ndarray] = None,
+               centroid_probe: int = 0):
     self.centroids = np.asarray(centroids, np.float32)  # [k, d], unrotated
     self.bits = bits
     self.cutoffs = cutoffs  # [d, 2^b - 1] or None
     self.weights = weights  # [d, 2^b] or None
     self.normalize = normalize  # decoded vectors scaled to unit norm (b bits only)
     self.rotation = None if rotation is None else np.asarray(rotation, np.float32)  # [d, d]
+    self.centroid_probe = centroid_probe  # > 0: encoding's centroid search is two-level
 
   @classmethod
   def train(cls, sample: np.ndarray, bits: Optional[int], num_centroids: int,
             iterations: int = 10, seed: int = 0, backend: str = "auto",
             centroids: Optional[np.ndarray] = None,
-            quantizer: str = DEFAULT_QUANTIZER) -> Tuple["Codec", str]:
+            quantizer: str = DEFAULT_QUANTIZER, probe: int = 0) -> Tuple["Codec", str]:
     """(the codec learned from sample `[n, d]`, the k-means backend that ran); given
     `centroids` (e.g. another bit width's), only the buckets are learned. Decoding
     normalises when every sample vector has unit norm (to 1e-3), as the encoders' are.
-    quantizer: one of QUANTIZERS (module doc); the rotation is drawn from `seed`."""
+    quantizer: one of QUANTIZERS (module doc); the rotation is drawn from `seed`. probe:
+    k-means's and encoding's centroid search is two-level (nearest_centroids)."""
     check_bits(bits, sample.shape[1])
     if quantizer not in QUANTIZERS:
       raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}.")
     if centroids is None:
-      centroids, used = kmeans(sample, num_centroids, iterations, seed, backend)
+      centroids, used = kmeans(sample, num_centroids, iterations, seed, backend, probe)
     else:
       centroids, used = np.asarray(centroids, np.float32), "given"
     if bits is None:
-      return cls(centroids, None), used
+      return cls(centroids, None, centroid_probe=probe), used
     rotation = random_rotation(sample.shape[1], seed) if quantizer == "rotated-lloyd" else None
-    codec = cls(centroids, bits, rotation=rotation)
-    residuals = codec.rotate(sample - centroids[nearest_centroids(sample, centroids)])  # [n, d]
+    codec = cls(centroids, bits, rotation=rotation, centroid_probe=probe)
+    nearest = nearest_centroids(sample, centroids, probe=probe)  # [n]
+    residuals = codec.rotate(sample - centroids[nearest])  # [n, d]
     codec.cutoffs, codec.weights = bucket_table(
         residuals, bits, LLOYD_ITERATIONS if quantizer == "rotated-lloyd" else 0)
     codec.normalize = bool(np.all(np.abs(np.linalg.norm(sample, axis=1) - 1) < 1e-3))
@@ -244,8 +301,8 @@ class Codec:
              ) -> Tuple[np.ndarray, np.ndarray]:
     """Vectors `[n, d]` -> (centroid ids `[n]`, packed residual codes `[n, d * b / 8]`, or
     the vectors themselves when bits is None). codes: their nearest centroids, if known."""
-    codes = nearest_centroids(vectors, self.centroids) if codes is None else np.asarray(
-        codes, np.int64)  # [n]
+    codes = nearest_centroids(vectors, self.centroids, probe=self.centroid_probe
+                              ) if codes is None else np.asarray(codes, np.int64)  # [n]
     if self.bits is None:
       return codes.astype(self.code_dtype), vectors
     residuals = self.rotate(np.asarray(vectors, np.float32) - self.centroids[codes])  # [n, d]
@@ -346,9 +403,11 @@ def check_bits(bits: Optional[int], dim: int) -> None:
 def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optional[int] = None,
                 sample_vectors: int = 1 << 16, kmeans_iterations: int = 10, seed: int = 0,
                 kmeans_backend: str = "auto", centroids: Optional[np.ndarray] = None,
-                quantizer: str = DEFAULT_QUANTIZER) -> Tuple[Codec, Dict[str, Any]]:
+                quantizer: str = DEFAULT_QUANTIZER,
+                centroid_probe: int = 0) -> Tuple[Codec, Dict[str, Any]]:
   """(the codec trained on a sample of `source`'s vectors, its settings incl.
-  'kmeans_backend'); `source` needs only num_vectors, dim and vectors[sorted rows]."""
+  'kmeans_backend', and 'centroid_probe' when > 0); `source` needs only num_vectors, dim
+  and vectors[sorted rows]."""
   check_bits(bits, source.dim)
   rng = np.random.default_rng(seed)
   sample_size = min(sample_vectors, source.num_vectors)
@@ -357,11 +416,12 @@ def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optiona
   k = len(centroids) if centroids is not None else min(
       num_centroids or default_num_centroids(source.num_vectors), sample_size)
   codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
-                               centroids, quantizer)
+                               centroids, quantizer, centroid_probe)
   return codec, {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,
                  "kmeans_iterations": kmeans_iterations, "seed": seed,
                  "normalize": codec.normalize, "quantizer": codec.quantizer,
-                 "kmeans_backend": backend}
+                 "kmeans_backend": backend,
+                 **({"centroid_probe": centroid_probe} if centroid_probe else {})}
 
 
 def quantizer_setting(bits: Optional[int], quantizer: str = DEFAULT_QUANTIZER) -> Optional[str]:
@@ -400,7 +460,8 @@ def load_tables(folder: str, centroids: np.ndarray, settings: Mapping[str, Any])
     return np.load(os.path.join(folder, name)) if wanted else None
   return Codec(centroids, bits, load("cutoffs.npy", bits is not None),
                load("weights.npy", bits is not None), settings.get("normalize", False),
-               load("rotation.npy", settings.get("quantizer") == "rotated-lloyd"))
+               load("rotation.npy", settings.get("quantizer") == "rotated-lloyd"),
+               settings.get("centroid_probe", 0))
 
 
 def load_codec(directory: str) -> Tuple[Codec, Dict[str, Any]]:

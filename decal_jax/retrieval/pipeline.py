@@ -138,22 +138,26 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
 
 
 def _codec_settings(bits: Optional[int], num_centroids: Optional[int], seed: int,
-                    quantizer: Optional[str]) -> Dict:
+                    quantizer: Optional[str], centroid_probe: int = 0) -> Dict:
   """The codec settings an existing residual index must have been built with to be reused
-  (an index of another quantizer, e.g. one built before 'rotated-lloyd', is rebuilt)."""
+  (an index of another quantizer, e.g. one built before 'rotated-lloyd', is rebuilt; one
+  encoded exhaustively serves any centroid_probe, a probed one is rebuilt for another)."""
   settings = {"bits": bits, "seed": seed,
               "quantizer": codec_lib.quantizer_setting(bits, quantizer)}
-  return settings if num_centroids is None else dict(settings, num_centroids=num_centroids)
+  settings.update({"num_centroids": num_centroids} if num_centroids is not None else {},
+                  **({"centroid_probe": centroid_probe} if centroid_probe else {}))
+  return settings
 
 
 def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: index.Index,
                            bits: Optional[int], num_centroids: Optional[int] = None,
-                           seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER
-                           ) -> residual.ResidualIndex:
+                           seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER,
+                           centroid_probe: int = 0) -> residual.ResidualIndex:
   """The residual-compressed copy of `exact_index` at `directory`: reused when built with
   the same encoder config (another is refused), corpus and codec settings; else (re)built
-  from `exact_index`, with a WARNING when the corpus changed. quantizer: codec.QUANTIZERS."""
-  settings = _codec_settings(bits, num_centroids, seed, quantizer)
+  from `exact_index`, with a WARNING when the corpus changed. quantizer: codec.QUANTIZERS;
+  centroid_probe: residual.build_residual_index's."""
+  settings = _codec_settings(bits, num_centroids, seed, quantizer, centroid_probe)
   if (pathlib.Path(directory) / "meta.json").exists():
     existing = residual.ResidualIndex.open(directory, expected_config=exact_index.config)
     corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
@@ -167,7 +171,7 @@ def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: ind
     partitioning.log(f"{why}; rebuilding the residual index.")
   return residual.build_residual_index(directory, exact_index, bits, num_centroids,
                                        seed=seed, overwrite=True, progress=True,
-                                       quantizer=quantizer)
+                                       quantizer=quantizer, centroid_probe=centroid_probe)
 
 
 def build_sharded(directory: str, data: beir.BeirData, model, params, config: Dict,
@@ -190,11 +194,11 @@ def build_sharded(directory: str, data: beir.BeirData, model, params, config: Di
 
 def sharded_residual(directory: str, data: beir.BeirData, source: sharded.ShardedIndex,
                      bits: Optional[int], num_centroids: Optional[int] = None,
-                     seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER
-                     ) -> sharded.ShardedIndex:
+                     seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER,
+                     centroid_probe: int = 0) -> sharded.ShardedIndex:
   """The residual-compressed copy of the sharded index `source` at `directory`: reused when
   built from this corpus with the same config and codec settings, else (re)built."""
-  settings = _codec_settings(bits, num_centroids, seed, quantizer)
+  settings = _codec_settings(bits, num_centroids, seed, quantizer, centroid_probe)
   if (pathlib.Path(directory) / sharded.MANIFEST).exists():
     existing = sharded.ShardedIndex.open(directory, expected_config=source.config)
     built = existing.meta["codec"]
@@ -204,7 +208,8 @@ def sharded_residual(directory: str, data: beir.BeirData, source: sharded.Sharde
       return existing
     del existing  # its memory maps: the rebuild replaces the shards
   return sharded.build_sharded_residual(directory, source, bits, num_centroids, seed=seed,
-                                        progress=True, quantizer=quantizer)
+                                        progress=True, quantizer=quantizer,
+                                        centroid_probe=centroid_probe)
 
 
 def host_params(params):
@@ -235,6 +240,7 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        candidates: Optional[int] = None,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
                        quantizer: str = codec_lib.DEFAULT_QUANTIZER,
+                       centroid_probe: int = 0,
                        shard_docs: Optional[int] = None,
                        partitioner=None) -> Dict[str, float]:
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
@@ -246,7 +252,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   search's or another setting's results); returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
   candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None,
-  num_centroids default ColBERTv2's, quantizer one of codec.QUANTIZERS).
+  num_centroids default ColBERTv2's, quantizer one of codec.QUANTIZERS, centroid_probe > 0:
+  the build's nearest-centroid search two-level, residual.build_residual_index).
   shard_docs: index in shards of this many passages (`sharded.py`; resumable), each process
   of a multi-process run encoding its block of them; a multi-process run shards even
   without it (sharded.DEFAULT_CHUNK_DOCS). The sharded index goes to `<index>.shards/`."""
@@ -287,7 +294,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                 f"{candidates or 'default'}{other}")
     compress = build_or_open_residual if shard_docs is None else sharded_residual
     searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}{other}", data,
-                        corpus_index, residual_bits, num_centroids, quantizer=quantizer)
+                        corpus_index, residual_bits, num_centroids, quantizer=quantizer,
+                        centroid_probe=centroid_probe)
     search_kwargs = {"nprobe": nprobe, "candidates": candidates}
   run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)

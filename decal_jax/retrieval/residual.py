@@ -77,7 +77,8 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                          codec: Optional[Codec] = None,
                          codec_settings: Optional[Mapping[str, Any]] = None,
                          codes: Optional[np.ndarray] = None,
-                         quantizer: str = codec_lib.DEFAULT_QUANTIZER) -> "ResidualIndex":
+                         quantizer: str = codec_lib.DEFAULT_QUANTIZER,
+                         centroid_probe: int = 0) -> "ResidualIndex":
   """Compresses the exact index `source` into a residual index at `directory`; returns it
   opened. num_centroids: default `default_num_centroids`, at most the sample's size;
   sample_vectors: how many of the corpus's vectors (drawn without replacement with `seed`)
@@ -86,7 +87,8 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
   source vector's nearest centroid (that index's codes), skipping the assignment; codec
   (with the settings it was trained with, `codec_settings`): use it as it is, training
   nothing (the shards of a sharded index share one, sharded.py); quantizer: one of
-  codec.QUANTIZERS."""
+  codec.QUANTIZERS; centroid_probe > 0: k-means's and encoding's centroid search is
+  two-level on CPU cores with faiss (codec.nearest_centroids), for large centroid counts."""
   directory = os.path.abspath(directory)
   if source.num_vectors == 0:
     raise ValueError(f"The index in {source.directory} holds no vector: nothing to cluster. "
@@ -103,7 +105,7 @@ def build_residual_index(directory: str, source: exact.Index, bits: Optional[int
                      "corpus's codec.centroids and codes together, or neither.")
   if codec is None:
     codec, settings = train_codec(source, bits, num_centroids, sample_vectors, kmeans_iterations,
-                                  seed, kmeans_backend, centroids, quantizer)
+                                  seed, kmeans_backend, centroids, quantizer, centroid_probe)
   else:
     check_bits(codec.bits, source.dim)
     settings = dict(codec_settings or {"bits": codec.bits, "num_centroids": len(codec.centroids),

@@ -229,7 +229,8 @@ def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optiona
                            num_centroids: Optional[int] = None, sample_vectors: int = 1 << 16,
                            kmeans_iterations: int = 10, seed: int = 0,
                            progress: bool = False,
-                           quantizer: str = codec_lib.DEFAULT_QUANTIZER) -> "ShardedIndex":
+                           quantizer: str = codec_lib.DEFAULT_QUANTIZER,
+                           centroid_probe: int = 0) -> "ShardedIndex":
   """Compresses every shard of the exact sharded index `source` into `directory`, with one
   codec for all (process 0 trains it on `sample_vectors` vectors drawn from every shard);
   each process compresses its own block of shards. Every process must call it."""
@@ -248,7 +249,7 @@ def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optiona
                        "cluster. Search it exactly.")
     codec, settings = codec_lib.train_codec(_AllVectors(source.shards), bits, num_centroids,
                                            sample_vectors, kmeans_iterations, seed,
-                                           quantizer=quantizer)
+                                           quantizer=quantizer, centroid_probe=centroid_probe)
     codec_lib.save_codec(codec_dir, codec, settings)
   _barrier(f"decal_jax sharded residual codec: {directory}")
   codec, settings = codec_lib.load_codec(codec_dir)

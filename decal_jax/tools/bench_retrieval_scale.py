@@ -218,7 +218,7 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
                                os.path.join(tmp, f"c{ratio}-b{bits}-{quantizer}"), exact, bits,
                                k, overwrite=True, centroids=centroids, seed=args.seed,
                                codes=codes, sample_vectors=args.sample_vectors,
-                               quantizer=quantizer)
+                               quantizer=quantizer, centroid_probe=args.centroid_probe)
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
       label = "none" if bits is None else bits if len(args.quantizers) == 1 else (
           f"{bits} ({quantizer})")
@@ -296,7 +296,10 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
       f"k-means on {args.sample_vectors:,} sampled vectors, 10 iterations, shared by the bit "
-      f"widths of one C; residual quantizer {', '.join(args.quantizers)} (codec.py); "
+      f"widths of one C; nearest-centroid search "
+      + (f"two-level (the best of {args.centroid_probe} probed coarse cells, "
+         "codec.nearest_centroids)" if args.centroid_probe else "exhaustive")
+      + f"; residual quantizer {', '.join(args.quantizers)} (codec.py); "
       f"top {args.top_k}",
       "bytes / passage: the codes and residuals (exact: the float16 vectors) over the "
       "passages; the centroid table is apart (JSON rows, centroid_bytes_per_passage). recall "
@@ -378,6 +381,10 @@ def parse_args(argv=None):
                       help="centroids as a multiple of ColBERTv2's default")
   parser.add_argument("--sample_vectors", type=int, default=1 << 16,
                       help="corpus vectors k-means and the residual buckets are trained on")
+  parser.add_argument("--centroid_probe", type=int, default=0, help="> 0: k-means's and "
+                      "encoding's nearest-centroid search is two-level, the nearest of the "
+                      "centroids in this many of sqrt(k) coarse cells (CPU, faiss: "
+                      "codec.nearest_centroids); 0: exhaustive")
   parser.add_argument("--top_k", type=int, default=100)
   parser.add_argument("--seed", type=int, default=0)
   benchmarking.add_output_args(parser)

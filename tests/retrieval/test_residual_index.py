@@ -198,6 +198,52 @@ def test_the_device_centroid_search_finds_the_nearest_centroid_in_every_chunk():
                                                             device=False))
 
 
+def test_the_probed_centroid_search_is_two_level_and_exhaustive_when_probing_every_cell():
+  """codec.nearest_centroids(probe=p) on CPU with faiss, against a float64 numpy search:
+  probing every coarse cell finds the nearest centroid of every vector; probing 8 of 64
+  finds it for nearly all clustered vectors, and a miss is a centroid no nearer than the
+  nearest; probing 1 already misses some (the search really is two-level)."""
+  pytest.importorskip("faiss")
+  rng = np.random.default_rng(6)
+  centroids = rng.standard_normal((4096, 32)).astype(np.float32)
+  vectors = (centroids[rng.integers(0, 4096, 20000)] +
+             0.3 * rng.standard_normal((20000, 32))).astype(np.float32)
+  x, c = vectors.astype(np.float64), centroids.astype(np.float64)
+  dist = (x ** 2).sum(1)[:, None] - 2 * x @ c.T + (c ** 2).sum(1)[None]  # [n, k]
+  cells = codec_lib.coarse_lists(len(centroids))
+  assert cells == 64  # the power of two at or above sqrt(4096)
+  every = codec_lib.nearest_centroids(vectors, centroids, device=False, probe=cells)
+  np.testing.assert_allclose(dist[np.arange(len(x)), every], dist.min(axis=1), atol=1e-4)
+  agreement = {}
+  for probe in (1, 8):
+    got = codec_lib.nearest_centroids(vectors, centroids, device=False, probe=probe)
+    assert np.all(dist[np.arange(len(x)), got] >= dist.min(axis=1) - 1e-4)
+    agreement[probe] = np.mean(np.isclose(dist[np.arange(len(x)), got], dist.min(axis=1),
+                                          atol=1e-4))
+  assert agreement[8] > 0.995 and agreement[1] < 0.95, agreement
+
+
+def test_a_probed_codec_records_its_probe_and_codes_like_the_exhaustive_one(tmp_path):
+  """An index built with centroid_probe: k-means and encoding searched two-level, the probe
+  in its codec settings and in the codec it loads; its vectors decode as closely as the
+  exhaustive build's (a near centroid's residual is coded all the same)."""
+  pytest.importorskip("faiss")
+  docs = _corpus(num_docs=300)
+  exact = _exact(tmp_path / "exact", docs)
+  built = {probe: residual.build_residual_index(
+      str(tmp_path / f"res{probe}"), exact, 4, num_centroids=256, sample_vectors=2000,
+      kmeans_backend="faiss", centroid_probe=probe) for probe in (0, 2)}
+  assert built[2].meta["codec"]["centroid_probe"] == 2
+  assert "centroid_probe" not in built[0].meta["codec"]  # older indexes read the same
+  assert residual.ResidualIndex.open(str(tmp_path / "res2")).codec.centroid_probe == 2
+  error = {}
+  for probe, index in built.items():
+    decoded = np.concatenate([index.doc_vectors(d) for d in range(len(docs))])
+    truth = np.concatenate([exact.doc_vectors(d) for d in range(len(docs))])
+    error[probe] = np.mean(np.sum((decoded - truth) ** 2, axis=1))
+  assert error[2] < 1.25 * error[0], error
+
+
 @pytest.mark.parametrize("bits", codec_lib.BITS)
 def test_index_files_and_bytes_per_vector(tmp_path, bits):
   docs = _corpus()

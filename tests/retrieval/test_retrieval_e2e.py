@@ -121,6 +121,12 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
     meta = json.loads((model_dir / "index" / f"beir_fixture.step30.residual-b2{suffix}" /
                        "meta.json").read_text())
     assert meta["codec"]["quantizer"] == quantizer
+  # gin CENTROID_PROBE: the default 2-bit index is rebuilt, its centroid search two-level.
+  retrieve.main(args + ["--gin.SEARCH='approximate'", "--gin.CENTROID_PROBE=1"])
+  gin.clear_config()
+  meta = json.loads((model_dir / "index" / "beir_fixture.step30.residual-b2" /
+                     "meta.json").read_text())
+  assert meta["codec"]["centroid_probe"] == 1
 
   # Index shards of 8 passages (sharded.py), searched by merging their top-k lists, rank as
   # the single index does; so do uncompressed residual shards sharing one codec. Their
