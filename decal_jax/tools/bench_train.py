@@ -217,22 +217,17 @@ def time_steps(runners: Sequence[Runner], warmup: int, steps: int,
   With a `deadline` (a time.perf_counter() value): after the first warm-up step, the rest of
   the warm-up is cut when 1 + `reserve` + 3 more steps would pass it, and timing stops when
   1 + `reserve` more would (a slow step then still gives a median and a profile)."""
-  for i in range(warmup):
-    if i and not _fits(runners, deadline, 1 + reserve + 3):
-      progress(f"warm-up cut after {i} step(s): --time_budget_s")
-      break
-    for runner in runners:
-      runner.step(timed=False)
-    progress(f"step {i + 1} of {warmup} warm-up + {steps} timed: "
-             f"{1e3 * runners[-1].last_s:.1f} ms, loss {runners[-1].last_loss:.3f}")
-  for i in range(steps):
-    if i and not _fits(runners, deadline, 1 + reserve):
-      progress(f"timing stopped after {i} of {steps} steps: --time_budget_s")
-      return
-    for runner in runners:
-      runner.step(timed=True)
-  progress(f"{steps} timed steps, the last {1e3 * runners[-1].last_s:.1f} ms, "
-           f"loss {runners[-1].last_loss:.3f}")
+  for timed, count, spare in ((False, warmup, 1 + reserve + 3), (True, steps, 1 + reserve)):
+    for i in range(count):
+      if i and not _fits(runners, deadline, spare):
+        progress(f"{'timing' if timed else 'warm-up'} cut after {i} of {count} steps: "
+                 "--time_budget_s")
+        break
+      for runner in runners:
+        runner.step(timed=timed)
+      if not timed or i == count - 1:
+        progress(f"{'timed' if timed else 'warm-up'} step {i + 1} of {count}: "
+                 f"{1e3 * runners[-1].last_s:.1f} ms, loss {runners[-1].last_loss:.3f}")
 
 
 def _fits(runners: Sequence[Runner], deadline: Optional[float], steps: int) -> bool:
