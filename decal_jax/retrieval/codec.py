@@ -34,8 +34,8 @@ clustering's own randomness, the numpy one slower on large samples. On a GPU or 
 default backend is not the CPU) the nearest-centroid search, of k-means and of encoding,
 runs there instead (`_nearest_on_device`: the same |c|^2 - 2 x.c, in float32 at full
 precision), and k-means is Lloyd's with those assignments ('jax'): the 16M vectors x 32,768
-centroids of a 1M-passage index are about 140 TFLOP of matmul, minutes on CPU cores. On CPU cores with faiss, `centroid_probe` > 0 makes that search
-two-level (`probed_search_index`: a faiss IndexIVFFlat over the centroids in coarse_lists(k)
+centroids of a 1M-passage index are about 140 TFLOP of matmul, minutes on CPU cores.
+On CPU cores with faiss, `centroid_probe` > 0 makes that search two-level (`probed_search_index`: a faiss IndexIVFFlat over the centroids in coarse_lists(k)
 coarse cells; the nearest of the centroids in the `centroid_probe` nearest cells), for
 k-means and encoding alike: 32,768 centroids at probe 8 cost 256 + 8 x 128 distances per
 vector instead of 32,768, and some vectors get a near rather than the nearest centroid
@@ -193,23 +193,20 @@ def kmeans(sample: np.ndarray, k: int, iterations: int = 10, seed: int = 0,
                      f"{backend!r}.")
   if backend == "jax" or (backend == "auto" and on_accelerator()):
     return kmeans_numpy(sample, k, iterations, seed, device=True), "jax"
-  if backend != "numpy":
-    try:
-      import faiss  # pylint: disable=import-outside-toplevel
-    except ImportError:
-      if backend == "faiss":
-        raise ImportError("kmeans backend 'faiss' needs faiss-cpu: pip install "
-                          "'decal_jax[ann]' (or use backend 'auto' / 'numpy').") from None
-    else:
-      sample = np.ascontiguousarray(sample, np.float32)
-      model = faiss.Kmeans(sample.shape[1], k, niter=iterations, seed=seed, verbose=False,
-                           min_points_per_centroid=1, max_points_per_centroid=1 << 30)
-      if 0 < probe < coarse_lists(k):
-        coarse = np.random.default_rng(seed).choice(len(sample), min(len(sample), 64 * (
-            coarse_lists(k))), replace=False)
-        model.index = probed_search_index(sample.shape[1], k, probe, sample[coarse], seed)
-      model.train(sample)
-      return np.asarray(model.centroids, np.float32), "faiss"
+  faiss = _faiss() if backend != "numpy" else None
+  if faiss is None and backend == "faiss":
+    raise ImportError("kmeans backend 'faiss' needs faiss-cpu: pip install "
+                      "'decal_jax[ann]' (or use backend 'auto' / 'numpy').")
+  if faiss is not None:
+    sample = np.ascontiguousarray(sample, np.float32)
+    model = faiss.Kmeans(sample.shape[1], k, niter=iterations, seed=seed, verbose=False,
+                         min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+    if 0 < probe < coarse_lists(k):
+      coarse = np.random.default_rng(seed).choice(len(sample), min(len(sample), 64 * (
+          coarse_lists(k))), replace=False)
+      model.index = probed_search_index(sample.shape[1], k, probe, sample[coarse], seed)
+    model.train(sample)
+    return np.asarray(model.centroids, np.float32), "faiss"
   return kmeans_numpy(sample, k, iterations, seed, device=False, probe=probe), "numpy"
 
 
