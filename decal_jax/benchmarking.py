@@ -177,11 +177,13 @@ def _op_events(profile):
     return
   lines = [line for plane in devices for line in plane.lines]
   xla_ops = [(e.name, e) for line in lines if line.name == "XLA Ops" for e in line.events]
-  by_stat = [(_stat(e, "hlo_op"), e) for line in lines for e in line.events
-             if _stat(e, "hlo_op")]
-  kernels = [(e.name, e) for line in lines if line.name.startswith("Stream")
-             for e in line.events]
-  for name, event in xla_ops or by_stat or kernels:
+  if not xla_ops:
+    xla_ops = [(op, e) for line in lines for e in line.events
+               for op in [_stat(e, "hlo_op")] if op]
+  if not xla_ops:
+    xla_ops = [(e.name, e) for line in lines if line.name.startswith("Stream")
+               for e in line.events]
+  for name, event in xla_ops:
     yield str(name), event.duration_ns
 
 

@@ -42,7 +42,6 @@ vector instead of 32,768, and some vectors get a near rather than the nearest ce
 (their residual is coded all the same).
 """
 import functools
-import hashlib
 import json
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -69,30 +68,48 @@ def on_accelerator() -> bool:
   return jax.default_backend() != "cpu"
 
 
+class CentroidSearch:
+  """The L2-nearest centroid of vectors against one centroid table `[k, d]`, its search
+  structure built once (encoding calls it once per chunk of the corpus). On jax's device
+  when `device` (default: when that is a GPU / TPU), else faiss's exhaustive search when
+  installed, else numpy; all rank by |c|^2 - 2 x.c. `probe` > 0 (CPU, faiss): the nearest of
+  the centroids in the `probe` nearest coarse cells (`probed_search_index`)."""
+
+  def __init__(self, centroids: np.ndarray, device: Optional[bool] = None, probe: int = 0):
+    self.centroids = np.ascontiguousarray(centroids, np.float32)  # [k, d]
+    self.device = on_accelerator() if device is None else device
+    self.squared = np.sum(self.centroids ** 2, axis=1)  # [k]
+    faiss = None if self.device else _faiss()
+    k, d = self.centroids.shape
+    if faiss is not None and 0 < probe < coarse_lists(k):
+      self.index = probed_search_index(d, k, probe, self.centroids)
+    elif faiss is not None:
+      self.index = faiss.IndexFlatL2(d)
+    else:
+      self.index = None
+    if self.index is not None:
+      self.index.add(self.centroids)
+
+  def __call__(self, vectors: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """`[n, d]` -> int64 `[n]`."""
+    if self.device:
+      return _nearest_on_device(vectors, self.centroids)
+    out = np.empty(len(vectors), np.int64)
+    for start in range(0, len(vectors), chunk):
+      x = np.ascontiguousarray(vectors[start:start + chunk], np.float32)  # [c, d]
+      if self.index is not None:
+        out[start:start + chunk] = self.index.search(x, 1)[1][:, 0]
+      else:
+        out[start:start + chunk] = np.argmin(self.squared[None, :] - 2 * x @ self.centroids.T,
+                                             axis=1)
+    return out
+
+
 def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8192,
                       device: Optional[bool] = None, probe: int = 0) -> np.ndarray:
-  """The L2-nearest centroid of each vector: `[n, d]`, `[k, d]` -> int64 `[n]`. On jax's
-  device when `device` (default: when that is a GPU / TPU), else faiss's exhaustive search
-  when installed, else numpy; all rank by |c|^2 - 2 x.c. `probe` > 0 (CPU, faiss): the
-  nearest of the centroids in the `probe` nearest coarse cells (`probed_search_index`)."""
-  centroids = np.ascontiguousarray(centroids, np.float32)
-  if on_accelerator() if device is None else device:
-    return _nearest_on_device(vectors, centroids)
-  faiss = _faiss()
-  if faiss is not None and 0 < probe < coarse_lists(len(centroids)):
-    flat = _probed_index(centroids, probe)
-  elif faiss is not None:
-    flat = faiss.IndexFlatL2(centroids.shape[1])
-    flat.add(centroids)
-  squared = np.sum(centroids ** 2, axis=1)  # [k]
-  out = np.empty(len(vectors), np.int64)
-  for start in range(0, len(vectors), chunk):
-    x = np.ascontiguousarray(vectors[start:start + chunk], np.float32)  # [c, d]
-    if faiss is not None:
-      out[start:start + chunk] = flat.search(x, 1)[1][:, 0]
-    else:
-      out[start:start + chunk] = np.argmin(squared[None, :] - 2 * x @ centroids.T, axis=1)
-  return out
+  """The L2-nearest centroid of each vector, `CentroidSearch` built for this one call:
+  `[n, d]`, `[k, d]` -> int64 `[n]`."""
+  return CentroidSearch(centroids, device, probe)(vectors, chunk)
 
 
 def _faiss():
@@ -118,21 +135,6 @@ def probed_search_index(dim: int, k: int, probe: int, train: np.ndarray, seed: i
   ivf.train(np.ascontiguousarray(train, np.float32))
   ivf.nprobe = probe
   return ivf
-
-
-_PROBED: Dict[Tuple[bytes, int], Any] = {}  # the last centroid table's probed index
-
-
-def _probed_index(centroids: np.ndarray, probe: int):
-  """probed_search_index holding these centroids, built once per table (encoding calls
-  nearest_centroids once per chunk of the corpus)."""
-  key = (hashlib.blake2b(centroids.tobytes(), digest_size=16).digest(), probe)
-  if key not in _PROBED:
-    _PROBED.clear()
-    ivf = probed_search_index(centroids.shape[1], len(centroids), probe, centroids)
-    ivf.add(centroids)
-    _PROBED[key] = ivf
-  return _PROBED[key]
 
 
 def _nearest_on_device(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -265,12 +267,17 @@ class Codec:
       return cls(centroids, None, centroid_probe=probe), used
     rotation = random_rotation(sample.shape[1], seed) if quantizer == "rotated-lloyd" else None
     codec = cls(centroids, bits, rotation=rotation, centroid_probe=probe)
-    nearest = nearest_centroids(sample, centroids, probe=probe)  # [n]
+    nearest = codec.centroid_search(sample)  # [n]
     residuals = codec.rotate(sample - centroids[nearest])  # [n, d]
     codec.cutoffs, codec.weights = bucket_table(
         residuals, bits, LLOYD_ITERATIONS if quantizer == "rotated-lloyd" else 0)
     codec.normalize = bool(np.all(np.abs(np.linalg.norm(sample, axis=1) - 1) < 1e-3))
     return codec, used
+
+  @functools.cached_property
+  def centroid_search(self) -> CentroidSearch:
+    """The nearest-centroid search of encoding (two-level when centroid_probe > 0)."""
+    return CentroidSearch(self.centroids, probe=self.centroid_probe)
 
   @property
   def quantizer(self) -> Optional[str]:
@@ -298,8 +305,7 @@ class Codec:
              ) -> Tuple[np.ndarray, np.ndarray]:
     """Vectors `[n, d]` -> (centroid ids `[n]`, packed residual codes `[n, d * b / 8]`, or
     the vectors themselves when bits is None). codes: their nearest centroids, if known."""
-    codes = nearest_centroids(vectors, self.centroids, probe=self.centroid_probe
-                              ) if codes is None else np.asarray(codes, np.int64)  # [n]
+    codes = self.centroid_search(vectors) if codes is None else np.asarray(codes, np.int64)
     if self.bits is None:
       return codes.astype(self.code_dtype), vectors
     residuals = self.rotate(np.asarray(vectors, np.float32) - self.centroids[codes])  # [n, d]

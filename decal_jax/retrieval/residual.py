@@ -287,11 +287,13 @@ class ResidualIndex(exact.StoredIndex):
     rough, present = self.pruned_interaction(centroid_scores, probed, valid)  # [b, docs]
     groups = [docs[_best(docs, score[docs], 4 * candidates)] for docs, score in
               ((np.flatnonzero(row), score) for score, row in zip(rough, present))]
+    q = self.codec.rotate(q)  # [b, mq, d]: scored against the rotated decoded vectors
     full, decoded = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
     groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
     out = []
     for query, query_valid, docs, (rows, sims) in zip(q, valid, groups, decoded):
-      s = self.rerank(query[query_valid], docs, (rows, sims[:, query_valid]))  # [docs]
+      s = self.rerank(query[query_valid], docs, (rows, sims[:, query_valid]),
+                      rotated=True)  # [docs]
       best = _best(docs, s, k, ordered=True)
       out.append((s[best].astype(np.float32), docs[best].astype(np.int32)))
     return out
@@ -335,12 +337,11 @@ class ResidualIndex(exact.StoredIndex):
     """Centroid interaction (PLAID's), refined: MaxSim with every vector of a document
     standing for its centroid (score q.c), except that a vector in a cell the query vector
     probed scores exactly against its decompressed value (only those are decompressed).
-    q `[b, mq, d]`, centroid_scores `[b, mq, K]` (0 for invalid query vectors), probed
+    q `[b, mq, d]` in the codec's rotated coordinates (`codec.rotate`), centroid_scores `[b, mq, K]` (0 for invalid query vectors), probed
     `[b, mq, nprobe]` (of valid vectors only, or ignored there), per query its sorted docs
     -> (per query `[docs]`, per query the rows it decompressed (ascending) and their exact
     similarities to every query vector `[h, mq]`, for the rerank to reuse)."""
     b, mq, k = centroid_scores.shape
-    q = self.codec.rotate(q)  # [b, mq, d]: scored against the rotated decoded vectors
     sizes = [len(g) for g in groups]
     docs = np.concatenate(groups)  # [g]
     counts = self.offsets[docs + 1] - self.offsets[docs]  # [g], each >= 1
@@ -364,15 +365,17 @@ class ResidualIndex(exact.StoredIndex):
     return np.split(scores, np.cumsum(sizes)[:-1]), decoded
 
   def rerank(self, q: np.ndarray, docs: np.ndarray,
-             decoded: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> np.ndarray:
+             decoded: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+             rotated: bool = False) -> np.ndarray:
     """Exact MaxSim of one query's valid vectors `[mq, d]` over the decompressed vectors of
     sorted docs `[c]` -> `[c]`. decoded: rows already scored (ascending `[h]`) and their
-    similarities `[h, mq]`, reused instead of decompressing them again."""
+    similarities `[h, mq]`, reused instead of decompressing them again. rotated: q is
+    already in the codec's rotated coordinates (`codec.rotate`)."""
     if len(docs) == 0:
       return np.zeros(0, np.float32)
     counts = self.offsets[docs + 1] - self.offsets[docs]  # [c]
     rows = _ranges(self.offsets[docs], self.offsets[docs + 1])  # [r]
-    q = self.codec.rotate(q)  # [mq, d]
+    q = q if rotated else self.codec.rotate(q)  # [mq, d]
     sims = np.empty((len(rows), len(q)), np.float32)  # [r, mq]
     missing = np.ones(len(rows), bool)
     if decoded is not None and len(decoded[0]):

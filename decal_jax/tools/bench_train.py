@@ -350,12 +350,12 @@ def main(argv=None):
   if args.breakdown:
     for row, setup in zip(rows, setups):
       row["breakdown"] = step_breakdown.breakdown(setup, row["step_s_median"], args.seed)
+  hlo_text = runners[-1].fn.as_text() if args.profile_steps or args.hlo_out else None
   if args.profile_steps:
     profiled = args.profile_steps if deadline is None else max(1, min(args.profile_steps, int(
         (deadline - time.perf_counter()) / runners[-1].last_s)))
     rows[-1]["profile_top_ops"] = top = profile_top_ops(
-        lambda: runners[-1].step(timed=False), profiled, args.profile_dir,
-        runners[-1].fn.as_text())
+        lambda: runners[-1].step(timed=False), profiled, args.profile_dir, hlo_text)
     print(f"\nops taking the most time ({profiled} steps, {args.profile_dir}):")
     if not top:
       print(f"  none found: the trace in {args.profile_dir} has no op events that "
@@ -365,7 +365,7 @@ def main(argv=None):
             f"{op['jax_op'][-90:]}")
   if args.hlo_out:  # the step as XLA compiled it for this device: its fusions, its GEMM calls
     with gzip.open(args.hlo_out, "wt") as f:
-      f.write(runners[-1].fn.as_text())
+      f.write(hlo_text)
     print(f"wrote {args.hlo_out}")
   write_jsonl(args.out or f"docs/results/bench_train_{device.platform}.jsonl", rows)
 

@@ -406,7 +406,8 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
     assert cand.tolist() == sorted(pruned)
     np.testing.assert_allclose(rough[0, cand], [pruned[d] for d in cand], rtol=1e-5,
                                atol=1e-6)
-    interaction = approx.centroid_interaction(q[None], centroid_scores, probed, [cand])[0][0]
+    interaction = approx.centroid_interaction(approx.codec.rotate(q)[None], centroid_scores,
+                                              probed, [cand])[0][0]
     np.testing.assert_allclose(interaction, [full[d] for d in cand], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
 
