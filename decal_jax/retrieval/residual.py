@@ -19,21 +19,23 @@ Approximate search (PLAID's stages, `ResidualIndex.search`), for a batch of quer
      direction, i.e. the cells a document vector equal to the unit query vector would be
      stored in (largest q.c / |q| - |c|^2 / 2); the centroid scores q.c of the batch are
      one matmul;
-  2. candidates and pruned interaction, from the inverted lists alone (built at index time):
-     the candidates are the documents in the probed cells; per query vector a candidate
-     scores the q.c of its best probed cell that holds one of its vectors (floored at 0; 0
-     if none), and sums these over the query vectors (one scatter-max over the probed lists
-     of the whole batch); the best 4 x `candidates` are kept;
-  3. centroid interaction, refined: MaxSim with each of those documents' vectors standing
-     for its centroid (q.c), except that a vector in a cell the query vector probed scores
-     exactly against its decompressed value (only those vectors are decompressed); the best
-     `candidates` (default `default_candidates`) are kept;
-  4. rerank: exact MaxSim over their decompressed vectors, top k.
+  2. candidates and cell interaction, from the inverted lists alone (built at index time):
+     the candidates are the documents in the cells probed by any of the query's vectors;
+     each query vector scores a candidate by the best q.c among those cells that hold one of
+     its vectors (floored at 0), and a candidate's score is the sum over the query vectors
+     (PLAID's centroid interaction restricted to the probed cells); the best
+     16 x `candidates` are kept;
+  3. centroid interaction: MaxSim with each of those documents' vectors standing for its
+     centroid (q.c); the best 4 x `candidates` are kept;
+  4. the same, refined: a vector in a cell the query vector probed scores exactly against
+     its decompressed value (only those vectors are decompressed); the best `candidates`
+     (default `default_candidates`) are kept;
+  5. rerank: exact MaxSim over their decompressed vectors, top k.
 Ties go to the lower document index at every cut. With nprobe = every centroid,
 candidates >= the corpus and b = None it ranks as the exact index does (documents with no
 vector are in no inverted list, so they are never returned).
-Each stage is vectorised numpy over the batch (stage 4 and the exact part of stage 3 per
-query): the candidate counts vary per query, and a jit-compiled JAX variant padded to fixed
+Each stage is vectorised numpy (stages 2 and 5 and the exact part of stage 4 per query,
+the others over the batch): the candidate counts vary per query, and a jit-compiled JAX variant padded to fixed
 shapes was not faster on this project's 2-core CPU host.
 """
 import datetime
@@ -254,9 +256,9 @@ class ResidualIndex(exact.StoredIndex):
     `[q, k]`), best first, ties by doc index, k = min(top_k, num_docs); a query with fewer
     than k candidates is padded with index -1 and score -inf. candidates: the documents
     decompressed and reranked exactly per query (None: `default_candidates`); the
-    centroid interaction ranks 4 x as many. query_batch_size: queries searched together
-    (fewer when their pruned-interaction table, queries x query vectors x documents, would
-    pass 2^25 entries)."""
+    centroid interaction ranks 4 x as many, the cell interaction keeps 16 x as many.
+    query_batch_size: queries searched together (fewer when their centroid scores, queries
+    x query vectors x centroids, would pass 2^25 entries)."""
     query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, self.dim)
     if candidates is None:
       candidates = default_candidates(top_k, self.num_docs)
@@ -266,7 +268,7 @@ class ResidualIndex(exact.StoredIndex):
     k = min(top_k, self.num_docs)
     scores = np.full((len(query_vectors), k), -np.inf, np.float32)
     ids = np.full((len(query_vectors), k), -1, np.int32)
-    per_query = max(query_vectors.shape[1] * self.num_docs, 1)
+    per_query = max(query_vectors.shape[1] * self.num_centroids, 1)
     step = max(1, min(query_batch_size, (1 << 25) // per_query))
     for start in range(0, len(query_vectors), step):
       batch = np.asarray(query_vectors[start:start + step], np.float32)  # [b, mq, d]
@@ -279,15 +281,19 @@ class ResidualIndex(exact.StoredIndex):
 
   def _search_batch(self, q: np.ndarray, valid: np.ndarray, k: int, nprobe: int,
                     candidates: int) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """The four stages for a batch of queries `[b, mq, d]`, valid `[b, mq]` -> per query
+    """The five stages for a batch of queries `[b, mq, d]`, valid `[b, mq]` -> per query
     (scores, doc indices) of at most k docs, best first."""
     flat = q.reshape(-1, q.shape[2]) @ self.codec.centroids.T  # [b * mq, K], one matmul
     centroid_scores = np.where(valid[..., None], flat.reshape(*q.shape[:2], -1), 0)  # [b, mq, K]
     probed = self.probe(q, centroid_scores, nprobe)  # [b, mq, nprobe]
-    rough, present = self.pruned_interaction(centroid_scores, probed, valid)  # [b, docs]
-    groups = [docs[_best(docs, score[docs], 4 * candidates)] for docs, score in
-              ((np.flatnonzero(row), score) for score, row in zip(rough, present))]
+    groups = []
+    for scores, cells, query_valid in zip(centroid_scores, probed, valid):
+      docs, rough = self.cell_interaction(scores, cells[query_valid])  # [c], [c]
+      groups.append(docs[_best(docs, rough, 16 * candidates)])
     q = self.codec.rotate(q)  # [b, mq, d]: scored against the rotated decoded vectors
+    if max(map(len, groups)) > 4 * candidates:
+      plain, _ = self.centroid_interaction(q, centroid_scores, probed, groups, refine=False)
+      groups = [docs[_best(docs, s, 4 * candidates)] for docs, s in zip(groups, plain)]
     full, decoded = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
     groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
     out = []
@@ -311,36 +317,37 @@ class ResidualIndex(exact.StoredIndex):
     """|c|^2 of each centroid `[num_centroids]`."""
     return np.sum(self.codec.centroids ** 2, axis=1)
 
-  def pruned_interaction(self, centroid_scores: np.ndarray, probed: np.ndarray,
-                         valid: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Candidates and their first, pruned score, from the inverted lists alone: per query
-    vector, a document scores the q.c of its best probed cell holding one of its vectors,
-    floored at 0 (0 when none does), and sums these over the query vectors. `[b, mq, K]`,
-    `[b, mq, nprobe]`, `[b, mq]` -> (scores float32 `[b, docs]`, candidate bool `[b, docs]`:
-    a document in some probed cell of the query)."""
-    b, mq, _ = probed.shape
-    cell_scores = np.take_along_axis(centroid_scores, probed, axis=2)[valid]  # [pv, nprobe]
-    vector = np.repeat(np.flatnonzero(valid.ravel()), probed.shape[2])  # [pv * nprobe]
-    cells = probed[valid].ravel()  # [pv * nprobe]
+  def cell_interaction(self, centroid_scores: np.ndarray, probed: np.ndarray
+                       ) -> Tuple[np.ndarray, np.ndarray]:
+    """One query's candidates and their first score, from the inverted lists alone: the
+    documents in the cells its vectors probed; per query vector, a document scores the best
+    q.c among those cells that hold one of its vectors, floored at 0, summed over the query
+    vectors. centroid_scores `[mq, K]` (0 for invalid query vectors), probed `[p, nprobe]`
+    (the valid vectors' cells) -> (docs sorted, distinct int64 `[c]`, scores float32 `[c]`)."""
+    cells = np.unique(probed)  # [u]
     starts, stops = self.ivf_offsets[cells], self.ivf_offsets[cells + 1]
-    docs = self.ivf[_ranges(starts, stops)]  # [hits]
-    vector = np.repeat(vector, stops - starts)  # [hits]
-    best = np.zeros((b * mq, self.num_docs), np.float32)  # [b * mq, docs]
-    np.maximum.at(best, (vector, docs), np.repeat(cell_scores.ravel(), stops - starts))
-    present = np.zeros((b, self.num_docs), bool)
-    present[vector // mq, docs] = True
-    return best.reshape(b, mq, -1).sum(axis=1), present
+    docs = np.asarray(self.ivf[_ranges(starts, stops)], np.int64)  # [h]
+    if len(docs) == 0:
+      return docs, np.zeros(0, np.float32)
+    cell_of = np.repeat(cells, stops - starts)  # [h]
+    order = np.argsort(docs, kind="stable")
+    docs, cell_of = docs[order], cell_of[order]
+    first = np.flatnonzero(np.concatenate([[True], docs[1:] != docs[:-1]]))  # [c]
+    sims = np.maximum(centroid_scores[:, cell_of], 0)  # [mq, h]
+    return docs[first], np.maximum.reduceat(sims, first, axis=1).sum(axis=0)
 
   def centroid_interaction(self, q: np.ndarray, centroid_scores: np.ndarray,
-                           probed: np.ndarray, groups: Sequence[np.ndarray]
+                           probed: np.ndarray, groups: Sequence[np.ndarray],
+                           refine: bool = True
                            ) -> Tuple[List[np.ndarray], List[Tuple[np.ndarray, np.ndarray]]]:
-    """Centroid interaction (PLAID's), refined: MaxSim with every vector of a document
-    standing for its centroid (score q.c), except that a vector in a cell the query vector
+    """Centroid interaction (PLAID's): MaxSim with every vector of a document standing for
+    its centroid (score q.c); `refine`: except that a vector in a cell the query vector
     probed scores exactly against its decompressed value (only those are decompressed).
     q `[b, mq, d]` in the codec's rotated coordinates (`codec.rotate`), centroid_scores `[b, mq, K]` (0 for invalid query vectors), probed
     `[b, mq, nprobe]` (of valid vectors only, or ignored there), per query its sorted docs
     -> (per query `[docs]`, per query the rows it decompressed (ascending) and their exact
-    similarities to every query vector `[h, mq]`, for the rerank to reuse)."""
+    similarities to every query vector `[h, mq]`, for the rerank to reuse; none without
+    `refine`)."""
     b, mq, k = centroid_scores.shape
     sizes = [len(g) for g in groups]
     docs = np.concatenate(groups)  # [g]
@@ -349,6 +356,8 @@ class ResidualIndex(exact.StoredIndex):
     row_query = np.repeat(np.repeat(np.arange(b), sizes), counts)  # [r], ascending
     codes = np.asarray(self.codes[rows], np.int64)  # [r]
     sims = centroid_scores[row_query, :, codes]  # [r, mq]
+    if not refine:
+      return np.split(_segment_max(sims, counts).sum(axis=1), np.cumsum(sizes)[:-1]), []
     in_probe = np.zeros((b, mq, k), bool)
     np.put_along_axis(in_probe, probed, True, axis=2)
     in_probe &= np.any(centroid_scores != 0, axis=2, keepdims=True)  # not invalid vectors

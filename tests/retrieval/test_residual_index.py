@@ -356,32 +356,35 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
 def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
   """Re-derivation of one query's approximate search, document by document: probe the nprobe
   centroids nearest (L2) to each unit query vector; candidates = docs with a vector
-  assigned (L2) to a probed centroid; pruned score = the sum over query vectors of the best
-  q.c among the probed cells holding one of the doc's vectors, floored at 0; keep the
-  4 x candidates best; refined centroid interaction = the sum over query vectors of the best
-  score among the doc's vectors, a vector scoring its decoded value's dot product when it
-  lies in a cell that query vector probed, else its centroid's q.c; keep the candidates
-  best; rerank those by exact MaxSim over their decoded vectors."""
+  assigned (L2) to a centroid some query vector probed; cell score = the sum over query
+  vectors of the best q.c among those probed cells holding one of the doc's vectors, floored
+  at 0; keep the 16 x candidates best; centroid interaction = the sum over query vectors of
+  the best q.c among the doc's vectors' centroids; keep the 4 x candidates best; refined
+  centroid interaction = the same, a vector scoring its decoded value's dot product when
+  it lies in a cell that query vector probed; keep the candidates best; rerank those by
+  exact MaxSim over their decoded vectors."""
   centroids = approx.codec.centroids
   dots = q @ centroids.T  # [mq, k]
   unit = q / np.linalg.norm(q, axis=1, keepdims=True)
   distances = np.linalg.norm(unit[:, None] - centroids[None], axis=-1)  # [mq, k]
   probed = [set(np.argsort(row, kind="stable")[:nprobe]) for row in distances]
-  pruned, full = {}, {}
+  union = set().union(*probed)
+  rough, plain, full = {}, {}, {}
   for d, vectors in enumerate(docs):
     if len(vectors) == 0:
       continue
     cells = np.argmin(np.linalg.norm(vectors[:, None] - centroids[None], axis=-1), axis=1)
-    if any(c in p for c in cells for p in probed):
-      pruned[d] = sum(max([0.0] + [row[c] for c in cells if c in p])
-                      for row, p in zip(dots, probed))
+    if any(c in union for c in cells):
+      rough[d] = sum(max([0.0] + [row[c] for c in cells if c in union]) for row in dots)
+      plain[d] = sum(max(row[c] for c in cells) for row in dots)
       decoded = approx.doc_vectors(d)  # [count, dim]
       full[d] = sum(max(float(qv @ v) if c in p else row[c] for c, v in zip(cells, decoded))
                     for qv, row, p in zip(q, dots, probed))
-  kept = sorted(pruned, key=lambda d: (-pruned[d], d))[:4 * candidates]
+  kept = sorted(rough, key=lambda d: (-rough[d], d))[:16 * candidates]
+  kept = sorted(kept, key=lambda d: (-plain[d], d))[:4 * candidates]
   kept = sorted(kept, key=lambda d: (-full[d], d))[:candidates]
   exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
-  return sorted(exact, key=lambda d: (-exact[d], d))[:k], pruned, full
+  return sorted(exact, key=lambda d: (-exact[d], d))[:k], rough, plain, full
 
 
 @pytest.mark.parametrize("bits", [2, None])
@@ -391,24 +394,22 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
                                          kmeans_backend="numpy")
   queries, valid = _queries(seed=11)
-  scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=6)
+  scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4)
   for i in range(len(queries)):
     q = queries[i][valid[i]]
-    want, pruned, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=6, k=4)
-    assert len(pruned) > 4 * 6  # both caps apply
+    want, rough, plain, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=4, k=4)
+    assert len(rough) > 16 * 4  # every cap applies
     assert ids[i].tolist() == want
     # the stages' scores of every candidate, against the re-derivation
     centroid_scores = (q @ approx.codec.centroids.T)[None]  # [1, mq, k]
     probed = approx.probe(q[None], centroid_scores, 2)
-    rough, present = approx.pruned_interaction(centroid_scores, probed, np.ones((1, len(q)),
-                                                                                bool))
-    cand = np.flatnonzero(present[0])
-    assert cand.tolist() == sorted(pruned)
-    np.testing.assert_allclose(rough[0, cand], [pruned[d] for d in cand], rtol=1e-5,
-                               atol=1e-6)
-    interaction = approx.centroid_interaction(approx.codec.rotate(q)[None], centroid_scores,
-                                              probed, [cand])[0][0]
-    np.testing.assert_allclose(interaction, [full[d] for d in cand], rtol=1e-5, atol=1e-6)
+    cand, cell_scores = approx.cell_interaction(centroid_scores[0], probed[0])
+    assert cand.tolist() == sorted(rough)
+    np.testing.assert_allclose(cell_scores, [rough[d] for d in cand], rtol=1e-5, atol=1e-6)
+    rotated = approx.codec.rotate(q)[None]
+    for refine, want_scores in ((False, plain), (True, full)):
+      got = approx.centroid_interaction(rotated, centroid_scores, probed, [cand], refine)[0][0]
+      np.testing.assert_allclose(got, [want_scores[d] for d in cand], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
 
 
