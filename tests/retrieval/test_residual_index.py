@@ -387,12 +387,17 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
   return sorted(exact, key=lambda d: (-exact[d], d))[:k], rough, plain, full
 
 
-@pytest.mark.parametrize("bits", [2, None])
-def test_approximate_search_equals_numpy_rederivation(tmp_path, bits):
+@pytest.mark.parametrize("bits,probe_with", [(2, "faiss"), (None, "faiss"), (2, "numpy")])
+def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, probe_with):
   docs = _corpus(seed=4)
   exact = _exact(tmp_path / "exact", docs)
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
                                          kmeans_backend="numpy")
+  if probe_with == "faiss":
+    pytest.importorskip("faiss", reason="the faiss probe needs faiss-cpu ([ann] extra)")
+    assert approx.centroid_search.index is not None
+  else:
+    approx.centroid_search.index = None  # numpy's partition over the centroids
   queries, valid = _queries(seed=11)
   scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4)
   for i in range(len(queries)):
