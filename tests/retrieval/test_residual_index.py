@@ -443,3 +443,9 @@ def test_codes_reuse_gives_the_same_index(tmp_path):
   with pytest.raises(ValueError, match="one id per source vector"):
     residual.build_residual_index(str(tmp_path / "c"), exact, 4, centroids=first.codec.centroids,
                                   codes=np.asarray(first.codes)[:-1])
+
+
+def test_stage_two_keeps_sixteen_times_the_candidates_within_its_bounds():
+  # 16 x candidates, capped at 16,384, never below the 4 x the plain interaction keeps
+  assert [residual.cell_keep(c) for c in (4, 200, 1024, 4096, 8192)] == [
+      64, 3200, 16384, 16384, 32768]
