@@ -35,8 +35,8 @@ Ties go to the lower document index at every cut. With nprobe = every centroid,
 candidates >= the corpus and b = None it ranks as the exact index does (documents with no
 vector are in no inverted list, so they are never returned).
 Each stage is vectorised numpy (stages 2 and 5 and the exact part of stage 4 per query,
-the others over the batch): the candidate counts vary per query, and a jit-compiled JAX variant padded to fixed
-shapes was not faster on this project's 2-core CPU host.
+the others over the batch): the candidate counts vary per query, and a jit-compiled JAX
+variant padded to fixed shapes was not faster on this project's 2-core CPU host.
 """
 import datetime
 import functools
@@ -323,7 +323,7 @@ class ResidualIndex(exact.StoredIndex):
     With faiss, its exhaustive L2 search of the unit query vectors (a heap top-k, several
     times faster than numpy's partition over K centroids); else numpy."""
     norms = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)  # [..., mq, 1]
-    index = self.centroid_search.index
+    index = self.host_centroid_search.index
     if index is not None and nprobe < self.num_centroids:
       unit = np.ascontiguousarray((q / norms).reshape(-1, q.shape[-1]), np.float32)  # [n, d]
       return index.search(unit, nprobe)[1].reshape(*q.shape[:-1], nprobe)
@@ -331,7 +331,7 @@ class ResidualIndex(exact.StoredIndex):
     return np.argpartition(-closeness, nprobe - 1, axis=-1)[..., :nprobe]
 
   @functools.cached_property
-  def centroid_search(self) -> codec_lib.CentroidSearch:
+  def host_centroid_search(self) -> codec_lib.CentroidSearch:
     """Exhaustive nearest-centroid search on this host: faiss's index when installed (its
     `index`), else numpy's (index None)."""
     return codec_lib.CentroidSearch(self.codec.centroids, device=False)

@@ -395,9 +395,9 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, probe_with
                                          kmeans_backend="numpy")
   if probe_with == "faiss":
     pytest.importorskip("faiss", reason="the faiss probe needs faiss-cpu ([ann] extra)")
-    assert approx.centroid_search.index is not None
+    assert approx.host_centroid_search.index is not None
   else:
-    approx.centroid_search.index = None  # numpy's partition over the centroids
+    approx.host_centroid_search.index = None  # numpy's partition over the centroids
   queries, valid = _queries(seed=11)
   scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4)
   for i in range(len(queries)):
