@@ -35,7 +35,8 @@ default backend is not the CPU) the nearest-centroid search, of k-means and of e
 runs there instead (`_nearest_on_device`: the same |c|^2 - 2 x.c, in float32 at full
 precision), and k-means is Lloyd's with those assignments ('jax'): the 16M vectors x 32,768
 centroids of a 1M-passage index are about 140 TFLOP of matmul, minutes on CPU cores.
-On CPU cores with faiss, `centroid_probe` > 0 makes that search two-level (`probed_search_index`: a faiss IndexIVFFlat over the centroids in coarse_lists(k)
+On CPU cores with faiss, `centroid_probe` > 0 makes that search two-level
+(`probed_search_index`: a faiss IndexIVFFlat over the centroids in coarse_lists(k)
 coarse cells; the nearest of the centroids in the `centroid_probe` nearest cells), for
 k-means and encoding alike: 32,768 centroids at probe 8 cost 256 + 8 x 128 distances per
 vector instead of 32,768, and some vectors get a near rather than the nearest centroid

@@ -327,7 +327,7 @@ class ResidualIndex(exact.StoredIndex):
     if index is not None and nprobe < self.num_centroids:
       unit = np.ascontiguousarray((q / norms).reshape(-1, q.shape[-1]), np.float32)  # [n, d]
       return index.search(unit, nprobe)[1].reshape(*q.shape[:-1], nprobe)
-    closeness = centroid_scores / norms - 0.5 * self.centroid_norms2  # [..., mq, K]
+    closeness = centroid_scores / norms - 0.5 * self.host_centroid_search.squared  # [.., K]
     return np.argpartition(-closeness, nprobe - 1, axis=-1)[..., :nprobe]
 
   @functools.cached_property
@@ -335,11 +335,6 @@ class ResidualIndex(exact.StoredIndex):
     """Exhaustive nearest-centroid search on this host: faiss's index when installed (its
     `index`), else numpy's (index None)."""
     return codec_lib.CentroidSearch(self.codec.centroids, device=False)
-
-  @functools.cached_property
-  def centroid_norms2(self) -> np.ndarray:
-    """|c|^2 of each centroid `[num_centroids]`."""
-    return np.sum(self.codec.centroids ** 2, axis=1)
 
   def cell_interaction(self, centroid_scores: np.ndarray, probed: np.ndarray
                        ) -> Tuple[np.ndarray, np.ndarray]:
