@@ -46,9 +46,10 @@ LEASE_MINUTES = 9.0  # one device command (at most 10 minutes) with a minute to 
 # (bench_xla_flags.py), cheapest to compile first; the parts after it use the chosen set.
 # Seen on an H200 (jax 0.11.2), 2026-11-26: at XLA's defaults the DeCAL-4x step had not
 # compiled after 230 s (the GEMM autotuner compiles and times Triton tilings per matmul);
-# with no autotuning at all ('cublas-untuned') it compiled in 16 s but stepped at 0.1 % MFU,
-# the GPU busy throughout, while XLA's cost analysis counted 27.5 of the step's 3,870 GFLOP
-# (the matmuls were library calls, run with an untuned algorithm).
+# with no autotuning at all ('cublas-untuned') it compiled in 16 s but stepped at 0.1 % MFU.
+# The third lease timed these sets on one encoder layer (145-155 TFLOP/s except
+# 'triton-untuned', 17): the matmuls were fine; the step's time went to the relative
+# position bias's gradient, a contended bf16 scatter-add (layers.attention.bucket_bias).
 XLA_FLAG_SETS: Dict[str, str] = {
     "cublas-untuned": "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false",
     "cublas": "--xla_gpu_enable_triton_gemm=false",  # cuBLAS, its algorithms timed
@@ -58,6 +59,10 @@ XLA_FLAG_SETS: Dict[str, str] = {
 # The lease's XLA_FLAGS until its `xla_flags` part has chosen (or when it is left out):
 # matmuls on cuBLAS with its algorithms autotuned, no Triton GEMM kernels to generate.
 LEASE_XLA_FLAGS = XLA_FLAG_SETS["cublas"]
+# Added for the profiled `train` run (PROFILED_RATIO): no CUDA graphs ("command buffers").
+# With them the trace shows the whole step as one `command_buffer` event (third lease); without,
+# one event per kernel. That run's step time then includes each kernel's launch.
+PROFILE_XLA_FLAGS = "--xla_gpu_enable_command_buffer="
 
 
 def choose_xla_flags(rows: Dict[str, Optional[dict]]) -> Optional[str]:

@@ -24,6 +24,7 @@ Attention kernels (`kernel=` below, `T5Config.attention_kernel` in the T5 networ
 the masks as a boolean `mask`. cuDNN needs an NVIDIA GPU and bf16 / fp16 activations, and
 none of the fused kernels has attention-weight dropout: each refuses with a clear error.
 """
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -123,8 +124,62 @@ class RelativePositionBiases(nn.Module):
     table = param_with_axes("rel_embedding", nn.initializers.variance_scaling(
         1.0, "fan_avg", "uniform"), (self.num_heads, self.num_buckets), jnp.float32,
                             axes=("heads", "relpos_buckets"))
-    bias = jnp.asarray(table, self.dtype)[:, buckets]  # [heads, batch, q, k]
-    return jnp.transpose(bias, (1, 0, 2, 3))  # [batch, heads, q, k]
+    return bucket_bias(table, buckets, jnp.dtype(self.dtype))  # [batch, heads, q, k]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def bucket_bias(table: Array, buckets: Array, dtype: jnp.dtype) -> Array:
+  """`table[:, buckets]` as a bias: `[heads, num_buckets]` float32, `[batch, q, k]` int ->
+  `[batch, heads, q, k]` in `dtype`.
+
+  The gather's own gradient is a scatter-add of batch * q * k values per head into a few
+  dozen buckets. In bf16 that sum loses most of its terms, and on a GPU the colliding
+  atomic adds serialise (XLA emits a compare-and-swap loop for bf16, and for f32 in jaxlib
+  0.10.2-0.11.0): a T5.1.1-small DeCAL-4x step at batch 128 took 16 s on an H200. This
+  gradient sums in float32, and off the CPU by a matmul (`bucket_sums`).
+  """
+  return jnp.transpose(table[:, buckets], (1, 0, 2, 3)).astype(dtype)
+
+
+def _bucket_bias_fwd(table, buckets, dtype):
+  return bucket_bias(table, buckets, dtype), (table, buckets)
+
+
+def _bucket_bias_bwd(dtype, residuals, grad):
+  table, buckets = residuals
+  return bucket_sums(grad, buckets, table.shape[1]), None
+
+
+bucket_bias.defvjp(_bucket_bias_fwd, _bucket_bias_bwd)
+
+
+def bucket_sums(grad: Array, buckets: Array, num_buckets: int, method: str = "auto",
+                max_onehot: int = 2**28) -> Array:
+  """Sum of `grad` `[batch, heads, q, k]` over the positions of each bucket -> float32
+  `[heads, num_buckets]`.
+
+  'scatter' adds into the buckets one value at a time (the CPU's fast path, in float32).
+  'onehot' contracts with a one-hot of the buckets in `grad`'s dtype, accumulating in
+  float32, a batch chunk at a time so the one-hot stays under `max_onehot` entries: no
+  atomics, for GPUs and TPUs (T5X builds its bias this way). 'auto' picks by the platform
+  the program is compiled for.
+  """
+  if method == "scatter":
+    cotangent = jnp.transpose(grad, (1, 0, 2, 3)).astype(jnp.float32)  # [heads, batch, q, k]
+    return jnp.zeros((grad.shape[1], num_buckets), jnp.float32).at[:, buckets].add(cotangent)
+  if method == "onehot":
+    def sums(args):  # one example: [heads, q, k], [q, k] -> [heads, num_buckets]
+      g, b = args
+      return jnp.einsum("hqk,qkn->hn", g, jax.nn.one_hot(b, num_buckets, dtype=g.dtype),
+                        precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+    chunk = max(1, min(grad.shape[0], max_onehot // (buckets[0].size * num_buckets)))
+    return jnp.sum(jax.lax.map(sums, (grad, buckets), batch_size=chunk), axis=0)
+  if method == "auto":
+    return jax.lax.platform_dependent(
+        grad, buckets, cpu=lambda g, b: bucket_sums(g, b, num_buckets, "scatter"),
+        default=lambda g, b: bucket_sums(g, b, num_buckets, "onehot"))
+  raise ValueError(f"Unknown method {method!r}; choose 'auto', 'scatter' or 'onehot'.")
 
 
 # -------------------------------------------------------------------------- attention

@@ -96,7 +96,10 @@ class Embed(nn.Module):
   def __call__(self, tokens: Array) -> Array:
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"Embed expects integer token ids, got dtype {tokens.dtype}.")
-    return jnp.asarray(self.embedding, self.dtype)[tokens]  # [batch, length, embed]
+    # Gather from the float32 table, then cast: the table's gradient (a scatter-add over
+    # every token of the batch, thousands of them on a frequent id) then sums in float32.
+    # Casting first would sum it in the activation dtype, where bf16 loses most of it.
+    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)  # [batch, length, embed]
 
   def attend(self, query: Array) -> Array:
     return jnp.einsum("ble,ve->blv", jnp.asarray(query, self.dtype),

@@ -81,9 +81,9 @@ class _Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _Refuse())
 """
 from decal_jax.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
-    CUDNN, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILED_RATIO, RATIOS,
-    RETENTION_STEPS, XLA_FLAG_SETS, Scale, choose_xla_flags, data_dir, dry_run_scale,
-    gpu_scale, lease_scale)
+    CUDNN, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILE_XLA_FLAGS,
+    PROFILED_RATIO, RATIOS, RETENTION_STEPS, XLA_FLAG_SETS, Scale, choose_xla_flags, data_dir,
+    dry_run_scale, gpu_scale, lease_scale)
 from decal_jax.gpu_suite_report import render  # noqa: E402
 
 
@@ -241,12 +241,15 @@ def part_train_probe(suite: Suite) -> str:
 def part_train(suite: Suite) -> str:
   """Each C with the probe's fastest set; MFU; a profile of C = PROFILED_RATIO."""
   best = suite.details.get("best_options") or "einsum"
-  rows, failed = {}, []
-  for ratio in suite.scale.ratios:
+  rows, failed, base = {}, [], suite.scale
+  for ratio in base.ratios:
+    profiled = ratio == PROFILED_RATIO
+    suite.scale = dataclasses.replace(base, xla_flags=" ".join(
+        filter(None, [base.xla_flags, PROFILE_XLA_FLAGS if profiled else ""])))
     extra = ([f"--profile_steps={suite.scale.profile_steps}",
               f"--profile_dir={suite.logs / 'profile'}",
               f"--hlo_out={suite.logs / f'train_step_c{ratio}.hlo.txt.gz'}"]
-             if ratio == PROFILED_RATIO else [])
+             if profiled else [])
     row = _bench_train(suite, "bench_train_gpu.jsonl", f"DeCAL-{ratio}x bf16 {best}",
                        [f"COMPRESSION_RATIO={ratio}", *OPTION_SETS[best]], suite.scale.steps,
                        extra, check=False)
@@ -256,6 +259,7 @@ def part_train(suite: Suite) -> str:
     rows[str(ratio)] = {k: row.get(k) for k in (
         "label", "step_s_median", "sequences_per_s", "tokens_per_s", "mfu", "temp_bytes",
         "device_kind", "profile_top_ops")}
+  suite.scale = base
   suite.details["train"] = rows
   if failed:
     raise PartFailed(f"options {best}; failed or out of time at C = {failed}")
