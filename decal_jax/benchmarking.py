@@ -1,10 +1,13 @@
 """What the benchmark tools in decal_jax/tools/ share: timing, memory checks, the machine's description,
 random weights from parameter shapes, and writing results (Markdown, JSON lines, plots).
+Results files and plots are written whole (`fileio`); a tool that measures row after row
+rewrites them after each (`write_partial`), marked as partial until the run completes.
 
 A results file states numbers: the command, date and machine, the settings, then tables,
 JSON lines or plots. What the numbers mean is written in docs/, not generated here.
 """
 import datetime
+import io
 import json
 import math
 import os
@@ -442,11 +445,45 @@ def log_log_axes(ax, xlabel: str, title: Optional[str], ylabel: Optional[str] = 
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
-  """Saves a matplotlib figure (its folder made if needed) and closes it."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120, **kwargs)
+  """Saves a matplotlib figure whole (its folder made if needed) and closes it; the format
+  is the file name's extension's, as matplotlib's own savefig(path) picks it."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format=pathlib.Path(path).suffix[1:].lower() or None, dpi=120, **kwargs)
   pyplot().close(fig)
+  fileio.write_bytes_atomic(path, buffer.getvalue())
   print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------- partial results
+def partial_line(done: int, total: int, unit: str = "rows", detail: str = "") -> str:
+  """The line that marks a results file as partial: what the run had finished."""
+  return (f"**Partial: stopped after {done} of {total} {unit}**"
+          + (f" ({detail})" if detail else ""))
+
+
+def mark_partial(text: str, line: str) -> str:
+  """A Markdown results text (opening with its '# title' line) with `line` under the title."""
+  title, _, rest = text.partition("\n")
+  return f"{title}\n\n{line}\n{rest}"
+
+
+def write_partial(args, rows: Sequence, done: int, total: int,
+                  markdown: Callable[[Sequence], str],
+                  plot: Optional[Callable[[Sequence, str], None]] = None,
+                  unit: str = "rows", detail: str = "") -> None:
+  """The results of the `rows` finished so far, written whole after each finished row (or
+  group of rows): the plot (`plot(rows, args.plot)`, with args.plot) and the Markdown
+  (`markdown(rows)`) at args.out, marked by `partial_line(done, total, unit, detail)`. A
+  run stopped midway (gpu_suite's time limit: SIGTERM, then SIGKILL) leaves what it had
+  finished. Nothing is written once done == total: the tool's final results follow."""
+  if done >= total:
+    return
+  if args.plot and plot:
+    plot(rows, args.plot)
+  if args.out:
+    line = partial_line(done, total, unit, detail)
+    fileio.write_text_atomic(args.out, mark_partial(markdown(rows), line))
+    print(f"wrote {args.out} ({line.replace('**', '')})", flush=True)
 
 
 # ----------------------------------------------------------------------------- arguments

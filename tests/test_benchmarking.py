@@ -4,6 +4,7 @@ side-by-side bookkeeping on hand-made timings."""
 import argparse
 import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,59 @@ def test_jsonl_appends_one_line_per_row(tmp_path):
   benchmarking.write_jsonl(str(path), [{"a": 2}, {"b": [1, 2]}])
   assert [json.loads(line) for line in path.read_text().splitlines()] == [
       {"a": 1}, {"a": 2}, {"b": [1, 2]}]
+
+
+def _results(rows):
+  """A hand-made results text: title, a setting, one table line per row."""
+  return "# Title\n\n- setting\n\n" + "".join(f"| {row} |\n" for row in rows)
+
+
+def test_partial_results_are_marked_under_the_title_until_every_row_is_done(tmp_path):
+  args = argparse.Namespace(out=str(tmp_path / "sub" / "r.md"), plot=str(tmp_path / "r.png"))
+  plotted = []
+
+  def write(rows, total, **kwargs):
+    benchmarking.write_partial(args, rows, len(rows), total, _results,
+                               lambda rows, path: plotted.append((rows, path)), **kwargs)
+  write(["a"], 3)
+  assert pathlib.Path(args.out).read_text() == (
+      "# Title\n\n**Partial: stopped after 1 of 3 rows**\n\n- setting\n\n| a |\n")
+  write(["a", "b"], 3, unit="steps", detail="builds 2 of 2")
+  assert pathlib.Path(args.out).read_text().splitlines()[2] == (
+      "**Partial: stopped after 2 of 3 steps** (builds 2 of 2)")
+  assert plotted == [(["a"], args.plot), (["a", "b"], args.plot)]
+  write(["a", "b", "c"], 3)  # every row done: the tool's final results follow, not these
+  assert "| c |" not in pathlib.Path(args.out).read_text() and len(plotted) == 2
+  assert sorted(p.name for p in pathlib.Path(args.out).parent.iterdir()) == ["r.md"]
+
+
+def test_a_partial_write_that_fails_leaves_the_last_file_whole(tmp_path):
+  args = argparse.Namespace(out=str(tmp_path / "r.md"), plot=None)
+  benchmarking.write_partial(args, ["a"], 1, 2, _results)
+  before = (tmp_path / "r.md").read_text()
+
+  class Stop(Exception):
+    pass
+
+  def markdown(rows):
+    raise Stop  # as a kill while the new results are put together
+  with pytest.raises(Stop):
+    benchmarking.write_partial(args, ["a", "b"], 2, 3, markdown)
+  assert (tmp_path / "r.md").read_text() == before
+  assert [p.name for p in tmp_path.iterdir()] == ["r.md"]  # no temporary file left
+
+
+def test_a_saved_figure_is_the_png_matplotlib_writes(tmp_path):
+  plt = benchmarking.pyplot()
+  figures = []
+  for _ in range(2):
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([1, 2, 3], [3, 1, 2])
+    figures.append(fig)
+  figures[0].savefig(tmp_path / "direct.png", dpi=120)
+  benchmarking.save_figure(figures[1], str(tmp_path / "sub" / "saved.png"))
+  assert (tmp_path / "sub" / "saved.png").read_bytes() == (tmp_path / "direct.png").read_bytes()
+  assert [p.name for p in (tmp_path / "sub").iterdir()] == ["saved.png"]
 
 
 def test_sides_alternate_and_report_medians_of_hand_made_runs():

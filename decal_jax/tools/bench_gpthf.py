@@ -34,7 +34,9 @@ Presets: `cpu` (default; a 6-layer model, 4 word-level + 2 sentence-level, for 2
 cores; batches above 1 only where batch * k * (n + k) <= --max_batch_work), `paper`
 (GPTHF-16-8 vs Baseline-24 shapes, bfloat16: for a GPU), `tiny` (tests). Before any
 program runs, the weights' and each compiled program's memory need is compared with what
-the machine has; a row that does not fit is reported as such.
+the machine has; a row that does not fit is reported as such. --out and --plot are
+rewritten after every row, marked partial until the run completes, so a run stopped midway
+keeps its rows.
 """
 import argparse
 import dataclasses
@@ -271,16 +273,24 @@ def run_row(row: Row, args, params) -> None:
 
 
 def run(args) -> List[Row]:
+  """Every grid row; after each row run, the finished rows (skipped ones included) are
+  written as partial results (`benchmarking.write_partial`), so a run stopped midway keeps
+  them."""
   args.load_before = load_average()
   rows = grid(args)
   decoder, _ = row_configs(args, 1, 1)
   params = random_params(decoder, args.seed, args.init_std)
+  pending = {id(row) for row in rows if row.done}  # not run yet (skipped rows are finished)
   for row in tqdm.tqdm([r for r in rows if r.done], desc="rows", dynamic_ncols=True):
     try:
       run_row(row, args, params)
     except DoesNotFit as e:
       row.sides, row.note = {}, f"did not fit: {e}"
     tqdm.tqdm.write(_summary(row))
+    pending.discard(id(row))
+    finished = [r for r in rows if id(r) not in pending]
+    benchmarking.write_partial(args, finished, len(finished), len(rows),
+                               lambda done: markdown(args, done), plot)
   args.load_after = load_average()
   return rows
 

@@ -28,6 +28,8 @@ weights read the passages (`DualEncoderConfig.passage_compression_ratio = C`):
     to it, the MaxSim work: valid query vectors x stored passage vectors (about 1/C of
     C = 1), and the pairs `Index.search` computes with its padding (query batches, doc
     chunks padded to a power-of-two vector count).
+--out and --plot are rewritten after every index build, encoding repeat and scoring repeat,
+marked partial until the run completes, so a run stopped midway keeps what it measured.
 """
 import argparse
 import dataclasses
@@ -39,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only seqio's input pipeline
 
@@ -154,8 +156,9 @@ class Row:
     return statistics.median(self.encode_s)
 
   @property
-  def scoring_median(self) -> float:
-    return statistics.median(self.scoring_s)
+  def scoring_median(self) -> Optional[float]:
+    """None before the first scoring repeat (a partial run)."""
+    return statistics.median(self.scoring_s) if self.scoring_s else None
 
 
 def _first_call_per_width(encode, batches) -> float:
@@ -220,9 +223,10 @@ def build(model, params, ratio: int, corpus: Corpus, directory: str,
 
 
 def encode_again(encoders: Dict[int, Callable], rows: Dict[int, Row], corpus: Corpus,
-                 args) -> None:
+                 args, repeated: Callable[[], None] = lambda: None) -> None:
   """--encode_repeats - 1 more encoder passes over the corpus (no index write), the
-  ratios alternating within each repeat, each pass's time appended to its row."""
+  ratios alternating within each repeat, each pass's time appended to its row;
+  `repeated()` after each repeat."""
   for repeat in range(1, args.encode_repeats):
     for ratio in alternating(args.ratios, repeat):
       start = time.perf_counter()
@@ -231,6 +235,7 @@ def encode_again(encoders: Dict[int, Callable], rows: Dict[int, Row], corpus: Co
       rows[ratio].encode_s.append(time.perf_counter() - start)
     _log(f"encoding repeat {repeat + 1}/{args.encode_repeats}: " + ", ".join(
         f"C={r} {rows[r].encode_s[-1]:.2f} s" for r in args.ratios))
+    repeated()
 
 
 def computed_pairs(opened: index.Index, num_queries: int, query_width: int,
@@ -248,8 +253,10 @@ def computed_pairs(opened: index.Index, num_queries: int, query_width: int,
   return query_rows * query_width * doc_slots
 
 
-def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries, args) -> None:
-  """Times `Index.search` of all queries per ratio (first call apart, then the repeats)."""
+def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries, args,
+          repeated: Callable[[], None] = lambda: None) -> None:
+  """Times `Index.search` of all queries per ratio (first call apart, then the repeats);
+  `repeated()` after each repeat."""
   vectors, valid = queries
 
   def search(ratio: int):
@@ -269,6 +276,7 @@ def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries, args) 
       rows[ratio].scoring_s.append(_seconds(search, ratio))
     _log(f"scoring repeat {repeat + 1}/{args.repeats}: " + ", ".join(
         f"C={r} {rows[r].scoring_s[-1]:.2f} s" for r in args.ratios))
+    repeated()
 
 
 def _log(text: str) -> None:
@@ -276,7 +284,9 @@ def _log(text: str) -> None:
 
 
 def run(args) -> Tuple[List[Row], dict]:
-  """Every ratio's row, and what describes the run (for the Markdown)."""
+  """Every ratio's row, and what describes the run (for the Markdown). After each index
+  build, encoding repeat and scoring repeat, the rows so far are written as partial results
+  (`save_partial`), so a run stopped midway keeps them."""
   args.load_before = load_average()
   model, params, source = load_model(args)
   corpus = load_corpus(args, model.input_vocabulary)
@@ -287,7 +297,13 @@ def run(args) -> Tuple[List[Row], dict]:
                                                      args.query_length)]
   _log(f"{corpus.name}: {len(corpus.doc_ids)} passages, {len(corpus.query_ids)} queries "
        f"({args.split}); ratios {args.ratios}")
+  about = {"source": source, "model": model, "corpus": corpus, "query_lengths": query_lengths,
+           "query_width": int(query_vectors.shape[1])}
   rows: Dict[int, Row] = {}
+
+  def save() -> None:
+    save_partial(args, [rows[r] for r in args.ratios if r in rows], about)
+
   with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
     indexes, encoders = {}, {}
     for ratio in args.ratios:
@@ -297,18 +313,32 @@ def run(args) -> Tuple[List[Row], dict]:
       _log(f"C={ratio}: {row.vectors_per_passage:.1f} vectors / passage, "
            f"{row.index_bytes / 2**20:.1f} MiB, encode {row.encode_s[0]:.2f} s "
            f"(build {row.build_s:.2f} s, compile {row.compile_s:.2f} s)")
-    encode_again(encoders, rows, corpus, args)
-    score(indexes, rows, (query_vectors, query_valid), args)
+      save()
+    encode_again(encoders, rows, corpus, args, save)
+    score(indexes, rows, (query_vectors, query_valid), args, save)
     del indexes  # the memory maps, before the directory goes
   args.load_after = load_average()
-  about = {"source": source, "model": model, "corpus": corpus, "query_lengths": query_lengths,
-           "query_width": int(query_vectors.shape[1])}
   return [rows[r] for r in args.ratios], about
 
 
+def save_partial(args, rows: Sequence[Row], about: dict) -> None:
+  """The rows built so far as partial results: one step per index build, encoding repeat
+  after the build's and scoring repeat; the line under the title names where each stands."""
+  passes = min(len(row.encode_s) for row in rows)
+  scored = min(len(row.scoring_s) for row in rows)
+  done = len(rows) + passes - 1 + scored
+  total = len(args.ratios) + args.encode_repeats - 1 + args.repeats
+  detail = (f"index builds {len(rows)} of {len(args.ratios)}, encoding passes {passes} of "
+            f"{args.encode_repeats}, scoring repeats {scored} of {args.repeats}")
+  benchmarking.write_partial(args, rows, done, total,
+                             lambda done_rows: markdown(args, done_rows, about), plot,
+                             unit="steps", detail=detail)
+
+
 # ----------------------------------------------------------------------------- report
-def ratios_to_first(rows: Sequence[Row]) -> List[Dict[str, float]]:
-  """Every row's measured and expected quantities divided by those of the C = 1 row."""
+def ratios_to_first(rows: Sequence[Row]) -> List[Dict[str, Optional[float]]]:
+  """Every row's measured and expected quantities divided by those of the C = 1 row; the
+  scoring ones None while the row or C = 1 is not scored yet (a partial run)."""
   base = rows[0]
   out = []
   for row in rows:
@@ -319,10 +349,16 @@ def ratios_to_first(rows: Sequence[Row]) -> List[Dict[str, float]]:
         "encode": row.encode_median / base.encode_median,
         "build": row.build_s / base.build_s,
         "encoder_flops": row.encoder_flops / base.encoder_flops,
-        "scoring": row.scoring_median / base.scoring_median,
-        "valid_pairs": row.valid_pairs / base.valid_pairs,
-        "computed_pairs": row.computed_pairs / base.computed_pairs})
+        **_scoring_ratios(row, base)})
   return out
+
+
+def _scoring_ratios(row: Row, base: Row) -> Dict[str, Optional[float]]:
+  if not (row.scoring_s and base.scoring_s):
+    return dict.fromkeys(("scoring", "valid_pairs", "computed_pairs"))
+  return {"scoring": row.scoring_median / base.scoring_median,
+          "valid_pairs": row.valid_pairs / base.valid_pairs,
+          "computed_pairs": row.computed_pairs / base.computed_pairs}
 
 
 def json_rows(rows: Sequence[Row]) -> List[str]:
@@ -331,7 +367,7 @@ def json_rows(rows: Sequence[Row]) -> List[str]:
     record = dataclasses.asdict(row)
     record.update(vectors_per_passage=row.vectors_per_passage,
                   encode_median_s=row.encode_median, scoring_median_s=row.scoring_median,
-                  ratios_to_c1={k: round(v, 6) for k, v in rel.items()})
+                  ratios_to_c1={k: v if v is None else round(v, 6) for k, v in rel.items()})
     lines.append(json.dumps(record, sort_keys=True))
   return lines
 
@@ -358,7 +394,7 @@ def tables(rows: Sequence[Row]) -> List[str]:
             "| C | scoring s, median (min-max) | scoring / C=1 | expected: valid vector "
             "pairs / C=1 | vector pairs as computed (padded) / C=1 | first call s |",
             "|---|---|---|---|---|---|"]
-  for row, r in zip(rows, rel):
+  for row, r in ((row, r) for row, r in zip(rows, rel) if r["scoring"] is not None):
     lines.append(f"| {row.ratio} | {row.scoring_median:.3f} ({min(row.scoring_s):.3f}-"
                  f"{max(row.scoring_s):.3f}) | {r['scoring']:.2f} | {r['valid_pairs']:.3f} | "
                  f"{r['computed_pairs']:.3f} | {row.scoring_first_s:.2f} |")
@@ -404,7 +440,7 @@ def markdown(args, rows: Sequence[Row], about: dict) -> str:
       f"{args.repeats} after one untimed call, the ratios alternating within each repeat. "
       "Every ratio is to the C = 1 row of this run; 'expected' columns are analytical.",
       f"host load average (1/5/15 min) before / after: {args.load_before} / "
-      f"{args.load_after}.", args.note and f"note: {args.note}")
+      f"{getattr(args, 'load_after', 'n/a')}.", args.note and f"note: {args.note}")
   lines += ["", *tables(rows)]
   if args.plot:
     lines += ["", f"![ratios to C = 1]({os.path.basename(args.plot)})"]
@@ -422,8 +458,12 @@ def plot(rows: Sequence[Row], path: str) -> None:
       ("index_bytes", "expected_bytes", "index bytes", "C0"),
       ("encode", "encoder_flops", "encoding time", "C1"),
       ("scoring", "valid_pairs", "scoring time", "C2")):
-    ax.plot(xs, [r[measured] for r in rel], "o-", color=color, label=f"{label} (measured)")
-    ax.plot(xs, [r[expected] for r in rel], "s--", color=color, alpha=0.6,
+    known = [(x, r) for x, r in zip(xs, rel) if r[measured] is not None]  # not yet scored: None
+    if not known:
+      continue
+    at = [x for x, _ in known]
+    ax.plot(at, [r[measured] for _, r in known], "o-", color=color, label=f"{label} (measured)")
+    ax.plot(at, [r[expected] for _, r in known], "s--", color=color, alpha=0.6,
             label=f"{label} (expected)")
   ax.plot(xs, [1 / x for x in xs], ":", color="gray", label="1/C")
   benchmarking.log_log_axes(ax, "passage compression ratio C", None, "ratio to C = 1",

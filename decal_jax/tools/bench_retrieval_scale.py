@@ -31,7 +31,9 @@ Three corpora, each searched by the library's `index.Index.search` (exact, the r
     query is 8 of one passage's C = 1 vectors with a little more noise (norm about 0.1), and
     that passage is its one relevant passage.
 k-means runs once per corpus and C (the first bit width's build) and its centroids are
-shared by the other bit widths; `--num_centroids` scales ColBERTv2's default.
+shared by the other bit widths; `--num_centroids` scales ColBERTv2's default. --out and
+--plot are rewritten after every row, marked partial until the run completes, so a run
+stopped midway keeps its rows.
 """
 import argparse
 import dataclasses
@@ -42,7 +44,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -194,7 +196,11 @@ class _Searched:
                 for q, ss, ii in zip(corpus.qids, scores, self.search_ids)}
 
 
-def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
+def measure(corpus: Corpus, args, tmp: str,
+            finished: Optional[Callable[[dict], None]] = None) -> List[dict]:
+  """The corpus's rows, per C the exact one, then one per bit width (and quantizer), nprobe
+  and candidates; `finished(row)` after each (default: logged to stderr)."""
+  finished = finished or _log
   rows = []
   for ratio in args.ratios:
     batches = (np.arange(s, min(s + 256, len(corpus.doc_ids)))[:, None]
@@ -209,11 +215,10 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
                      exact.num_docs))
     exact_ndcg, exact_recall = rows[-1]["ndcg@10"], rows[-1]["recall@100"]
     exact_speed = rows[-1]["queries_per_s"]
-    _log(rows[-1])
+    finished(rows[-1])
     centroids = codes = None
     k = max(int(args.num_centroids * codec_lib.default_num_centroids(exact.num_vectors)), 1)
-    for bits, quantizer in ((b, q) for b in args.bits for q in (
-        args.quantizers if b is not None else [codec_lib.DEFAULT_QUANTIZER])):
+    for bits, quantizer in bit_widths(args):
       approx, build_s = _timed(residual.build_residual_index,
                                os.path.join(tmp, f"c{ratio}-b{bits}-{quantizer}"), exact, bits,
                                k, overwrite=True, centroids=centroids, seed=args.seed,
@@ -235,10 +240,23 @@ def measure(corpus: Corpus, args, tmp: str) -> List[dict]:
         rows[-1]["ndcg_loss"] = exact_ndcg - rows[-1]["ndcg@10"]
         rows[-1]["recall@100_vs_exact"] = rows[-1]["recall@100"] / max(exact_recall, 1e-12)
         rows[-1]["speed_vs_exact"] = rows[-1]["queries_per_s"] / exact_speed
-        _log(rows[-1])
+        finished(rows[-1])
       del approx
     del exact
   return rows
+
+
+def bit_widths(args) -> List[tuple]:
+  """(bits, quantizer) of the residual indexes built per C: every quantizer for b bits,
+  the default one for uncompressed residuals (bits None)."""
+  return [(b, q) for b in args.bits
+          for q in (args.quantizers if b is not None else [codec_lib.DEFAULT_QUANTIZER])]
+
+
+def row_count(args, corpora: List[Corpus]) -> int:
+  """The rows a run measures: per corpus and C, the exact one and the approximate sweep."""
+  sweep = len(bit_widths(args)) * len(args.nprobe) * len(args.candidates)
+  return len(corpora) * len(args.ratios) * (1 + sweep)
 
 
 def _log(row: dict) -> None:
@@ -405,6 +423,30 @@ def main(argv=None) -> List[dict]:
   args = parse_args(argv)
   start = time.perf_counter()
   args.load_before = benchmarking.load_average()
+  corpora = read_corpora(args)
+  rows: List[dict] = []
+  total = row_count(args, corpora)
+
+  def finished(row: dict) -> None:  # each row as it finishes: logged, then partial results
+    _log(row)
+    rows.append(row)
+    _timing(args, start)
+    benchmarking.write_partial(args, rows, len(rows), total,
+                               lambda done: markdown(args, done, corpora), plot)
+
+  with tempfile.TemporaryDirectory(prefix="bench_retrieval_scale_") as tmp:
+    for corpus in corpora:
+      measure(corpus, args, tmp, finished)
+  _timing(args, start)
+  if args.plot:
+    plot(rows, args.plot)
+  benchmarking.report(markdown(args, rows, corpora), args.out)
+  return rows
+
+
+def read_corpora(args) -> List[Corpus]:
+  """The BEIR and MS MARCO folders asked for (an error if one is missing), then the
+  synthetic corpus."""
   corpora: List[Corpus] = []
   for folder, flag, read in ((args.beir_folder, "beir_folder", beir_corpus),
                              (args.msmarco_folder, "msmarco_folder", msmarco_corpus)):
@@ -415,16 +457,13 @@ def main(argv=None) -> List[dict]:
       corpora.append(read(folder, args))
   if args.synthetic_passages:
     corpora.append(synthetic_corpus(args))
-  rows: List[dict] = []
-  with tempfile.TemporaryDirectory(prefix="bench_retrieval_scale_") as tmp:
-    for corpus in corpora:
-      rows += measure(corpus, args, tmp)
+  return corpora
+
+
+def _timing(args, start: float) -> None:
+  """The load average and wall time up to now (the results' 'after' and wall time)."""
   args.load_after = benchmarking.load_average()
   args.wall_s = time.perf_counter() - start
-  if args.plot:
-    plot(rows, args.plot)
-  benchmarking.report(markdown(args, rows, corpora), args.out)
-  return rows
 
 
 if __name__ == "__main__":

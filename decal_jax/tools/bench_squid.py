@@ -20,7 +20,8 @@ with XLA's own count of the compiled programs beside them as a check. Before the
 programs run, their compiled memory need is compared with the memory available; a size that
 does not fit is reported as such. Weights are random: the timing does not depend on them.
 Presets: `cpu` (a small / large pair sized for a 2-core CPU), `qwen2` (Qwen2-0.5B -> Qwen2-7B
-shapes, bf16: for a GPU), `tiny` (tests).
+shapes, bf16: for a GPU), `tiny` (tests). --out and --plot are rewritten after every context
+length, marked partial until the run completes, so a run stopped midway keeps its rows.
 """
 import argparse
 import dataclasses
@@ -277,45 +278,56 @@ class Row:
 
 
 def run(args) -> List[Row]:
+  """Every (L, ρ) row; after each context length, the rows so far are written as partial
+  results (`benchmarking.write_partial`), so a run stopped midway keeps them."""
   args.load_before = load_average()
   config = squid_config(args)
   models = build(config, args.seed)
-  rows = []
+  rows, total = [], len(args.contexts) * len(args.ratios)
   for length in tqdm.tqdm(args.contexts, desc="contexts", dynamic_ncols=True):
-    rng = np.random.RandomState(args.seed + length)
-    vocab = config.vocab_size
-    context = jnp.asarray(rng.randint(2, vocab, (args.batch, length)), jnp.int32)
-    query = jnp.asarray(rng.randint(2, vocab, (args.batch, args.query_length)), jnp.int32)
-    prompt_length = length + args.query_length
-    base_flops = flops.answer_flops(config.large, prompt_length, args.answer_length)
-    inputs = (np.asarray(context), np.asarray(query))
-    length_rows = [Row(length, r, memory_count(length, r), base_flops=base_flops,
-                       inputs=inputs) for r in args.ratios]
-    rows += length_rows
-    try:
-      baseline = baseline_side(models.decoder, models.decoder_params, context, query,
-                               args.answer_length)
-    except DoesNotFit as e:
-      for row in length_rows:
-        row.note = f"baseline did not fit: {e}"
-      continue
-    sides = [baseline]
-    for row in length_rows:
-      squid, params = squid_with_memory(models, row.memory)
-      row.baseline = baseline
-      row.squid_flops = flops.squid_flops(squid.config, length, args.query_length,
-                                          args.answer_length)
-      try:
-        row.squid = squid_side(squid, params, context, query, args.answer_length,
-                               f"Squid ρ={row.ratio}")
-        sides.append(row.squid)
-      except DoesNotFit as e:
-        row.note = f"Squid did not fit: {e}"
-    benchmarking.measure_sides(sides, args.warmup, args.repeats, f"L={length}")
-    for row in length_rows:
-      tqdm.tqdm.write(_summary(row))
+    rows += measure_length(args, models, length)
+    benchmarking.write_partial(args, rows, len(rows), total,
+                               lambda done: markdown(args, done), plot)
   args.load_after = load_average()
   return rows
+
+
+def measure_length(args, models: Models, length: int) -> List[Row]:
+  """The rows of context length `length`, one per ρ: the baseline and every Squid measured
+  side by side (a side that does not fit: a note in its row)."""
+  config = models.config
+  rng = np.random.RandomState(args.seed + length)
+  vocab = config.vocab_size
+  context = jnp.asarray(rng.randint(2, vocab, (args.batch, length)), jnp.int32)
+  query = jnp.asarray(rng.randint(2, vocab, (args.batch, args.query_length)), jnp.int32)
+  prompt_length = length + args.query_length
+  base_flops = flops.answer_flops(config.large, prompt_length, args.answer_length)
+  inputs = (np.asarray(context), np.asarray(query))
+  length_rows = [Row(length, r, memory_count(length, r), base_flops=base_flops,
+                     inputs=inputs) for r in args.ratios]
+  try:
+    baseline = baseline_side(models.decoder, models.decoder_params, context, query,
+                             args.answer_length)
+  except DoesNotFit as e:
+    for row in length_rows:
+      row.note = f"baseline did not fit: {e}"
+    return length_rows
+  sides = [baseline]
+  for row in length_rows:
+    squid, params = squid_with_memory(models, row.memory)
+    row.baseline = baseline
+    row.squid_flops = flops.squid_flops(squid.config, length, args.query_length,
+                                        args.answer_length)
+    try:
+      row.squid = squid_side(squid, params, context, query, args.answer_length,
+                             f"Squid ρ={row.ratio}")
+      sides.append(row.squid)
+    except DoesNotFit as e:
+      row.note = f"Squid did not fit: {e}"
+  benchmarking.measure_sides(sides, args.warmup, args.repeats, f"L={length}")
+  for row in length_rows:
+    tqdm.tqdm.write(_summary(row))
+  return length_rows
 
 
 # ----------------------------------------------------------------------------- report

@@ -74,6 +74,7 @@ def _cells(text, header):
 def test_markdown_has_a_row_per_grid_point_and_says_what_ran(real):
   rows, _, text, *_ = real
   assert "- command: `python -m decal_jax.tools.bench_gpthf --preset tiny" in text
+  assert "Partial" not in text  # a completed run
   assert f"jax {jax.__version__}" in text and "![speedups" in text
   times = _cells(text, "Wall clock")
   assert set(times) == {(n, NEW, BATCH) for n in PROMPTS}
@@ -138,6 +139,43 @@ def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
                       for s in bench.SIDES[1:]]
     # Causal counting sees fewer keys than dense counting, on every side.
     assert all(row.causal_flops[s] < row.flops[s] for s in bench.SIDES)
+
+
+class Stop(Exception):
+  """Ends a run right after its first partial results, as gpu_suite's time limit would."""
+
+
+def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
+                                                                         monkeypatch):
+  out, png = tmp_path / "gpthf.md", tmp_path / "gpthf.png"
+  finished, real_write = [], bench.benchmarking.write_partial
+
+  def write_then_stop(args, rows, *more, **kwargs):
+    real_write(args, rows, *more, **kwargs)
+    finished.extend(rows)
+    raise Stop
+  monkeypatch.setattr(bench.benchmarking, "write_partial", write_then_stop)
+  with pytest.raises(Stop):
+    bench.main(["--preset", "tiny", "--prompts", "8,12", "--new_tokens", "4", "--batches", "1",
+                "--repeats", "1", "--warmup", "0", "--out", str(out), "--plot", str(png)])
+  (row,) = finished
+  assert (row.prompt, row.new, row.batch) == (8, 4, 1) and row.done
+  text = out.read_text()
+  assert text.splitlines()[:3] == [
+      "# GPTHF vs an equally sized GPT without and with a KV cache: FLOPs and wall clock", "",
+      "**Partial: stopped after 1 of 2 rows**"]
+  times, flop_cells = _cells(text, "Wall clock"), _cells(text, "FLOPs")
+  assert set(times) == set(flop_cells) == {(8, 4, 1)}
+  seconds = {name: [run.seconds for run in row.sides[name].runs] for name in bench.SIDES}
+  assert times[8, 4, 1][3:7] == [f"{s[0] * 1e3:.1f} ({s[0] * 1e3:.1f}-{s[0] * 1e3:.1f})"
+                                 for s in seconds.values()]  # one repeat: its seconds
+  decoder, config = row.configs
+  want = [flops.gpthf_generation_flops(config, 8, 4).total,
+          *(flops.gpt_generation_flops(decoder, 8, 4, cached=cached, prefill=prefill).total
+            for cached, prefill in ((False, False), (True, False), (True, True)))]
+  assert flop_cells[8, 4, 1][3] == " / ".join(f"{w / 1e9:.3g}" for w in want)
+  assert matplotlib.image.imread(png).std() > 0  # the partial plot decodes as a PNG
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["gpthf.md", "gpthf.png"]
 
 
 def _numpy_counts(text, n, end, bound):

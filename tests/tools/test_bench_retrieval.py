@@ -2,11 +2,13 @@
 queries) with a one-layer tiny dual encoder at C = 1, 2, 4: the index sizes and MaxSim work
 it reports equal what the tokenized lengths give when re-derived with SentencePiece itself,
 ratios are to the C = 1 row, and the results file holds the command and every row."""
+import copy
 import importlib
 import json
 import math
 import pathlib
 
+import matplotlib.image
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -56,19 +58,27 @@ def result(tmp_path_factory):
           "--projection_dim", str(DIM), "--passage_length", str(PASSAGE_LENGTH),
           "--query_length", str(QUERY_LENGTH), "--ratios", *map(str, RATIOS),
           "--batch_size", "16", "--doc_batch_size", str(DOC_CHUNK), "--repeats", "2",
-          "--encode_repeats", "2", "--out", str(out)]
-  rows = bench.main(argv)
+          "--encode_repeats", "2", "--out", str(out), "--plot", str(out.with_suffix(".png"))]
+  snapshots, real_write = [], bench.benchmarking.write_partial
+
+  def write_and_snapshot(args, rows, *more, **kwargs):  # what a run stopped here leaves
+    real_write(args, rows, *more, **kwargs)
+    snapshots.append((copy.deepcopy(list(rows)), out.read_text(),
+                      matplotlib.image.imread(out.with_suffix(".png"))))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(bench.benchmarking, "write_partial", write_and_snapshot)
+    rows = bench.main(argv)
   processor = spm.SentencePieceProcessor(
       model_file=vocabularies.builtin_vocabulary().sentencepiece_model_file)
   full_texts = [". ".join(part for part in (p.title, p.text) if part) for p in corpus.values()]
   doc_lengths = np.array([_token_count(processor, t, PASSAGE_LENGTH) for t in full_texts])
   query_lengths = np.array([_token_count(processor, t, QUERY_LENGTH)
                             for t in queries.values()])
-  return rows, out.read_text(), doc_lengths, query_lengths
+  return rows, out.read_text(), doc_lengths, query_lengths, snapshots
 
 
 def test_index_bytes_and_vectors_follow_ceil_n_over_c(result):
-  rows, _, lengths, _ = result
+  rows, _, lengths, *_ = result
   assert [row.ratio for row in rows] == list(RATIOS)
   assert lengths.max() == PASSAGE_LENGTH and lengths.min() == 1  # cut and empty passages
   for row in rows:
@@ -80,7 +90,7 @@ def test_index_bytes_and_vectors_follow_ceil_n_over_c(result):
 
 
 def test_maxsim_work_counts_valid_and_padded_pairs(result):
-  rows, _, doc_lengths, query_lengths = result
+  rows, _, doc_lengths, query_lengths, _ = result
   order = sorted(range(len(doc_lengths)), key=lambda i: doc_lengths[i])  # index order
   for row in rows:
     counts = [math.ceil(doc_lengths[i] / row.ratio) for i in order]
@@ -93,7 +103,7 @@ def test_maxsim_work_counts_valid_and_padded_pairs(result):
 
 
 def test_ratios_are_to_the_c1_row(result):
-  rows, _, lengths, _ = result
+  rows, _, lengths, *_ = result
   rel = bench.ratios_to_first(rows)
   assert all(value == 1.0 for value in rel[0].values())
   for row, r in zip(rows, rel):
@@ -120,7 +130,7 @@ def _table(text: str, heading: str):
 
 
 def test_results_file_has_the_command_every_row_and_json_lines(result):
-  rows, text, lengths, _ = result
+  rows, text, lengths, *_ = result
   assert "- command: `python -m decal_jax.tools.bench_retrieval --beir_folder" in text
   assert "--ratios 1 2 4" in text and "random initialisation" in text
   assert "- machine:" in text and "- date:" in text
@@ -141,3 +151,45 @@ def test_results_file_has_the_command_every_row_and_json_lines(result):
   for record, row in zip(records, rows):
     assert record["index_bytes"] == row.index_bytes
     assert record["num_vectors"] == row.num_vectors
+
+
+def _records(text: str):
+  return [json.loads(line) for line in text.split("```jsonl\n", 1)[1].split("```")[0]
+          .splitlines()]
+
+
+def test_results_are_rewritten_partial_after_each_build_and_repeat(result):
+  """A step per build (3), encoding repeat after the build's (1) and scoring repeat (2):
+  after each but the last, --out holds the rows so far under the partial line; a run
+  stopped there keeps the builds' index sizes and the first timings the final rows hold."""
+  rows, final, lengths, _, snapshots = result
+  assert "Partial" not in final
+  assert len(snapshots) == 6 and snapshots[-1][1] == snapshots[-2][1]  # the last: no write
+  stages = ["1 of 6 steps** (index builds 1 of 3, encoding passes 1 of 2, scoring repeats 0",
+            "2 of 6 steps** (index builds 2 of 3, encoding passes 1 of 2, scoring repeats 0",
+            "3 of 6 steps** (index builds 3 of 3, encoding passes 1 of 2, scoring repeats 0",
+            "4 of 6 steps** (index builds 3 of 3, encoding passes 2 of 2, scoring repeats 0",
+            "5 of 6 steps** (index builds 3 of 3, encoding passes 2 of 2, scoring repeats 1"]
+  for step, ((partial_rows, text, image), stage) in enumerate(zip(snapshots, stages), 1):
+    assert image.ndim == 3 and image.std() > 0  # the partial plot decodes as a PNG
+    assert text.splitlines()[2] == f"**Partial: stopped after {stage} of 2)"
+    built = RATIOS[:step]
+    assert [row.ratio for row in partial_rows] == list(built)
+    size, scoring = _table(text, "Index size"), _table(text, "Query scoring")
+    assert sorted(size) == sorted(_table(text, "Corpus encoding")) == list(built)
+    assert sorted(scoring) == (list(RATIOS) if step == 5 else [])
+    for ratio, row in zip(built, rows):
+      expected = sum(math.ceil(n / ratio) for n in lengths) / lengths.sum()
+      assert float(size[ratio][3]) == pytest.approx(expected, abs=5e-4)
+    records = _records(text)
+    assert [r["index_bytes"] for r in records] == [row.index_bytes for row in rows[:step]]
+    passes = 1 if step < 4 else 2
+    assert [r["encode_s"] for r in records] == [row.encode_s[:passes] for row in rows[:step]]
+    assert [r["scoring_s"] for r in records] == [row.scoring_s[:max(step - 4, 0)]
+                                                 for row in rows[:step]]
+    if step < 5:
+      assert all(r["scoring_median_s"] is None and r["ratios_to_c1"]["scoring"] is None
+                 for r in records)
+  scored = _table(snapshots[4][1], "Query scoring")
+  for row in rows:  # one repeat: the median is the final row's first scoring time
+    assert scored[row.ratio][1].startswith(f"{row.scoring_s[0]:.3f} ")

@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 
+import matplotlib.image
 import numpy as np
 import pytest
 
@@ -43,6 +44,8 @@ def result(tmp_path_factory):
 def test_exact_rows_are_the_reference_and_none_bits_equal_exact(result):
   rows, _, _ = result
   assert len(rows) == 2 * 2 * 3  # corpora x ratios x (exact, 2 bits, none)
+  args = bench.parse_args(["--ratios", "1", "3", "--bits", "2", "none"])
+  assert bench.row_count(args, ["beir", "synthetic"]) == len(rows)
   for row in rows:
     if row["search"] == "exact":
       assert row["recall_vs_exact"] == 1.0 and "ndcg_loss" not in row
@@ -97,9 +100,45 @@ def test_results_file_has_command_tables_and_rows(result):
   rows, text, _ = result
   assert text.startswith("# Exact vs approximate") and "- command: `python " in text
   assert "- machine:" in text and "## beir" in text and "## synthetic 300 passages" in text
-  records = [json.loads(line) for line in text.split("```jsonl\n")[1].split("```")[0]
-             .splitlines()]
-  assert records == json.loads(json.dumps(rows))
+  assert "Partial" not in text  # a completed run (it wrote partial results on the way)
+  assert _records(text) == json.loads(json.dumps(rows))
+
+
+def _records(text):
+  return [json.loads(line) for line in text.split("```jsonl\n")[1].split("```")[0]
+          .splitlines()]
+
+
+class Stop(Exception):
+  """Ends a run right after its first partial results, as gpu_suite's time limit would."""
+
+
+def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
+                                                                         monkeypatch):
+  finished, real_write = [], bench.benchmarking.write_partial
+
+  def write_then_stop(args, rows, *more, **kwargs):
+    real_write(args, rows, *more, **kwargs)
+    finished.extend(rows)
+    raise Stop
+  monkeypatch.setattr(bench.benchmarking, "write_partial", write_then_stop)
+  out, png = tmp_path / "s.md", tmp_path / "s.png"
+  with pytest.raises(Stop):
+    bench.main(["--beir_folder", "", "--msmarco_folder", "", "--synthetic_passages", "120",
+                "--synthetic_length", "8", "--synthetic_topics", "10", "--synthetic_queries",
+                "6", "--dim", str(DIM), "--ratios", "2", "4", "--bits", "2", "none",
+                "--nprobe", "1", "4", "--top_k", "10", "--out", str(out), "--plot", str(png)])
+  (row,) = finished
+  assert row["search"] == "exact" and row["ratio"] == 2
+  text = out.read_text()
+  # per C: exact, then 2 bit widths x 2 nprobe
+  assert text.splitlines()[2] == "**Partial: stopped after 1 of 10 rows**"
+  assert _records(text) == json.loads(json.dumps([row]))
+  table = [line for line in text.split("## synthetic 120 passages\n")[1].splitlines()
+           if line.startswith("| 2 ")]
+  assert len(table) == 1 and table[0].startswith("| 2 | exact | float16 | - | - | ")
+  assert f" | {row['ndcg@10']:.4f} | - | {row['recall@100']:.4f} | " in table[0]
+  assert matplotlib.image.imread(png).std() > 0  # the partial plot decodes as a PNG
 
 
 def test_wall_line_splits_the_run_into_builds_and_searches():

@@ -162,6 +162,46 @@ def test_both_sides_decode_what_uncached_greedy_decoding_gives(result):
     np.testing.assert_array_equal(run.tokens, squid_want)
 
 
+def test_results_are_rewritten_partial_after_each_context_length(tmp_path, monkeypatch):
+  """Two context lengths: after the first, --out holds exactly its rows under the partial
+  line (what a run stopped there leaves behind) and --plot decodes; the completed run's file
+  has every row and no partial line, the first length's rows as the partial file had them."""
+  contexts, out, png = (CONTEXT, 2 * CONTEXT), tmp_path / "squid.md", tmp_path / "squid.png"
+  snapshots, real_write = [], bench.benchmarking.write_partial
+
+  def write_and_snapshot(args, rows, *more, **kwargs):
+    real_write(args, rows, *more, **kwargs)
+    snapshots.append((list(rows), out.read_text(), matplotlib.image.imread(png)))
+  monkeypatch.setattr(bench.benchmarking, "write_partial", write_and_snapshot)
+  rows = bench.main(["--preset", "tiny", "--contexts", ",".join(map(str, contexts)),
+                     "--ratios", ",".join(map(str, RATIOS)), "--query_length", str(QUERY),
+                     "--answer_length", "2", "--repeats", "1", "--warmup", "0",
+                     "--out", str(out), "--plot", str(png)])
+  assert len(snapshots) == len(contexts)  # a call per length; the last writes nothing, as
+  (partial_rows, partial, image), last = snapshots  # the final results follow at once
+  assert last[1] == partial
+  assert [(r.context, r.ratio) for r in rows] == [(c, r) for c in contexts for r in RATIOS]
+  assert all(a is b for a, b in zip(partial_rows, rows[:len(RATIOS)]))
+  assert len(partial_rows) == len(RATIOS)
+  lines = partial.splitlines()
+  assert lines[0].startswith("# Squid") and lines[1:4] == [
+      "", f"**Partial: stopped after {len(RATIOS)} of {2 * len(RATIOS)} rows**", ""]
+  table = _table_rows(partial)
+  assert set(table) == {(CONTEXT, r) for r in RATIOS}
+  for row in partial_rows:
+    base, squid = _totals(row.baseline), _totals(row.squid)
+    cells = table[row.context, row.ratio]
+    assert cells[4] == (f"{np.median(base) * 1e3:.1f} ({min(base) * 1e3:.1f}-"
+                        f"{max(base) * 1e3:.1f})")
+    assert cells[7] == f"{np.median(base) / np.median(squid):.2f}"
+  assert image.ndim == 3 and image.std() > 0  # the partial plot decodes as a PNG
+  final = out.read_text()
+  assert "Partial" not in final and final.startswith(lines[0] + "\n\n- command:")
+  final_table = _table_rows(final)
+  assert set(final_table) == {(c, r) for c in contexts for r in RATIOS}
+  assert all(final_table[key] == table[key] for key in table)
+
+
 def test_a_baseline_that_does_not_fit_is_reported_not_run(result, monkeypatch):
   models = result[1]
   def never_fits(compiled, what):
