@@ -17,6 +17,7 @@ from decal_jax import flops, models
 from decal_jax.networks import gpthf
 from decal_jax.networks.decoder import Decoder
 
+import partial_runs
 import paths
 
 REPO = paths.REPO
@@ -141,21 +142,11 @@ def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
     assert all(row.causal_flops[s] < row.flops[s] for s in bench.SIDES)
 
 
-class Stop(Exception):
-  """Ends a run right after its first partial results, as gpu_suite's time limit would."""
-
-
 def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
                                                                          monkeypatch):
   out, png = tmp_path / "gpthf.md", tmp_path / "gpthf.png"
-  finished, real_write = [], bench.benchmarking.write_partial
-
-  def write_then_stop(args, rows, *more, **kwargs):
-    real_write(args, rows, *more, **kwargs)
-    finished.extend(rows)
-    raise Stop
-  monkeypatch.setattr(bench.benchmarking, "write_partial", write_then_stop)
-  with pytest.raises(Stop):
+  finished = partial_runs.stop_after_first_partial(monkeypatch, bench.benchmarking)
+  with pytest.raises(partial_runs.Stop):
     bench.main(["--preset", "tiny", "--prompts", "8,12", "--new_tokens", "4", "--batches", "1",
                 "--repeats", "1", "--warmup", "0", "--out", str(out), "--plot", str(png)])
   (row,) = finished

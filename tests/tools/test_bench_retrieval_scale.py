@@ -12,6 +12,7 @@ import pytest
 
 from decal_jax.retrieval import beir, bm25
 
+import partial_runs
 
 bench = importlib.import_module("decal_jax.tools.bench_retrieval_scale")
 
@@ -109,21 +110,11 @@ def _records(text):
           .splitlines()]
 
 
-class Stop(Exception):
-  """Ends a run right after its first partial results, as gpu_suite's time limit would."""
-
-
 def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
                                                                          monkeypatch):
-  finished, real_write = [], bench.benchmarking.write_partial
-
-  def write_then_stop(args, rows, *more, **kwargs):
-    real_write(args, rows, *more, **kwargs)
-    finished.extend(rows)
-    raise Stop
-  monkeypatch.setattr(bench.benchmarking, "write_partial", write_then_stop)
+  finished = partial_runs.stop_after_first_partial(monkeypatch, bench.benchmarking)
   out, png = tmp_path / "s.md", tmp_path / "s.png"
-  with pytest.raises(Stop):
+  with pytest.raises(partial_runs.Stop):
     bench.main(["--beir_folder", "", "--msmarco_folder", "", "--synthetic_passages", "120",
                 "--synthetic_length", "8", "--synthetic_topics", "10", "--synthetic_queries",
                 "6", "--dim", str(DIM), "--ratios", "2", "4", "--bits", "2", "none",
