@@ -3,7 +3,7 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts xla_flags,train,squid,gpthf,retrieval_scale,retrieval
+  python -m decal_jax.tools.gpu_suite --lease --parts train,retrieval,squid,gpthf,retrieval_scale
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
 Parts, in this order (--parts: those named, in the order named); each runs as subprocesses under the part's time limit (at the limit:
