@@ -160,21 +160,31 @@ def bucket_sums(grad: Array, buckets: Array, num_buckets: int, method: str = "au
 
   'scatter' adds into the buckets one value at a time (the CPU's fast path, in float32).
   'onehot' contracts with a one-hot of the buckets in `grad`'s dtype, accumulating in
-  float32, a batch chunk at a time so the one-hot stays under `max_onehot` entries: no
-  atomics, for GPUs and TPUs (T5X builds its bias this way). 'auto' picks by the platform
-  the program is compiled for.
+  float32: no atomics, for GPUs and TPUs (T5X builds its bias this way). It loops over
+  chunks of query rows, so the one-hot stays under `max_onehot` entries; not over the
+  batch, which a data-parallel mesh shards (a loop slicing a sharded axis would gather the
+  whole cotangent onto every device). 'auto' picks by the platform the program is
+  compiled for.
   """
   if method == "scatter":
     cotangent = jnp.transpose(grad, (1, 0, 2, 3)).astype(jnp.float32)  # [heads, batch, q, k]
     return jnp.zeros((grad.shape[1], num_buckets), jnp.float32).at[:, buckets].add(cotangent)
   if method == "onehot":
-    def sums(args):  # one example: [heads, q, k], [q, k] -> [heads, num_buckets]
+    batch, _, q, k = grad.shape
+    rows = max(1, min(q, max_onehot // (batch * k * num_buckets)))  # query rows per chunk
+    chunks = -(-q // rows)
+    pad = chunks * rows - q  # padded rows: zero gradient, bucket -1 (an all-zero one-hot)
+    g = jnp.pad(jnp.moveaxis(grad, 2, 0), ((0, pad), (0, 0), (0, 0), (0, 0)))
+    g = g.reshape(chunks, rows, *g.shape[1:])  # [chunks, rows, batch, heads, k]
+    b = jnp.pad(jnp.moveaxis(buckets, 1, 0), ((0, pad), (0, 0), (0, 0)), constant_values=-1)
+    b = b.reshape(chunks, rows, *b.shape[1:])  # [chunks, rows, batch, k]
+
+    def sums(args):  # one chunk -> [heads, num_buckets]
       g, b = args
-      return jnp.einsum("hqk,qkn->hn", g, jax.nn.one_hot(b, num_buckets, dtype=g.dtype),
+      return jnp.einsum("rbhk,rbkn->hn", g, jax.nn.one_hot(b, num_buckets, dtype=g.dtype),
                         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
-    chunk = max(1, min(grad.shape[0], max_onehot // (buckets[0].size * num_buckets)))
-    return jnp.sum(jax.lax.map(sums, (grad, buckets), batch_size=chunk), axis=0)
+    return jnp.sum(jax.lax.map(sums, (g, b)), axis=0)
   if method == "auto":
     return jax.lax.platform_dependent(
         grad, buckets, cpu=lambda g, b: bucket_sums(g, b, num_buckets, "scatter"),

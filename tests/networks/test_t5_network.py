@@ -1,7 +1,11 @@
 """The T5.1.1 / DeCAL network against a numpy re-derivation and properties that must hold."""
 import dataclasses
 import functools
+import json
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -111,15 +115,48 @@ def test_relative_bias_gradient_sums_every_term_in_bf16():
 @pytest.mark.parametrize("method", ["scatter", "onehot"])
 def test_bucket_sums_methods_match_numpy(method):
   """Both ways of summing the gradient (the CPU's scatter, the accelerators' chunked
-  one-hot matmul: 7 examples in chunks of 2 here, the last one short) give the sums."""
-  batch, heads, q, k, num_buckets = 7, 2, 64, 32, 8
+  one-hot matmul: 63 query rows in chunks of 2 here, the last one padded) give the sums."""
+  batch, heads, q, k, num_buckets = 7, 2, 63, 32, 8
   rng = np.random.default_rng(1)
   grad = rng.standard_normal((batch, heads, q, k)).astype(np.float32)
   buckets = rng.integers(0, num_buckets, (batch, q, k)).astype(np.int32)
   got = jax.jit(attn.bucket_sums, static_argnums=(2, 3, 4))(
-      grad, buckets, num_buckets, method, 2 * q * k * num_buckets)
+      grad, buckets, num_buckets, method, 2 * batch * k * num_buckets)
   want, scale = _bucket_sums_float64(grad, buckets, num_buckets)
   np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), 1e-6 * scale)
+
+
+SHARDED_BUCKET_SUMS = """
+import json, re, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from decal_jax.layers import attention as attn
+rng = np.random.default_rng(0)
+grad = rng.standard_normal((8, 3, 40, 24)).astype(np.float32)
+buckets = rng.integers(0, 16, (8, 40, 24)).astype(np.int32)
+batch = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+f = jax.jit(lambda g, b: attn.bucket_sums(g, b, 16, "onehot", 2 * 8 * 24 * 16))
+g, b = jax.device_put(grad, batch), jax.device_put(buckets, batch)
+print("RESULT" + json.dumps({"all_gathers": len(re.findall("all-gather", f.lower(g, b).compile(
+    ).as_text())), "sums": np.asarray(f(g, b)).tolist(), "grad": grad.tolist(),
+    "buckets": buckets.tolist()}))
+"""
+
+
+def test_onehot_bucket_sums_keep_a_batch_sharded_cotangent_on_its_devices():
+  """With the batch sharded over 2 devices (data parallel), the one-hot sums loop over
+  query rows: no all-gather of the cotangent (a loop over batch chunks gathered it whole
+  onto every device), and the sums still equal numpy's."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  proc = subprocess.run([sys.executable, "-c", SHARDED_BUCKET_SUMS], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+  out = json.loads(line[len("RESULT"):])
+  assert out["all_gathers"] == 0
+  want, scale = _bucket_sums_float64(np.array(out["grad"]), np.array(out["buckets"]), 16)
+  np.testing.assert_array_less(np.abs(np.array(out["sums"]) - want), 1e-6 * scale)
 
 
 def test_relative_bias_gradient_has_no_scatter_off_the_cpu():
