@@ -237,6 +237,7 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        batch_size: int = 64, top_k: int = 100, index_dir: Optional[str] = None,
                        index_dtype: str = "float16", search: str = "exact",
                        nprobe: int = residual.DEFAULT_NPROBE,
+                       query_cells: int = residual.DEFAULT_QUERY_CELLS,
                        candidates: Optional[int] = None,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
                        quantizer: str = codec_lib.DEFAULT_QUANTIZER,
@@ -246,13 +247,14 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json (approximate search:
-  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-candidates<c>[-<quantizer>].*, the
-  quantizer named when it is not the default, a sharded index:
+  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-query<m>-candidates<c>[-<quantizer>].*,
+  the quantizer named when it is not the default, a sharded index:
   <name>.<split>.step<N>.shards[.approximate-...].*, so that a run never overwrites another
   search's or another setting's results); returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
-  candidates (None: residual.default_candidates), residual_bits in 1, 2, 4, 8 or None,
-  num_centroids default ColBERTv2's, quantizer one of codec.QUANTIZERS, centroid_probe > 0:
+  query_cells (both residual.ResidualIndex.search's), candidates (None:
+  residual.default_candidates), residual_bits in 1, 2, 4, 8 or None, num_centroids default
+  ColBERTv2's, quantizer one of codec.QUANTIZERS, centroid_probe > 0:
   the build's nearest-centroid search two-level, residual.build_residual_index).
   shard_docs: index in shards of this many passages (`sharded.py`; resumable), each process
   of a multi-process run encoding its block of them; a multi-process run shards even
@@ -290,21 +292,22 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   if search == "approximate":
     recorded = codec_lib.quantizer_setting(residual_bits, quantizer)  # None: uncompressed
     other = "" if recorded in (None, codec_lib.DEFAULT_QUANTIZER) else f"-{recorded}"
-    results += (f".approximate-b{residual_bits or 'none'}-nprobe{nprobe}-candidates"
-                f"{candidates or 'default'}{other}")
+    results += (f".approximate-b{residual_bits or 'none'}-nprobe{nprobe}-query{query_cells}"
+                f"-candidates{candidates or 'default'}{other}")
     compress = build_or_open_residual if shard_docs is None else sharded_residual
     searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}{other}", data,
                         corpus_index, residual_bits, num_centroids, quantizer=quantizer,
                         centroid_probe=centroid_probe)
-    search_kwargs = {"nprobe": nprobe, "candidates": candidates}
+    search_kwargs = {"nprobe": nprobe, "query_cells": query_cells, "candidates": candidates}
   run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)
   scores.update(ir_metrics.beir_measures(run, data.qrels))  # BEIR's set + MRR@10
   scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=searcher.nbytes, search=search,
-                **(dict(residual_bits=residual_bits, nprobe=nprobe, candidates=candidates,
-                        quantizer=recorded) if search == "approximate" else {}))
+                **(dict(residual_bits=residual_bits, nprobe=nprobe, query_cells=query_cells,
+                        candidates=candidates, quantizer=recorded)
+                   if search == "approximate" else {}))
   _write_results(model_dir, results, name, split, step, run, scores, top_k)
   return scores
 

@@ -16,8 +16,9 @@ scan; this one the index and search that scale past one small corpus, issue 24.)
       --out docs/results/retrieval_scale_1m_cpu.md  # 1M passages (issue 24's scale target)
 
 Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and
-`residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector,
-`--candidates` documents reranked with exact MaxSim over decompressed vectors):
+`residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector and
+`--query_cells` per query, `--candidates` documents reranked with exact MaxSim over
+decompressed vectors):
   * a BEIR folder (default ../shared/data's SciFact) and an MS MARCO passage folder
     (default ../shared/data's TREC-DL 2019 judged passages; DECAL_DATA_DIR overrides
     ../shared/data), real text and qrels, read by a training-free stand-in encoder, so that
@@ -198,8 +199,8 @@ class _Searched:
 
 def measure(corpus: Corpus, args, tmp: str,
             finished: Optional[Callable[[dict], None]] = None) -> List[dict]:
-  """The corpus's rows, per C the exact one, then one per bit width (and quantizer), nprobe
-  and candidates; `finished(row)` after each (default: logged to stderr)."""
+  """The corpus's rows, per C the exact one, then one per bit width (and quantizer), nprobe,
+  query cells and candidates; `finished(row)` after each (default: logged to stderr)."""
   finished = finished or _log
   rows = []
   for ratio in args.ratios:
@@ -227,12 +228,14 @@ def measure(corpus: Corpus, args, tmp: str,
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
       label = "none" if bits is None else bits if len(args.quantizers) == 1 else (
           f"{bits} ({quantizer})")
-      for nprobe, candidates in itertools.product(args.nprobe, args.candidates):
+      for nprobe, cells, candidates in itertools.product(args.nprobe, args.query_cells,
+                                                         args.candidates):
         searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
-                                   candidates=candidates)
+                                   query_cells=cells, candidates=candidates)
         rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
                          search="approximate", bits=label, quantizer=approx.codec.quantizer,
-                         nprobe=nprobe, candidates=candidates or residual.default_candidates(
+                         nprobe=nprobe, query_cells=cells,
+                         candidates=candidates or residual.default_candidates(
                              args.top_k, exact.num_docs),
                          num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
                          meta["centroid_bytes"] / exact.num_docs,
@@ -255,7 +258,8 @@ def bit_widths(args) -> List[tuple]:
 
 def row_count(args, corpora: List[Corpus]) -> int:
   """The rows a run measures: per corpus and C, the exact one and the approximate sweep."""
-  sweep = len(bit_widths(args)) * len(args.nprobe) * len(args.candidates)
+  sweep = (len(bit_widths(args)) * len(args.nprobe) * len(args.query_cells)
+           * len(args.candidates))
   return len(corpora) * len(args.ratios) * (1 + sweep)
 
 
@@ -268,15 +272,15 @@ def _log(row: dict) -> None:
 def tables(rows: List[dict]) -> List[str]:
   lines = []
   for name in dict.fromkeys(r["corpus"] for r in rows):
-    lines += [f"## {name}", "", "| C | search | residual bits | nprobe | candidates | "
-              "bytes / passage | NDCG@10 | NDCG@10 - exact | Recall@100 | Recall@100 / exact | "
+    lines += [f"## {name}", "", "| C | search | residual bits | nprobe | query cells | "
+              "candidates | bytes / passage | NDCG@10 | NDCG@10 - exact | Recall@100 | Recall@100 / exact | "
               "share of exact top-k | queries/s | x exact | build s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["corpus"] == name):
       loss = f"{-r['ndcg_loss']:+.4f}" if "ndcg_loss" in r else "-"
       ratio = f"{r['recall@100_vs_exact']:.4f}" if "ndcg_loss" in r else "-"
       lines.append(f"| {r['ratio']} | {r['search']} | {r['bits']} | {r.get('nprobe', '-')} | "
-                   f"{r.get('candidates', '-')} | "
+                   f"{r.get('query_cells', '-')} | {r.get('candidates', '-')} | "
                    f"{r['bytes_per_passage']:.0f} | {r['ndcg@10']:.4f} | {loss} | "
                    f"{r['recall@100']:.4f} | {ratio} | {r['recall_vs_exact']:.4f} | "
                    f"{r['queries_per_s']:.1f} | {r.get('speed_vs_exact', 1.0):.1f} | "
@@ -310,8 +314,8 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"encoder: the training-free stand-in of decal_jax/tools/bench_retrieval_scale.py (d = "
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
-      f"approximate: nprobe and candidates per row (defaults: nprobe "
-      f"{residual.DEFAULT_NPROBE}, candidates max(4 top_k, min(docs, 4096))), centroids "
+      f"approximate: nprobe, query cells and candidates per row (defaults: nprobe "
+      f"{residual.DEFAULT_NPROBE}, query cells {residual.DEFAULT_QUERY_CELLS}, candidates max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
       f"k-means on {args.sample_vectors:,} sampled vectors, 10 iterations, shared by the bit "
       f"widths of one C; nearest-centroid search "
@@ -392,6 +396,9 @@ def parse_args(argv=None):
                       help="residual quantizers (codec.py) of the b-bit rows, side by side")
   parser.add_argument("--nprobe", type=int, nargs="+", default=[residual.DEFAULT_NPROBE],
                       help="cells probed per query vector (several: a sweep, one row each)")
+  parser.add_argument("--query_cells", type=int, nargs="+",
+                      default=[residual.DEFAULT_QUERY_CELLS],
+                      help="cells probed per query, by summed similarity (several: a sweep)")
   parser.add_argument("--candidates", type=_candidates, nargs="+", default=[None],
                       help="docs reranked per query ('default': residual.default_candidates; "
                       "several: a sweep)")

@@ -302,7 +302,8 @@ def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
                                               query_batch_size=1)[1], want_ids)
   # with fewer probes the result is a subset of the candidates, still exactly scored
-  few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8)
+  few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8,
+                                      query_cells=0)
   reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
   for s, i in zip(few_scores[0], few_ids[0]):
     if i >= 0 and i in reference:
@@ -353,9 +354,10 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
     pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
 
 
-def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
+def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0):
   """Re-derivation of one query's approximate search, document by document: probe the nprobe
-  centroids nearest (L2) to each unit query vector; candidates = docs with a vector
+  centroids nearest (L2) to each unit query vector and, with every vector, the query_cells
+  centroids of largest sum over the query vectors of max(q.c, 0); candidates = docs with a vector
   assigned (L2) to a centroid some query vector probed; cell score = the sum over query
   vectors of the best q.c among those probed cells holding one of the doc's vectors, floored
   at 0; keep the 16 x candidates best; centroid interaction = the sum over query vectors of
@@ -367,7 +369,8 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
   dots = q @ centroids.T  # [mq, k]
   unit = q / np.linalg.norm(q, axis=1, keepdims=True)
   distances = np.linalg.norm(unit[:, None] - centroids[None], axis=-1)  # [mq, k]
-  probed = [set(np.argsort(row, kind="stable")[:nprobe]) for row in distances]
+  shared = set(np.argsort(-np.maximum(dots, 0).sum(axis=0), kind="stable")[:query_cells])
+  probed = [set(np.argsort(row, kind="stable")[:nprobe]) | shared for row in distances]
   union = set().union(*probed)
   rough, plain, full = {}, {}, {}
   for d, vectors in enumerate(docs):
@@ -387,8 +390,10 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k):
   return sorted(exact, key=lambda d: (-exact[d], d))[:k], rough, plain, full
 
 
-@pytest.mark.parametrize("bits,probe_with", [(2, "faiss"), (None, "faiss"), (2, "numpy")])
-def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, probe_with):
+@pytest.mark.parametrize("bits,probe_with,query_cells",
+                         [(2, "faiss", 0), (None, "faiss", 0), (2, "numpy", 0), (2, "faiss", 3),
+                          (2, "numpy", 3)])
+def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, probe_with, query_cells):
   docs = _corpus(seed=4)
   exact = _exact(tmp_path / "exact", docs)
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
@@ -399,15 +404,17 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, probe_with
   else:
     approx.host_centroid_search.index = None  # numpy's partition over the centroids
   queries, valid = _queries(seed=11)
-  scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4)
+  scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4,
+                              query_cells=query_cells)
   for i in range(len(queries)):
     q = queries[i][valid[i]]
-    want, rough, plain, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=4, k=4)
+    want, rough, plain, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=4, k=4,
+                                                  query_cells=query_cells)
     assert len(rough) > 16 * 4  # every cap applies
     assert ids[i].tolist() == want
     # the stages' scores of every candidate, against the re-derivation
     centroid_scores = (q @ approx.codec.centroids.T)[None]  # [1, mq, k]
-    probed = approx.probe(q[None], centroid_scores, 2)
+    probed = approx.probe(q[None], centroid_scores, 2, query_cells)
     cand, cell_scores = approx.cell_interaction(centroid_scores[0], probed[0])
     assert cand.tolist() == sorted(rough)
     np.testing.assert_allclose(cell_scores, [rough[d] for d in cand], rtol=1e-5, atol=1e-6)
@@ -416,6 +423,29 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, probe_with
       got = approx.centroid_interaction(rotated, centroid_scores, probed, [cand], refine)[0][0]
       np.testing.assert_allclose(got, [want_scores[d] for d in cand], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
+
+
+def test_query_cells_find_a_pooled_vector_no_single_query_vector_is_near(tmp_path):
+  """Hand-worked: a passage's one vector pools four words, v = (e1 + e2 + e3 + e4) / 2, in
+  its own cell; the query is the four words e1..e4, each nearest to its own word's cell
+  (distance 0 against |e_i - v| = 1). One probe per query vector misses the passage; the
+  query's best cell by summed similarity (4 x 0.5 = 2 at v, 1 at each e_i) finds it, and it
+  ranks first with MaxSim 2 against 1 for each single-word passage."""
+  eye = np.eye(DIM, dtype=np.float32)
+  pooled = eye[:4].sum(axis=0, keepdims=True) / 2  # [1, DIM], unit
+  docs = [eye[i:i + 1] for i in range(4)] + [pooled] + [eye[i:i + 1] for i in range(4, DIM)]
+  exact = _exact(tmp_path / "exact", docs)
+  centroids = np.concatenate([eye, pooled])  # [DIM + 1, DIM]: each doc in its own cell
+  approx = residual.build_residual_index(str(tmp_path / "res"), exact, None,
+                                         centroids=centroids)
+  queries, valid = eye[None, :4], np.ones((1, 4), bool)  # [1, 4, DIM]
+  _, missed = approx.search(queries, valid, top_k=3, nprobe=1, query_cells=0)
+  assert 4 not in missed[0] and sorted(missed[0][:3]) == [0, 1, 2]
+  scores, found = approx.search(queries, valid, top_k=3, nprobe=1, query_cells=1)
+  assert found[0, 0] == 4 and scores[0, 0] == pytest.approx(2.0)
+  assert approx.probe(queries, queries @ centroids.T, 1, 1)[0, :, 1].tolist() == [DIM] * 4
+  with pytest.raises(ValueError, match="query_cells >= 0"):
+    approx.search(queries, valid, nprobe=1, query_cells=-1)
 
 
 def test_a_rotated_index_without_its_rotation_names_the_file(tmp_path):

@@ -102,7 +102,7 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   retrieve.main(args + ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
                         "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"])
   gin.clear_config()
-  approx_stem = f"{stem}.approximate-bnone-nprobe100000-candidates100000"
+  approx_stem = f"{stem}.approximate-bnone-nprobe100000-query32-candidates100000"
   approximate = ir_metrics.read_trec_run(f"{approx_stem}.trec")
   assert {q: ir_metrics.rank(d) for q, d in approximate.items()} == {
       q: ir_metrics.rank(d) for q, d in run.items()}
@@ -115,8 +115,8 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   for quantizer, suffix in (("rotated-lloyd", ""), ("quantile", "-quantile")):
     retrieve.main(args + ["--gin.SEARCH='approximate'", f"--gin.QUANTIZER='{quantizer}'"])
     gin.clear_config()
-    metrics = json.loads(pathlib.Path(
-        f"{stem}.approximate-b2-nprobe16-candidatesdefault{suffix}.metrics.json").read_text())
+    metrics = json.loads(pathlib.Path(f"{stem}.approximate-b2-nprobe16-query32-"
+                                      f"candidatesdefault{suffix}.metrics.json").read_text())
     assert (metrics["quantizer"], metrics["residual_bits"]) == (quantizer, 2)
     meta = json.loads((model_dir / "index" / f"beir_fixture.step30.residual-b2{suffix}" /
                        "meta.json").read_text())
@@ -135,7 +135,8 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   single = {p.name: p.read_bytes() for p in (model_dir / "retrieval").glob("*.step30*")}
   for extra, results in (([], f"{stem}.shards"), (
       ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None", "--gin.NPROBE=100000",
-       "--gin.CANDIDATES=100000"], f"{stem}.shards.approximate-bnone-nprobe100000-candidates100000")):
+       "--gin.CANDIDATES=100000"],
+      f"{stem}.shards.approximate-bnone-nprobe100000-query32-candidates100000")):
     retrieve.main(args + ["--gin.SHARD_DOCS=8"] + extra)
     gin.clear_config()
     sharded_run = ir_metrics.read_trec_run(f"{results}.trec")
