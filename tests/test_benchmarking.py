@@ -1,4 +1,4 @@
-"""decal_jax.benchmarking: random weights re-derived with numpy, XLA's FLOP count of a matmul
+"""decal_jax.benchmarking and results_files: random weights re-derived with numpy, XLA's FLOP count of a matmul
 against 2 m n k, the Markdown / JSON lines writers against hand-written text, and the
 side-by-side bookkeeping on hand-made timings."""
 import argparse
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax import benchmarking
+from decal_jax import benchmarking, results_files
 
 
 def test_random_params_are_stretches_of_one_seeded_block():
@@ -53,8 +53,8 @@ def test_markdown_table_and_header():
 
 def test_jsonl_appends_one_line_per_row(tmp_path):
   path = tmp_path / "sub" / "rows.jsonl"
-  benchmarking.write_jsonl(str(path), [{"a": 1}])
-  benchmarking.write_jsonl(str(path), [{"a": 2}, {"b": [1, 2]}])
+  results_files.write_jsonl(str(path), [{"a": 1}])
+  results_files.write_jsonl(str(path), [{"a": 2}, {"b": [1, 2]}])
   assert [json.loads(line) for line in path.read_text().splitlines()] == [
       {"a": 1}, {"a": 2}, {"b": [1, 2]}]
 
@@ -69,7 +69,7 @@ def test_partial_results_are_marked_under_the_title_until_every_row_is_done(tmp_
   plotted = []
 
   def write(rows, total, **kwargs):
-    benchmarking.write_partial(args, rows, len(rows), total, _results,
+    results_files.write_partial(args, rows, len(rows), total, _results,
                                lambda rows, path: plotted.append((rows, path)), **kwargs)
   write(["a"], 3)
   assert pathlib.Path(args.out).read_text() == (
@@ -85,7 +85,7 @@ def test_partial_results_are_marked_under_the_title_until_every_row_is_done(tmp_
 
 def test_a_partial_write_that_fails_leaves_the_last_file_whole(tmp_path):
   args = argparse.Namespace(out=str(tmp_path / "r.md"), plot=None)
-  benchmarking.write_partial(args, ["a"], 1, 2, _results)
+  results_files.write_partial(args, ["a"], 1, 2, _results)
   before = (tmp_path / "r.md").read_text()
 
   class Stop(Exception):
@@ -94,20 +94,20 @@ def test_a_partial_write_that_fails_leaves_the_last_file_whole(tmp_path):
   def markdown(rows):
     raise Stop  # as a kill while the new results are put together
   with pytest.raises(Stop):
-    benchmarking.write_partial(args, ["a", "b"], 2, 3, markdown)
+    results_files.write_partial(args, ["a", "b"], 2, 3, markdown)
   assert (tmp_path / "r.md").read_text() == before
   assert [p.name for p in tmp_path.iterdir()] == ["r.md"]  # no temporary file left
 
 
 def test_a_saved_figure_is_the_png_matplotlib_writes(tmp_path):
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   figures = []
   for _ in range(2):
     fig, ax = plt.subplots(figsize=(2, 2))
     ax.plot([1, 2, 3], [3, 1, 2])
     figures.append(fig)
   figures[0].savefig(tmp_path / "direct.png", dpi=120)
-  benchmarking.save_figure(figures[1], str(tmp_path / "sub" / "saved.png"))
+  results_files.save_figure(figures[1], str(tmp_path / "sub" / "saved.png"))
   assert (tmp_path / "sub" / "saved.png").read_bytes() == (tmp_path / "direct.png").read_bytes()
   assert [p.name for p in (tmp_path / "sub").iterdir()] == ["saved.png"]
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import benchmarking
+from decal_jax import benchmarking, results_files
 from decal_jax.benchmarking import median_seconds, xla_cost
 from decal_jax.networks.t5 import T5Config, Transformer
 
@@ -60,7 +60,7 @@ def measure(cfg: T5Config, batch: int, n: int, decode_len: int, repeats: int, pa
 
 def plot(rows, path: str, title: str) -> None:
   """Encoder and decoder-step cost relative to C = 1, per input length (needs matplotlib)."""
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
   for ax, (col, name) in zip(axes, ((7, "encoder"), (9, "decoder step"))):
     for n in sorted({r[0] for r in rows}):
@@ -75,7 +75,7 @@ def plot(rows, path: str, title: str) -> None:
   axes[0].set_ylabel("ratio to C = 1")
   fig.suptitle(title)
   fig.tight_layout()
-  benchmarking.save_figure(fig, path)
+  results_files.save_figure(fig, path)
 
 
 def run(args) -> str:
@@ -137,7 +137,7 @@ def main(argv=None):
   table = run(args)
   print(table)
   if args.out:
-    benchmarking.write_text(args.out, table)
+    results_files.write_text(args.out, table)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from decal_jax import benchmarking, decoding, flops, models
+from decal_jax import benchmarking, decoding, flops, models, results_files
 from decal_jax.benchmarking import (DoesNotFit, Run, Side, available_bytes, check_fits,
                                     decoder_line, gflop, load_average, needed_bytes, timed)
 from decal_jax.data import vocabularies
@@ -274,7 +274,7 @@ def run_row(row: Row, args, params) -> None:
 
 def run(args) -> List[Row]:
   """Every grid row; after each row run, the finished rows (skipped ones included) are
-  written as partial results (`benchmarking.write_partial`), so a run stopped midway keeps
+  written as partial results (`results_files.write_partial`), so a run stopped midway keeps
   them."""
   args.load_before = load_average()
   rows = grid(args)
@@ -289,7 +289,7 @@ def run(args) -> List[Row]:
     tqdm.tqdm.write(_summary(row))
     pending.discard(id(row))
     finished = [r for r in rows if id(r) not in pending]
-    benchmarking.write_partial(args, finished, len(finished), len(rows),
+    results_files.write_partial(args, finished, len(finished), len(rows),
                                lambda done: markdown(args, done), plot)
   args.load_after = load_average()
   return rows
@@ -397,7 +397,7 @@ def markdown(args, rows: Sequence[Row]) -> str:
 def plot(rows: Sequence[Row], path: str) -> None:
   """Measured speedups (left) and FLOP ratios (right) of GPTHF vs prompt length n: colour =
   baseline, line style = k, marker = batch; the paper's point as a star."""
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   done = [row for row in rows if row.done]
   colours = {"GPT no cache": "tab:red", "GPT cache": "tab:blue",
              "GPT cache + prefill": "tab:green"}
@@ -424,10 +424,10 @@ def plot(rows: Sequence[Row], path: str) -> None:
   for ax, title in ((time_ax, "measured speedup of GPTHF (baseline time / GPTHF's)"),
                     (flop_ax, "FLOP ratio as computed (baseline / GPTHF)")):
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    benchmarking.log_log_axes(ax, "prompt length n (tokens)", title, fontsize=6.5,
+    results_files.log_log_axes(ax, "prompt length n (tokens)", title, fontsize=6.5,
                               loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
   fig.tight_layout()
-  benchmarking.save_figure(fig, path, bbox_inches="tight")
+  results_files.save_figure(fig, path, bbox_inches="tight")
 
 
 # ----------------------------------------------------------------------------- main

@@ -20,8 +20,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from decal_jax import losses  # noqa: E402
-from decal_jax.benchmarking import (machine_record, median_seconds, write_jsonl,  # noqa: E402
-                                    xla_cost)
+from decal_jax.benchmarking import machine_record, median_seconds, xla_cost  # noqa: E402
+from decal_jax.results_files import write_jsonl  # noqa: E402
 
 
 def onehot_loss(logits, targets, weights, label_smoothing: float, z_loss: float):

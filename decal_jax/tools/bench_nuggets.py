@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from decal_jax import benchmarking
+from decal_jax import benchmarking, results_files
 from decal_jax.benchmarking import (DoesNotFit, check_fits, gib, greedy, load_average,
                                     needed_bytes, timed, xla_cost)
 from decal_jax.networks.decoder import Decoder, DecoderConfig
@@ -352,7 +352,7 @@ def main(argv=None):
   table = markdown(args, run(args))
   print(table)
   if args.out:
-    benchmarking.write_text(args.out, table)
+    results_files.write_text(args.out, table)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only seqio's input p
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from decal_jax import benchmarking, flops, gin_utils  # noqa: E402
+from decal_jax import benchmarking, flops, gin_utils, results_files  # noqa: E402
 from decal_jax.benchmarking import alternating, load_average  # noqa: E402
 from decal_jax.retrieval import beir, index, pipeline  # noqa: E402
 
@@ -330,7 +330,7 @@ def save_partial(args, rows: Sequence[Row], about: dict) -> None:
   total = len(args.ratios) + args.encode_repeats - 1 + args.repeats
   detail = (f"index builds {len(rows)} of {len(args.ratios)}, encoding passes {passes} of "
             f"{args.encode_repeats}, scoring repeats {scored} of {args.repeats}")
-  benchmarking.write_partial(args, rows, done, total,
+  results_files.write_partial(args, rows, done, total,
                              lambda done_rows: markdown(args, done_rows, about), plot,
                              unit="steps", detail=detail)
 
@@ -450,7 +450,7 @@ def markdown(args, rows: Sequence[Row], about: dict) -> str:
 
 def plot(rows: Sequence[Row], path: str) -> None:
   """Measured ratios to C = 1 (solid) against their expectations (dashed)."""
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   rel = ratios_to_first(rows)
   xs = [row.ratio for row in rows]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -466,11 +466,11 @@ def plot(rows: Sequence[Row], path: str) -> None:
     ax.plot(at, [r[expected] for _, r in known], "s--", color=color, alpha=0.6,
             label=f"{label} (expected)")
   ax.plot(xs, [1 / x for x in xs], ":", color="gray", label="1/C")
-  benchmarking.log_log_axes(ax, "passage compression ratio C", None, "ratio to C = 1",
+  results_files.log_log_axes(ax, "passage compression ratio C", None, "ratio to C = 1",
                             xbase=2, ybase=2, fontsize=7)
   ax.set_xticks(xs, [str(x) for x in xs])
   fig.tight_layout()
-  benchmarking.save_figure(fig, path)
+  results_files.save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- main
@@ -531,7 +531,7 @@ def main(argv=None) -> List[Row]:
   rows, about = run(args)
   if args.plot:
     plot(rows, args.plot)
-  benchmarking.report(markdown(args, rows, about), args.out)
+  results_files.report(markdown(args, rows, about), args.out)
   return rows
 
 

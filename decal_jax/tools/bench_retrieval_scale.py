@@ -49,7 +49,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from decal_jax import benchmarking
+from decal_jax import benchmarking, results_files
 from decal_jax.retrieval import beir, bm25, index, ir_metrics, msmarco, residual
 from decal_jax.retrieval import codec as codec_lib
 
@@ -273,8 +273,8 @@ def tables(rows: List[dict]) -> List[str]:
   lines = []
   for name in dict.fromkeys(r["corpus"] for r in rows):
     lines += [f"## {name}", "", "| C | search | residual bits | nprobe | query cells | "
-              "candidates | bytes / passage | NDCG@10 | NDCG@10 - exact | Recall@100 | Recall@100 / exact | "
-              "share of exact top-k | queries/s | x exact | build s |",
+              "candidates | bytes / passage | NDCG@10 | NDCG@10 - exact | Recall@100 | "
+              "Recall@100 / exact | share of exact top-k | queries/s | x exact | build s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in rows if r["corpus"] == name):
       loss = f"{-r['ndcg_loss']:+.4f}" if "ndcg_loss" in r else "-"
@@ -315,7 +315,8 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
       f"approximate: nprobe, query cells and candidates per row (defaults: nprobe "
-      f"{residual.DEFAULT_NPROBE}, query cells {residual.DEFAULT_QUERY_CELLS}, candidates max(4 top_k, min(docs, 4096))), centroids "
+      f"{residual.DEFAULT_NPROBE}, query cells {residual.DEFAULT_QUERY_CELLS}, candidates "
+      f"max(4 top_k, min(docs, 4096))), centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
       f"k-means on {args.sample_vectors:,} sampled vectors, 10 iterations, shared by the bit "
       f"widths of one C; nearest-centroid search "
@@ -342,7 +343,7 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
 def plot(rows: List[dict], path: str) -> None:
   """Bytes per passage (log) vs NDCG@10, one line per corpus and C (points: bit widths;
   the square: exact)."""
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   names = list(dict.fromkeys(r["corpus"] for r in rows))
   fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.2), squeeze=False)
   for ax, name in zip(axes[0], names):
@@ -362,7 +363,7 @@ def plot(rows: List[dict], path: str) -> None:
     ax.set_title(name, fontsize=9)
     ax.legend(fontsize=7)
   fig.tight_layout()
-  benchmarking.save_figure(fig, path)
+  results_files.save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- main
@@ -438,7 +439,7 @@ def main(argv=None) -> List[dict]:
     _log(row)
     rows.append(row)
     _timing(args, start)
-    benchmarking.write_partial(args, rows, len(rows), total,
+    results_files.write_partial(args, rows, len(rows), total,
                                lambda done: markdown(args, done, corpora), plot)
 
   with tempfile.TemporaryDirectory(prefix="bench_retrieval_scale_") as tmp:
@@ -447,7 +448,7 @@ def main(argv=None) -> List[dict]:
   _timing(args, start)
   if args.plot:
     plot(rows, args.plot)
-  benchmarking.report(markdown(args, rows, corpora), args.out)
+  results_files.report(markdown(args, rows, corpora), args.out)
   return rows
 
 

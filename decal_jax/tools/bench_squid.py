@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from decal_jax import benchmarking, flops
+from decal_jax import benchmarking, flops, results_files
 from decal_jax.benchmarking import (DoesNotFit, Run, Side, available_bytes, check_fits,
                                     decoder_line, gflop, gib, greedy, greedy_steps,
                                     load_average, ms, needed_bytes, timed, xla_cost,
@@ -279,14 +279,14 @@ class Row:
 
 def run(args) -> List[Row]:
   """Every (L, ρ) row; after each context length, the rows so far are written as partial
-  results (`benchmarking.write_partial`), so a run stopped midway keeps them."""
+  results (`results_files.write_partial`), so a run stopped midway keeps them."""
   args.load_before = load_average()
   config = squid_config(args)
   models = build(config, args.seed)
   rows, total = [], len(args.contexts) * len(args.ratios)
   for length in tqdm.tqdm(args.contexts, desc="contexts", dynamic_ncols=True):
     rows += measure_length(args, models, length)
-    benchmarking.write_partial(args, rows, len(rows), total,
+    results_files.write_partial(args, rows, len(rows), total,
                                lambda done: markdown(args, done), plot)
   args.load_after = load_average()
   return rows
@@ -417,7 +417,7 @@ def markdown(args, rows: Sequence[Row]) -> str:
 
 def plot(rows: Sequence[Row], path: str) -> None:
   """End-to-end latency and large-decoder FLOPs vs L: the baseline and one line per ρ."""
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   done = [row for row in rows if not row.note]
   fig, (latency_ax, flops_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
   by_length = {row.context: row for row in done}  # the baseline is shared by every ρ
@@ -434,9 +434,9 @@ def plot(rows: Sequence[Row], path: str) -> None:
                   label=f"Squid ρ={ratio} (large decoder)")
   for ax, title, unit in ((latency_ax, "end-to-end latency", "seconds"),
                           (flops_ax, "large-decoder FLOPs", "GFLOP")):
-    benchmarking.log_log_axes(ax, "context length L (tokens)", title, unit, xbase=2)
+    results_files.log_log_axes(ax, "context length L (tokens)", title, unit, xbase=2)
   fig.tight_layout()
-  benchmarking.save_figure(fig, path)
+  results_files.save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- main

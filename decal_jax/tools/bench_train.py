@@ -60,7 +60,8 @@ from decal_jax import (flops, gin_utils, optimizers, partitioning, step_breakdow
                        train_state, train_step)
 from decal_jax.data import batches  # noqa: E402
 from decal_jax.benchmarking import (device_peak, machine_record, profile_top_ops,  # noqa: E402
-                                    write_jsonl, xla_cost)
+                                    xla_cost)
+from decal_jax.results_files import write_jsonl  # noqa: E402
 from decal_jax.networks.t5 import T5Config  # noqa: E402
 
 SYNTHETIC = ("synthetic batches: random ids, exact shapes, no padding or packing, on the "

@@ -27,7 +27,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from decal_jax.benchmarking import device_peak, machine_record, write_jsonl  # noqa: E402
+from decal_jax.benchmarking import device_peak, machine_record  # noqa: E402
+from decal_jax.results_files import write_jsonl  # noqa: E402
 
 EMB, HEADS, HEAD_DIM, MLP = 512, 6, 64, 1024  # T5.1.1-small
 

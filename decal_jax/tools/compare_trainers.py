@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from decal_jax import benchmarking, gin_utils  # noqa: E402
+from decal_jax import benchmarking, gin_utils, results_files  # noqa: E402
 
 TRAINERS = ("t5x+t5x", "t5x+ours", "ours")
 TAGS = {"t5x+t5x": "timing/steps_per_second", "t5x+ours": "timing/steps_per_second",
@@ -345,7 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
       print(f"round {round_index}  C={ratio} {dtype:<9}{trainer:<10}{row['steps_per_s']:7.2f} "
             f"steps/s  (load {row['load_before']}, {row['wall_s']:.0f} s)", flush=True)
       if args.out:
-        benchmarking.write_jsonl(args.out, [row])
+        results_files.write_jsonl(args.out, [row])
   summary = summarize(rows)
   print_summary(summary)
   print(f"load average now: {benchmarking.load_average()}")

@@ -29,7 +29,7 @@ import os
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from decal_jax import benchmarking, flops
+from decal_jax import benchmarking, flops, results_files
 from decal_jax.networks.t5 import T5Config
 
 # the target length of each measured column, by input length n
@@ -114,7 +114,7 @@ def measured_ratio(sizes: Dict[str, int], args, inputs: int, targets: int) -> fl
     with open(rows_file) as f:
       rows = [json.loads(line) for line in f]
   if args.out:
-    benchmarking.write_jsonl(args.out, rows)
+    results_files.write_jsonl(args.out, rows)
   return rows[-1]["ratio_to_a"]["step_s_median"]
 
 if __name__ == "__main__":

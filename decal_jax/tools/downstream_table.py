@@ -15,7 +15,7 @@ Other tasks: --task decal_squad etc. with their data available (DECAL_LOCAL_DATA
 import argparse
 import pathlib
 
-from decal_jax import benchmarking, inference_eval
+from decal_jax import benchmarking, inference_eval, results_files
 from decal_jax.benchmarking import run_entry_point as run  # python -m decal_jax.<module>
 
 
@@ -105,7 +105,7 @@ def main(argv=None):
       f"\n\n{table(rows, a.task)}\n"
   print("\n" + text)
   if a.out:
-    benchmarking.write_text(a.out, text)
+    results_files.write_text(a.out, text)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(  # seeds 1, 2 reuse seed 0's
     os.path.expanduser("~"), ".cache", "decal_jax", "xla_retention_cache"))
 
-from decal_jax import benchmarking, fileio  # noqa: E402
+from decal_jax import benchmarking, fileio, results_files  # noqa: E402
 
 TASK = "decal_public_text_autoencode"
 READING = "<!-- reading: written by hand; kept when the tool rewrites the table above -->"
@@ -189,7 +189,7 @@ def table(rows: Sequence[Mapping]) -> str:
 def plot(rows: Sequence[Mapping], results: Sequence[Mapping], path: pathlib.Path) -> None:
   """Left: the gain from the own encoding vs C, a line per method (error bars: s.e.); right: the
   learning curves (held-out teacher-forced accuracy), mean over seeds, at each method's C."""
-  plt = benchmarking.pyplot()
+  plt = results_files.pyplot()
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
   for method in METHODS:
     mine = [r for r in rows if r["method"] == method]
@@ -214,7 +214,7 @@ def plot(rows: Sequence[Mapping], results: Sequence[Mapping], path: pathlib.Path
   right.set_xlabel("training step")
   right.set_ylabel("held-out teacher-forced accuracy (%)")
   right.legend(fontsize=6, ncol=2)
-  benchmarking.save_figure(fig, str(path))
+  results_files.save_figure(fig, str(path))
 
 
 def report(a, rows, results, planned: int) -> str:

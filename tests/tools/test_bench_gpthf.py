@@ -145,7 +145,7 @@ def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
 def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
                                                                          monkeypatch):
   out, png = tmp_path / "gpthf.md", tmp_path / "gpthf.png"
-  finished = partial_runs.stop_after_first_partial(monkeypatch, bench.benchmarking)
+  finished = partial_runs.stop_after_first_partial(monkeypatch, bench.results_files)
   with pytest.raises(partial_runs.Stop):
     bench.main(["--preset", "tiny", "--prompts", "8,12", "--new_tokens", "4", "--batches", "1",
                 "--repeats", "1", "--warmup", "0", "--out", str(out), "--plot", str(png)])

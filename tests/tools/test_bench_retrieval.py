@@ -59,14 +59,14 @@ def result(tmp_path_factory):
           "--query_length", str(QUERY_LENGTH), "--ratios", *map(str, RATIOS),
           "--batch_size", "16", "--doc_batch_size", str(DOC_CHUNK), "--repeats", "2",
           "--encode_repeats", "2", "--out", str(out), "--plot", str(out.with_suffix(".png"))]
-  snapshots, real_write = [], bench.benchmarking.write_partial
+  snapshots, real_write = [], bench.results_files.write_partial
 
   def write_and_snapshot(args, rows, *more, **kwargs):  # what a run stopped here leaves
     real_write(args, rows, *more, **kwargs)
     snapshots.append((copy.deepcopy(list(rows)), out.read_text(),
                       matplotlib.image.imread(out.with_suffix(".png"))))
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(bench.benchmarking, "write_partial", write_and_snapshot)
+    patch.setattr(bench.results_files, "write_partial", write_and_snapshot)
     rows = bench.main(argv)
   processor = spm.SentencePieceProcessor(
       model_file=vocabularies.builtin_vocabulary().sentencepiece_model_file)

@@ -112,7 +112,7 @@ def _records(text):
 
 def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
                                                                          monkeypatch):
-  finished = partial_runs.stop_after_first_partial(monkeypatch, bench.benchmarking)
+  finished = partial_runs.stop_after_first_partial(monkeypatch, bench.results_files)
   out, png = tmp_path / "s.md", tmp_path / "s.png"
   with pytest.raises(partial_runs.Stop):
     bench.main(["--beir_folder", "", "--msmarco_folder", "", "--synthetic_passages", "120",

@@ -167,12 +167,12 @@ def test_results_are_rewritten_partial_after_each_context_length(tmp_path, monke
   line (what a run stopped there leaves behind) and --plot decodes; the completed run's file
   has every row and no partial line, the first length's rows as the partial file had them."""
   contexts, out, png = (CONTEXT, 2 * CONTEXT), tmp_path / "squid.md", tmp_path / "squid.png"
-  snapshots, real_write = [], bench.benchmarking.write_partial
+  snapshots, real_write = [], bench.results_files.write_partial
 
   def write_and_snapshot(args, rows, *more, **kwargs):
     real_write(args, rows, *more, **kwargs)
     snapshots.append((list(rows), out.read_text(), matplotlib.image.imread(png)))
-  monkeypatch.setattr(bench.benchmarking, "write_partial", write_and_snapshot)
+  monkeypatch.setattr(bench.results_files, "write_partial", write_and_snapshot)
   rows = bench.main(["--preset", "tiny", "--contexts", ",".join(map(str, contexts)),
                      "--ratios", ",".join(map(str, RATIOS)), "--query_length", str(QUERY),
                      "--answer_length", "2", "--repeats", "1", "--warmup", "0",
