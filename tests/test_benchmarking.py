@@ -70,7 +70,7 @@ def test_partial_results_are_marked_under_the_title_until_every_row_is_done(tmp_
 
   def write(rows, total, **kwargs):
     results_files.write_partial(args, rows, len(rows), total, _results,
-                               lambda rows, path: plotted.append((rows, path)), **kwargs)
+                                lambda rows, path: plotted.append((rows, path)), **kwargs)
   write(["a"], 3)
   assert pathlib.Path(args.out).read_text() == (
       "# Title\n\n**Partial: stopped after 1 of 3 rows**\n\n- setting\n\n| a |\n")

@@ -327,7 +327,7 @@ class ResidualIndex(exact.StoredIndex):
     return out
 
   def probe(self, q: np.ndarray, centroid_scores: np.ndarray, nprobe: int,
-            query_cells: int = 0) -> np.ndarray:
+            query_cells: int) -> np.ndarray:
     """The cells each query vector probes (module doc, stage 1): its nprobe centroids
     L2-nearest to its direction, then the query's query_cells centroids of largest sum over
     its vectors of max(q.c, 0), the same for each of its vectors. `[..., mq, d]`,

@@ -290,7 +290,7 @@ def run(args) -> List[Row]:
     pending.discard(id(row))
     finished = [r for r in rows if id(r) not in pending]
     results_files.write_partial(args, finished, len(finished), len(rows),
-                               lambda done: markdown(args, done), plot)
+                                lambda done: markdown(args, done), plot)
   args.load_after = load_average()
   return rows
 
@@ -425,7 +425,7 @@ def plot(rows: Sequence[Row], path: str) -> None:
                     (flop_ax, "FLOP ratio as computed (baseline / GPTHF)")):
     ax.axhline(1.0, color="grey", linewidth=0.8)
     results_files.log_log_axes(ax, "prompt length n (tokens)", title, fontsize=6.5,
-                              loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+                               loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
   fig.tight_layout()
   results_files.save_figure(fig, path, bbox_inches="tight")
 

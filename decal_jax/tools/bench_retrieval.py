@@ -331,8 +331,8 @@ def save_partial(args, rows: Sequence[Row], about: dict) -> None:
   detail = (f"index builds {len(rows)} of {len(args.ratios)}, encoding passes {passes} of "
             f"{args.encode_repeats}, scoring repeats {scored} of {args.repeats}")
   results_files.write_partial(args, rows, done, total,
-                             lambda done_rows: markdown(args, done_rows, about), plot,
-                             unit="steps", detail=detail)
+                              lambda done_rows: markdown(args, done_rows, about), plot,
+                              unit="steps", detail=detail)
 
 
 # ----------------------------------------------------------------------------- report
@@ -467,7 +467,7 @@ def plot(rows: Sequence[Row], path: str) -> None:
             label=f"{label} (expected)")
   ax.plot(xs, [1 / x for x in xs], ":", color="gray", label="1/C")
   results_files.log_log_axes(ax, "passage compression ratio C", None, "ratio to C = 1",
-                            xbase=2, ybase=2, fontsize=7)
+                             xbase=2, ybase=2, fontsize=7)
   ax.set_xticks(xs, [str(x) for x in xs])
   fig.tight_layout()
   results_files.save_figure(fig, path)

@@ -440,7 +440,7 @@ def main(argv=None) -> List[dict]:
     rows.append(row)
     _timing(args, start)
     results_files.write_partial(args, rows, len(rows), total,
-                               lambda done: markdown(args, done, corpora), plot)
+                                lambda done: markdown(args, done, corpora), plot)
 
   with tempfile.TemporaryDirectory(prefix="bench_retrieval_scale_") as tmp:
     for corpus in corpora:

@@ -287,7 +287,7 @@ def run(args) -> List[Row]:
   for length in tqdm.tqdm(args.contexts, desc="contexts", dynamic_ncols=True):
     rows += measure_length(args, models, length)
     results_files.write_partial(args, rows, len(rows), total,
-                               lambda done: markdown(args, done), plot)
+                                lambda done: markdown(args, done), plot)
   args.load_after = load_average()
   return rows
 
