@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 
 from decal_jax.data import vocabularies
-from decal_jax.retrieval import beir
+from decal_jax.retrieval import beir, cost_report
 
 import paths
 
@@ -104,7 +104,7 @@ def test_maxsim_work_counts_valid_and_padded_pairs(result):
 
 def test_ratios_are_to_the_c1_row(result):
   rows, _, lengths, *_ = result
-  rel = bench.ratios_to_first(rows)
+  rel = cost_report.ratios_to_first(rows)
   assert all(value == 1.0 for value in rel[0].values())
   for row, r in zip(rows, rel):
     assert r["index_bytes"] == pytest.approx(
