@@ -7,10 +7,13 @@ adds the single-vector reference: the same encoder at C, its vectors averaged in
 With --seeds, every row is fine-tuned once per seed (gin SEED: the order of the training
 pairs and dropout; the weights all come from --init), and the table gives each row's mean
 +- s.e. over the seeds and its paired-by-seed difference to C = 1; one seed gives the
-standard error over the queries instead.
+standard error over the queries instead. Several --init checkpoints (the main job run with
+--gin.SEED=0, 1, 2) make every (checkpoint, seed) pair a run of each row: the spread then
+includes the pretraining run's, which on SciFact is larger than the fine-tune seed's.
 
 Runs live under --work (default runs/retrieval_table/<task>), one folder per row and seed
-(<pooling>_c<C>_s<seed>); a finished one is kept as <work>/<pooling>_c<C>_s<seed>.row.json,
+(<pooling>_c<C>_s<seed>; with several --init, under <work>/<checkpoint folder name>/); a
+finished one is kept as <work>/<pooling>_c<C>_s<seed>.row.json,
 so rerunning the command skips finished rows and resumes unfinished fine-tunes from their
 last checkpoint (an interrupted run loses at most one row's work). Seeds run one after
 the other (all rows of the first seed, then the next), and a rerun with more seeds reuses
@@ -28,6 +31,12 @@ validation qrels the fine-tune's held-out in-batch loss is read on --eval_split)
     --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 --steps 150 \
     --learning_rate 0.01 --query_length 32 --passage_length 256 --seeds 0 1 2 \
     --out docs/results/retrieval_scifact.md
+  DECAL_LOCAL_DATA_DIR=../shared/data python -m decal_jax.tools.retrieval_table --seeds 0 \
+    --init runs/decal_tiny runs/decal_tiny_s1 runs/decal_tiny_s2 \
+    --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 --steps 150 \
+    --learning_rate 0.01 --query_length 32 --passage_length 256 \
+    --work runs/retrieval_table/scifact_pretraining \
+    --out docs/results/retrieval_scifact_pretraining.md
 
 The results file gets the table, BM25 and random-ranking references, paired differences to
 C = 1 and, with several seeds, one line per row and seed (with its per-query standard error
@@ -97,8 +106,9 @@ def held_out(log: pathlib.Path, step: int) -> dict:
   return {k: float(v) for k, v in re.findall(r"(\w+) (-?[\d.]+)", found[-1].group(2))}
 
 
-def fine_tune(name: str, model, seed: int, a, work: pathlib.Path) -> dict:
-  """Fine-tunes one row with gin SEED = `seed` (resuming its MODEL_DIR); returns
+def fine_tune(name: str, model, init: str, seed: int, a, work: pathlib.Path) -> dict:
+  """Fine-tunes one row from checkpoint `init` with gin SEED = `seed` (resuming its
+  MODEL_DIR); returns
   {minutes, heldout}, kept in
   <work>/<name>.train.json so that a rerun after a failed search does not train again."""
   done, log = work / f"{name}.train.json", work / f"{name}.log"
@@ -106,7 +116,7 @@ def fine_tune(name: str, model, seed: int, a, work: pathlib.Path) -> dict:
     return json.loads(done.read_text())
   minutes = run("train", MODEL_GINS + [
       "--gin_file=runs/retrieval_finetune.gin", *model, f"--gin.MODEL_DIR='{work / name}'",
-      f"--gin.INITIAL_CHECKPOINT_PATH='{a.init}'", f"--gin.MIXTURE_OR_TASK_NAME='{a.task}'",
+      f"--gin.INITIAL_CHECKPOINT_PATH='{init}'", f"--gin.MIXTURE_OR_TASK_NAME='{a.task}'",
       f"--gin.TRAIN_STEPS={a.steps}", f"--gin.BATCH_SIZE={a.batch_size}",
       f"--gin.LEARNING_RATE={a.learning_rate}", f"--gin.EVAL_SPLIT='{a.validation_split}'",
       f"--gin.EVAL_PERIOD={a.steps}", f"--gin.CHECKPOINT_PERIOD={a.steps}",
@@ -123,20 +133,30 @@ def row_name(ratio: int, pooling: str, seed: int) -> str:
   return f"{pooling}_c{ratio}_s{seed}"
 
 
-def one_variant(label: str, ratio: int, pooling: str, seed: int, a, work: pathlib.Path) -> dict:
-  """Fine-tunes, indexes and scores one row with one seed (or reads it back when it is
-  finished)."""
+def run_folder(a, work: pathlib.Path, init_name: str) -> pathlib.Path:
+  """Where the rows fine-tuned from the checkpoint folder named `init_name` live: --work
+  itself with one --init, <work>/<init_name> with several."""
+  return work if len(a.inits) == 1 else work / init_name
+
+
+def one_variant(label: str, ratio: int, pooling: str, init: str, seed: int, a,
+                work: pathlib.Path) -> dict:
+  """Fine-tunes, indexes and scores one row from checkpoint `init` with one seed (or reads
+  it back when it is finished)."""
+  init_name = pathlib.Path(init).name
+  work = run_folder(a, work, init_name)
+  work.mkdir(parents=True, exist_ok=True)
   name = row_name(ratio, pooling, seed)
-  label_seed = f"{label}, seed {seed}"
+  label_seed = f"{label}, seed {seed}" + (f", from {init_name}" if len(a.inits) > 1 else "")
   log, done = work / f"{name}.log", work / f"{name}.row.json"
   if done.exists():
     print(f"{label_seed}: finished earlier ({done})", flush=True)
-    return json.loads(done.read_text())
+    return dict(json.loads(done.read_text()), init=init_name)
   model = [f"--gin.PASSAGE_COMPRESSION_RATIO={ratio}", f"--gin.POOLING='{pooling}'"]
   if pooling == "mean":
     model.append("--gin.TEMPERATURE=0.05")
   print(f"{label_seed}: fine-tuning {a.steps} steps on {a.task} (log: {log}) ...", flush=True)
-  trained = fine_tune(name, model, seed, a, work)
+  trained = fine_tune(name, model, init, seed, a, work)
   print(f"{label_seed}: fine-tuned in {trained['minutes']:.1f} min (held-out in-batch accuracy "
         f"{trained['heldout'].get('accuracy')}); indexing the corpus and searching "
         f"{a.eval_split} ...", flush=True)
@@ -149,7 +169,8 @@ def one_variant(label: str, ratio: int, pooling: str, seed: int, a, work: pathli
     sys.exit(f"retrieve wrote no {metrics}; see {log}")
   run_file = metrics.with_name(metrics.name.replace(".metrics.json", ".trec"))
   row = dict(json.loads(metrics.read_text()), label=label, ratio=ratio, pooling=pooling,
-             seed=seed, ndcg_stderr=ndcg_stderr(run_file, a), train_minutes=trained["minutes"],
+             seed=seed, init=init_name, ndcg_stderr=ndcg_stderr(run_file, a),
+             train_minutes=trained["minutes"],
              eval_minutes=t_eval / 60,
              heldout_accuracy=trained["heldout"].get("accuracy"),
              heldout_loss=trained["heldout"].get("loss"),
@@ -173,22 +194,40 @@ def ndcg_stderr(run_file: pathlib.Path, a) -> float:
 
 
 def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
-  return (work / row_name(row["ratio"], row["pooling"], row["seed"]) / "retrieval" /
-          f"{a.task}.{a.eval_split}.step{a.steps}.trec")
+  return (run_folder(a, work, row.get("init")) / row_name(row["ratio"], row["pooling"], row["seed"])
+          / "retrieval" / f"{a.task}.{a.eval_split}.step{a.steps}.trec")
 
 
-def grouped(rows, key: str) -> dict:
-  """{value of `key`: the rows with it, in table order} (key 'seed' or 'label')."""
+def run_of(row):
+  """The run a row belongs to: its checkpoint folder name (absent in rows written before
+  several --init existed) and fine-tune seed. Rows of one run are paired."""
+  return row.get("init"), row["seed"]
+
+
+def run_name(row, several_inits: bool) -> str:
+  return f"{row['init']} s{row['seed']}" if several_inits else str(row["seed"])
+
+
+def several_inits(rows) -> bool:
+  return len({r.get("init") for r in rows}) > 1
+
+
+def grouped(rows, key) -> dict:
+  """{key(row): the rows with it, in table order} (key `run_of`, or the label)."""
   groups = {}
   for r in rows:
-    groups.setdefault(r[key], []).append(r)
+    groups.setdefault(key(r), []).append(r)
   return groups
+
+
+def by_label(row) -> str:
+  return row["label"]
 
 
 def paired_to_base(rows, a, work: pathlib.Path) -> None:
   """Adds to each row `ndcg_vs_base`: (mean, s.e.) over queries of its NDCG@10 minus the
-  base row's (multi-vector C = 1, else the first) of the same seed on the same query."""
-  for group in grouped(rows, "seed").values():
+  base row's (multi-vector C = 1, else the first) of the same run on the same query."""
+  for group in grouped(rows, run_of).values():
     reference = per_query_ndcg(run_file_of(base_row(group), a, work), a)
     for row in group:
       mine = per_query_ndcg(run_file_of(row, a, work), a)
@@ -231,10 +270,10 @@ def signed(mean: float, se: float) -> str:
 
 
 def seed_differences(rows) -> dict:
-  """{label: [its NDCG@10 minus the base row's of the same seed, per seed]}."""
-  base_of = {seed: base_row(group)["ndcg@10"] for seed, group in grouped(rows, "seed").items()}
-  return {label: [r["ndcg@10"] - base_of[r["seed"]] for r in runs]
-          for label, runs in grouped(rows, "label").items()}
+  """{label: [its NDCG@10 minus the base row's of the same run, per run]}."""
+  base_of = {run: base_row(group)["ndcg@10"] for run, group in grouped(rows, run_of).items()}
+  return {label: [r["ndcg@10"] - base_of[run_of(r)] for r in runs]
+          for label, runs in grouped(rows, by_label).items()}
 
 
 def quality_cells(runs, differences, over_seeds: bool):
@@ -259,10 +298,11 @@ def table(rows) -> str:
   difference to the base row over the queries; with several: the mean ± s.e. over the
   seeds of NDCG@10, of its per-seed difference to the base row and of Recall@100, then
   one line per row and seed (`seed_table`)."""
-  groups, base = grouped(rows, "label"), base_row(rows)
-  over_seeds = len(groups) < len(rows)
+  groups, base = grouped(rows, by_label), base_row(rows)
+  over_seeds, several = len(groups) < len(rows), several_inits(rows)
   differences = seed_differences(rows)
-  seeds_head = (" seeds |", "---|") if over_seeds else ("", "")
+  seeds_head = ((" runs (checkpoint, seed) |" if several else " seeds |", "---|") if over_seeds
+                else ("", ""))
   lines = [f"| passages | NDCG@10 ± s.e. | NDCG@10 - {base['label']}, paired ± s.e. | "
            "Recall@100 | held-out in-batch acc. | vectors / passage | index MiB | index / "
            f"{base['label']} | fine-tune min | index + search min |" + seeds_head[0],
@@ -271,7 +311,7 @@ def table(rows) -> str:
     ndcg, diff, recall = quality_cells(runs, differences[label], over_seeds)
     accuracies = [r["heldout_accuracy"] for r in runs if r.get("heldout_accuracy") is not None]
     acc = benchmarking.mean_se_text(accuracies, 3) if accuracies else "-"
-    seeds = f" {', '.join(str(r['seed']) for r in runs)} |" if over_seeds else ""
+    seeds = f" {', '.join(run_name(r, several) for r in runs)} |" if over_seeds else ""
     lines.append(f"| {label} | {ndcg} | {'-' if label == base['label'] else diff} | {recall} | "
                  f"{acc} | {mean_of(runs, 'vectors_per_doc'):.2f} | "
                  f"{mean_of(runs, 'index_bytes') / 2**20:.2f} | "
@@ -282,16 +322,17 @@ def table(rows) -> str:
 
 
 def seed_table(rows) -> str:
-  """One line per row and seed: NDCG@10 +- s.e. over the queries, the paired difference
-  to the same seed's base row over the queries, Recall@100 and held-out accuracy."""
-  base = base_row(rows)["label"]
-  lines = [f"| passages | seed | NDCG@10 ± s.e. (queries) | NDCG@10 - {base}, paired ± s.e. "
-           "(queries) | Recall@100 | held-out in-batch acc. |", "|---|---|---|---|---|---|"]
-  for runs in grouped(rows, "label").values():
+  """One line per row and run: NDCG@10 +- s.e. over the queries, the paired difference
+  to the same run's base row over the queries, Recall@100 and held-out accuracy."""
+  base, several = base_row(rows)["label"], several_inits(rows)
+  lines = [f"| passages | {'run' if several else 'seed'} | NDCG@10 ± s.e. (queries) | "
+           f"NDCG@10 - {base}, paired ± s.e. (queries) | Recall@100 | held-out in-batch acc. |",
+           "|---|---|---|---|---|---|"]
+  for runs in grouped(rows, by_label).values():
     for r in runs:
       acc = "-" if r.get("heldout_accuracy") is None else f"{r['heldout_accuracy']:.3f}"
       diff = "-" if r["label"] == base or "ndcg_vs_base" not in r else signed(*r["ndcg_vs_base"])
-      lines.append(f"| {r['label']} | {r['seed']} | {r['ndcg@10']:.4f} ± "
+      lines.append(f"| {r['label']} | {run_name(r, several)} | {r['ndcg@10']:.4f} ± "
                    f"{r['ndcg_stderr']:.4f} | {diff} | {r['recall@100']:.4f} | {acc} |")
   return "\n".join(lines)
 
@@ -332,7 +373,8 @@ def report(a, rows, command: str) -> str:
       command,
       f"{minutes:.0f} min of fine-tuning, indexing and search in all; host load average "
       f"(1/5/15 min) {benchmarking.load_average()} when this file was written",
-      f"each row: `{display(a.init)}` (models/decal_tiny.gin + models/dual_encoder.gin, "
+      f"each row: {' / '.join(f'`{display(i)}`' for i in a.inits)} (models/decal_tiny.gin + "
+      "models/dual_encoder.gin, "
       f"queries at C = 1) fine-tuned {a.steps} steps with in-batch softmax on the task's "
       f"train qrels (batch {a.batch_size}, learning rate {a.learning_rate}, queries "
       f"{a.query_length} / passages {a.passage_length} tokens); held-out in-batch accuracy "
@@ -341,7 +383,7 @@ def report(a, rows, command: str) -> str:
       f"batch's passages?); then the whole corpus indexed (float16) and the "
       f"'{a.eval_split}' queries searched with exact MaxSim, top 100",
       f"{rows[0]['num_queries']} queries, {rows[0]['num_docs']} passages; "
-      + spread_note(sorted({r["seed"] for r in rows})),
+      + spread_note(sorted({r["seed"] for r in rows}), a.inits),
       f"random rankings (mean of 20): NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 "
       f"{floor['recall@100']:.4f}",
       f"{bm25['name']}, no training: NDCG@10 "
@@ -350,8 +392,17 @@ def report(a, rows, command: str) -> str:
           + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")
 
 
-def spread_note(seeds) -> str:
-  """What the table's ± means, for one seed or several."""
+def spread_note(seeds, inits=("",)) -> str:
+  """What the table's ± means, for one run or several (seeds x checkpoints)."""
+  if len(inits) > 1:
+    names = ", ".join(pathlib.Path(i).name for i in inits)
+    return (f"every row fine-tuned once from each of {len(inits)} pretrained checkpoints "
+            f"({names}) with each seed (gin SEED {', '.join(map(str, seeds))}): "
+            f"{len(inits) * len(seeds)} runs; ± = standard error of the mean over the runs "
+            "(sample standard deviation / sqrt(runs)), so it includes the pretraining "
+            "run's spread; paired = per run, a row's NDCG@10 minus the base row's of the "
+            "same run, then mean ± s.e. over the runs; minutes are means per run; the "
+            "second table has each run's row, its ± over the queries")
   if len(seeds) == 1:
     return ("s.e. = standard error of the mean NDCG@10 over the queries; paired = mean over "
             "queries of a row's NDCG@10 minus the base row's on the same query; one "
@@ -377,8 +428,9 @@ def keep_reading(out: pathlib.Path, text: str) -> str:
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--init", required=True,
-                      help="pretrained DeCAL checkpoint folder (the main job's MODEL_DIR)")
+  parser.add_argument("--init", required=True, nargs="+",
+                      help="pretrained DeCAL checkpoint folder (the main job's MODEL_DIR); "
+                      "several: every row is fine-tuned from each (e.g. main-job seeds)")
   parser.add_argument("--task", default="decal_beir_builtin", help="a decal_beir_<name> task")
   parser.add_argument("--validation_split", default=None,
                       help="split for the fine-tune's held-out in-batch loss (default: "
@@ -411,12 +463,19 @@ def parse_args(argv):
   if not a.task.startswith("decal_beir_"):
     parser.error(f"--task {a.task}: give a BEIR task (decal_beir_<name>); the table indexes "
                  "and searches its corpus")
-  init = pathlib.Path(a.init)
-  if not (init.is_dir() and (re.fullmatch(r"checkpoint_\d+", init.name)
-                             or any(init.glob("checkpoint_*")))):
-    parser.error(f"--init {a.init} holds no checkpoint_<step> folder; give the pretraining "
-                 "run's MODEL_DIR (the README's main job writes runs/decal_tiny)")
-  a.init = str(init.absolute())
+  for given in a.init:
+    init = pathlib.Path(given)
+    if not (init.is_dir() and (re.fullmatch(r"checkpoint_\d+", init.name)
+                               or any(init.glob("checkpoint_*")))):
+      parser.error(f"--init {given} holds no checkpoint_<step> folder; give the pretraining "
+                   "run's MODEL_DIR (the README's main job writes runs/decal_tiny)")
+  a.inits = [str(pathlib.Path(i).absolute()) for i in a.init]
+  names = [pathlib.Path(i).name for i in a.inits]
+  if len(a.inits) > 1 and len(set(names)) < len(names):
+    parser.error(f"--init {' '.join(a.init)}: each checkpoint's runs go to a folder named "
+                 "after it, so the folder names must differ (give MODEL_DIRs, e.g. "
+                 "runs/decal_tiny runs/decal_tiny_s1, not their checkpoint_<step> folders)")
+  a.init = a.inits[0] if len(a.inits) == 1 else a.inits  # settings.json: as before for one
   return a
 
 
@@ -427,12 +486,13 @@ def main(argv=None):
   work.mkdir(parents=True, exist_ok=True)
   check_settings(a, work)
   rows = []
-  todo = [(*variant, seed) for seed in a.seeds for variant in variants(a)]
+  todo = [(*variant, init, seed) for init in a.inits for seed in a.seeds
+          for variant in variants(a)]
   for i, variant in enumerate(todo, start=1):
     print(f"[{i}/{len(todo)}] ", end="", flush=True)
     rows.append(one_variant(*variant, a, work))
   order = {label: i for i, (label, _, _) in enumerate(variants(a))}
-  rows.sort(key=lambda r: order[r["label"]])  # stable: each row's seeds in --seeds order
+  rows.sort(key=lambda r: order[r["label"]])  # stable: each row's runs in --init, --seeds order
   command = benchmarking.command("decal_jax.tools.retrieval_table", argv)
   paired_to_base(rows, a, work)
   text = report(a, rows, command)

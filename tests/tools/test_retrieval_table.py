@@ -3,7 +3,8 @@ its per-query spread of NDCG@10 against pytrec_eval's per-query values and numpy
 floor against the expectation worked out by hand, the refusals of bad arguments and changed
 settings, and the person-written reading surviving a rewrite of the results file; with
 --seeds, the mean +- s.e. over seeds and paired-by-seed differences worked by hand, and the
-per-seed folders, resume and reuse of finished seeds with training and search faked."""
+per-seed folders, resume and reuse of finished seeds with training and search faked; with
+several --init checkpoints, every (checkpoint, seed) pair a run, paired and averaged as one."""
 import argparse
 import importlib
 import json
@@ -109,7 +110,8 @@ def test_bm25_reference_equals_scores_worked_by_hand():
 
 def test_paired_difference_is_the_mean_and_spread_of_per_query_differences(tmp_path):
   folder, qrels = _folder(tmp_path, num_docs=30, num_queries=12)
-  a = argparse.Namespace(folder=folder, eval_split="test", task="decal_beir_x", steps=5)
+  a = argparse.Namespace(folder=folder, eval_split="test", task="decal_beir_x", steps=5,
+                         inits=["/runs/pretrained"])
   rows, values = [], {}
   for seed, (pooling, ratio) in enumerate([("multi", 4), ("multi", 1), ("mean", 1)]):
     rng = np.random.default_rng(seed)
@@ -267,3 +269,48 @@ def test_a_repeated_seed_is_refused(tmp_path, capsys):
   with pytest.raises(SystemExit):
     table.parse_args(["--init", str(tmp_path / "pretrained"), "--seeds", "0", "1", "0"])
   assert "--seeds repeats a seed ([0, 1, 0])" in capsys.readouterr().err
+
+
+def test_several_checkpoints_make_each_checkpoint_and_seed_a_run(monkeypatch, tmp_path):
+  calls = _fake_runs(monkeypatch, tmp_path)
+  inits = [tmp_path / "pre" / name for name in ("main_s0", "main_s1")]
+  for init in inits:
+    (init / "checkpoint_800").mkdir(parents=True)
+  work, out = tmp_path / "work", tmp_path / "table.md"
+  argv = ["--init", *map(str, inits), "--task", "decal_beir_x", "--ratios", "1", "4",
+          "--steps", "3", "--work", str(work), "--seeds", "3", "5", "--out", str(out)]
+  table.main(argv)
+  trains = [(g["INITIAL_CHECKPOINT_PATH"], g["SEED"], g["MODEL_DIR"])
+            for m, g in calls if m == "train"]
+  # every row from each checkpoint with each seed, in a folder named after the checkpoint
+  assert trains == [(f"'{init}'", seed, f"'{work}/{init.name}/multi_c{c}_s{seed}'")
+                    for init in inits for seed in ("3", "5") for c in (1, 4)]
+  rows = {(init.name, s, c): json.loads((work / init.name / f"multi_c{c}_s{s}.row.json")
+                                        .read_text())
+          for init in inits for s in (3, 5) for c in (1, 4)}
+  assert all(row["init"] == key[0] for key, row in rows.items())
+  runs = [(i.name, s) for i in inits for s in (3, 5)]
+  ndcg = np.array([[rows[(*run, c)]["ndcg@10"] for run in runs] for c in (1, 4)])  # [2, 4]
+  d = ndcg[1] - ndcg[0]  # paired within each (checkpoint, seed) run
+  text = out.read_text()
+  c4 = _cells(next(line for line in text.splitlines()
+                   if line.startswith("| multi-vector, C = 4 |")))[0]
+  assert c4[1] == f"{ndcg[1].mean():.4f} ± {ndcg[1].std(ddof=1) / 2:.4f}"  # sqrt(4 runs)
+  assert c4[2] == f"{d.mean():+.4f} ± {d.std(ddof=1) / 2:.4f}"
+  assert c4[-1] == "main_s0 s3, main_s0 s5, main_s1 s3, main_s1 s5"
+  assert "from each of 2 pretrained checkpoints (main_s0, main_s1)" in text
+  assert "| multi-vector, C = 4 | main_s1 s5 |" in text  # the per-run table
+
+  # The same command again trains nothing.
+  calls.clear()
+  table.main(argv)
+  assert calls == []
+
+
+def test_checkpoints_with_the_same_folder_name_are_refused(tmp_path, capsys):
+  for parent in ("a", "b"):
+    (tmp_path / parent / "decal_tiny" / "checkpoint_800").mkdir(parents=True)
+  with pytest.raises(SystemExit):
+    table.parse_args(["--init", str(tmp_path / "a" / "decal_tiny"),
+                      str(tmp_path / "b" / "decal_tiny")])
+  assert "the folder names must differ" in capsys.readouterr().err
