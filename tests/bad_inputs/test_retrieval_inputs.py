@@ -1,0 +1,125 @@
+"""Bad retrieval input: an index of an edited corpus is rebuilt, never reused; empty queries
+are scored with a warning that names them.
+
+Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
+mistake a user can make and checks that the message names the culprit and the fix, and
+that nothing on disk was changed or lost."""
+import json
+import logging
+import pathlib
+
+import gin
+import jax
+import jax.numpy as jnp
+
+import decal_jax.tasks  # noqa: F401  (registers the tasks)
+from decal_jax import checkpoints, gin_utils
+from decal_jax.retrieval import beir, index
+
+from retrieval.test_retrieval_e2e import _write_fixture
+from retrieval.test_retrieval_index import _build, _ragged_corpus
+
+
+# ---------------------------------------------------------------- retrieval
+RETRIEVAL_GIN = ["models/decal_tiny.gin", "models/dual_encoder.gin"]
+
+
+def _dual_encoder_checkpoint(model_dir: pathlib.Path) -> None:
+  """A freshly initialised tiny dual encoder saved as MODEL_DIR's step 1 (no training:
+  retrieval only needs a checkpoint to read)."""
+  gin_utils.parse(RETRIEVAL_GIN, [], ["PROJECTION_DIM = 32"])
+  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  gin.clear_config()
+  shapes = model.input_shapes({"inputs": 16, "targets": 48})
+  params = model.get_initial_variables(jax.random.PRNGKey(0), shapes)["params"]
+  ckpt = checkpoints.Checkpointer(str(model_dir))
+  ckpt.save(1, {"params": params, "step": jnp.int32(1)}, {"batches_consumed": 0}, force=True)
+  ckpt.close()
+
+
+def _retrieve(model_dir: pathlib.Path, folder: pathlib.Path, *bindings: str) -> None:
+  from decal_jax import retrieve
+  retrieve.main([f"--gin_file={f}" for f in RETRIEVAL_GIN + ["runs/retrieve.gin"]] + [
+      f"--gin.MODEL_DIR='{model_dir}'", f"--gin.BEIR_FOLDER='{folder}'", "--gin.TOP_K=10",
+      "--gin.QUERY_LENGTH=16", "--gin.PASSAGE_LENGTH=48", "--gin.PROJECTION_DIM=32",
+      *bindings])
+  gin.clear_config()
+
+
+def test_retrieval_index_of_an_edited_corpus_is_rebuilt_not_reused(tmp_path, capsys):
+  folder = tmp_path / "beir_fixture"
+  corpus, _, _ = _write_fixture(folder)
+  model_dir = tmp_path / "dual"
+  _dual_encoder_checkpoint(model_dir)
+  _retrieve(model_dir, folder)
+  capsys.readouterr()
+
+  # Edit corpus.jsonl in place: drop the passages of the train topics (judged only in
+  # qrels/train.tsv, so the test split stays valid).
+  corpus_file = folder / "corpus.jsonl"
+  lines = corpus_file.read_text(encoding="utf-8").splitlines(keepends=True)
+  kept = [line for line in lines if json.loads(line)["_id"] in
+          {d for d in corpus if not d.startswith(("d2-", "d5-", "d8-", "d11-"))}]
+  corpus_file.write_text("".join(kept), encoding="utf-8")
+  _retrieve(model_dir, folder)
+  out = capsys.readouterr().out
+  assert "Reusing the index" not in out
+  assert (f"WARNING: the corpus {corpus_file} changed since the index at "
+          f"{model_dir / 'index' / 'beir_fixture.step1'} was built "
+          f"({len(corpus)} -> {len(kept)} documents); rebuilding the index.") in out
+
+  # The index on disk is the new corpus's; the metrics and run equal a fresh run's.
+  rebuilt = index.Index.open(str(model_dir / "index" / "beir_fixture.step1"))
+  assert sorted(rebuilt.doc_ids) == sorted(json.loads(line)["_id"] for line in kept)
+  assert rebuilt.meta["corpus"] == beir.load_beir(folder, "test").corpus_fingerprint
+  stem = model_dir / "retrieval" / "beir_fixture.test.step1"
+  after_edit = {ext: pathlib.Path(f"{stem}.{ext}").read_text() for ext in ("metrics.json", "trec")}
+  assert json.loads(after_edit["metrics.json"])["num_docs"] == len(kept)
+  _retrieve(model_dir, folder,
+            f"--gin.pipeline.evaluate_retrieval.index_dir='{tmp_path / 'fresh_index'}'")
+  assert "Reusing the index" not in capsys.readouterr().out  # a fresh build
+  assert after_edit == {ext: pathlib.Path(f"{stem}.{ext}").read_text()
+                        for ext in ("metrics.json", "trec")}
+
+
+def test_retrieval_index_tells_a_corpus_edit_that_keeps_the_count(tmp_path):
+  passages = {f"doc-{i}": beir.Passage("", f"text {i}") for i in range(23)}
+
+  def fingerprint(docs):
+    digest = beir.CorpusDigest()
+    for doc_id, passage in docs.items():
+      digest.add(doc_id, passage)
+    return digest.fingerprint()
+
+  built = _build(tmp_path / "idx", _ragged_corpus(),
+                 corpus_fingerprint=fingerprint(passages))
+  assert built.corpus_change(fingerprint(passages)) == ""
+  edited = dict(passages, **{"doc-3": beir.Passage("A title", "text 3")})
+  assert built.corpus_change(fingerprint(edited)) == (
+      "the same 23 documents, but their ids, titles or texts differ")
+  renamed = {("doc-x" if d == "doc-3" else d): p for d, p in passages.items()}
+  assert built.corpus_change(fingerprint(renamed)) != ""
+  older = _build(tmp_path / "old", _ragged_corpus())  # built before corpora were fingerprinted
+  assert "no corpus fingerprint" in older.corpus_change(fingerprint(passages))
+
+
+def test_empty_queries_are_scored_with_a_warning_naming_them(tmp_path, caplog):
+  folder = tmp_path / "set"
+  corpus, queries, qrels = _write_fixture(folder)
+  empty = sorted(qrels["test"])[:6]  # six of the test split's eight queries
+  beir.write_beir(folder, corpus, dict(queries, **{q: "" for q in empty}), qrels,
+                  overwrite=True)
+  files = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+  with caplog.at_level(logging.WARNING):
+    data = beir.load_beir(folder, "test")
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert warnings == [
+      f"{folder / 'queries.jsonl'}: 6 query(ies) judged in split 'test' have empty text "
+      f"(ids: {', '.join(empty[:5])} and 1 more); each is scored as EOS alone and counted in "
+      f"NDCG / Recall. Give them text, or remove them from {folder / 'qrels' / 'test.tsv'}."]
+  assert data.empty_queries == 6 and all(data.queries[q] == "" for q in empty)  # kept
+  assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == files
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    assert beir.load_beir(folder, "validation").empty_queries == 0
+  assert not caplog.records

@@ -1,0 +1,149 @@
+"""Bad run settings: misspelled gin macros (named with the closest one), zero / negative /
+fractional steps, periods, batch sizes and lengths, unknown tasks and a MODEL_DIR that is a
+file; each refused before any work, naming the binding.
+
+Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
+mistake a user can make and checks that the message names the culprit and the fix, and
+that nothing on disk was changed or lost."""
+import os
+import re
+import subprocess
+import sys
+
+import gin
+import pytest
+
+import decal_jax.tasks  # noqa: F401  (registers the tasks)
+from decal_jax import evaluation, gin_utils, trainer
+from decal_jax.data import pipeline
+
+import paths
+from test_trainer import LENGTHS, _cfg, _model
+
+from bad_input_helpers import _train
+
+REPO = paths.REPO
+
+
+# ---------------------------------------------------------------- command line and run settings
+def _parse_command_line(*args):
+  gin_utils.parse(*gin_utils.split_args(["--gin_file=runs/pretrain_builtin.gin", *args]))
+
+
+@pytest.mark.parametrize("flag", ["--gin.TRAIN_STEPZ=10", "--gin_bindings=TRAIN_STEPZ = 10"])
+def test_misspelled_macro_is_refused_naming_the_closest_macro(tmp_path, flag):
+  with pytest.raises(gin_utils.GinConfigError) as err:
+    _parse_command_line(f"--gin.MODEL_DIR='{tmp_path / 'm'}'", flag)
+  message = str(err.value)
+  assert "'TRAIN_STEPZ = 10'" in message and "no loaded gin file defines or reads" in message
+  assert "Did you mean TRAIN_STEPS?" in message
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_misspelled_macro_with_nothing_close_lists_the_known_macros(tmp_path):
+  with pytest.raises(gin_utils.GinConfigError) as err:
+    _parse_command_line(f"--gin.MODEL_DIR='{tmp_path / 'm'}'", "--gin.XYZZY=3")
+  message = str(err.value)
+  assert "macro XYZZY" in message and "Did you mean" not in message
+  assert "macros are: " in message and "TRAIN_STEPS, " in message and "MODEL_DIR, " in message
+
+
+def test_macros_a_file_defines_or_a_binding_reads_are_accepted(tmp_path):
+  """A macro counts as known when a loaded file defines it, even if only another file
+  reads it (models/*.gin define MODEL for the run files; runs/dodo_autoencode.gin sets
+  LORA_RANK for models/dodo.gin), or when another command-line binding reads it."""
+  (tmp_path / "later.gin").write_text("READ_BY_ANOTHER_FILE = 1\n")
+  _parse_command_line(f"--gin_file={tmp_path / 'later.gin'}", "--gin.READ_BY_ANOTHER_FILE=2",
+                      "--gin.MODEL_DIR='/unused'", "--gin.trainer.train.total_steps=%MY_STEPS",
+                      "--gin.MY_STEPS=7")
+  assert gin.query_parameter("%READ_BY_ANOTHER_FILE") == 2
+  assert gin.query_parameter("trainer.train.total_steps").scoped_selector == "MY_STEPS/gin.macro"
+  assert gin.query_parameter("%MY_STEPS") == 7
+
+
+def test_misspelled_macro_on_the_train_command_line_stops_before_any_work(tmp_path):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+  proc = subprocess.run([sys.executable, "-m", "decal_jax.train",
+                         "--gin_file=runs/pretrain_builtin.gin",
+                         f"--gin.MODEL_DIR='{tmp_path / 'm'}'", "--gin.TRAIN_STEPZ=10"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert "TRAIN_STEPZ" in proc.stderr and "Did you mean TRAIN_STEPS?" in proc.stderr
+  assert not (tmp_path / "m").exists()
+
+
+
+
+def test_negative_train_steps_are_refused_before_any_checkpoint(tmp_path):
+  with pytest.raises(ValueError, match=r"TRAIN_STEPS \(trainer.train.total_steps\) = -5: must "
+                                       r"be a whole number >= 1"):
+    _train(tmp_path / "m", total_steps=-5)
+  assert not (tmp_path / "m").exists()  # no checkpoint_-5
+
+
+@pytest.mark.parametrize("setting,macro", [("eval_period", "EVAL_PERIOD"),
+                                           ("log_period", "LOG_PERIOD"),
+                                           ("checkpoint_period", "CHECKPOINT_PERIOD"),
+                                           ("keep_checkpoints", "KEEP_CHECKPOINTS"),
+                                           ("eval_batches", "EVAL_BATCHES")])
+def test_zero_periods_and_counts_are_refused_naming_the_macro(tmp_path, setting, macro):
+  with pytest.raises(ValueError, match=rf"{macro} \(trainer.train.{setting}\) = 0: must be a "
+                                       r"whole number >= 1"):
+    _train(tmp_path / "m", **{setting: 0})
+  assert not (tmp_path / "m").exists()
+
+
+def test_fractional_train_steps_are_refused(tmp_path):
+  with pytest.raises(ValueError, match=r"TRAIN_STEPS \(trainer.train.total_steps\) = 1000.0: "
+                                       r"must be a whole number"):
+    _train(tmp_path / "m", total_steps=1e3)
+  assert not (tmp_path / "m").exists()
+
+
+def test_zero_batch_size_is_refused_naming_the_binding(tmp_path):
+  with pytest.raises(ValueError, match=r"BATCH_SIZE \(pipeline.DatasetConfig.batch_size\) = 0: "
+                                       r"must be a whole number >= 1"):
+    gin_utils.run(trainer.train, ["--gin_file=runs/pretrain_builtin.gin", "--gin.BATCH_SIZE=0",
+                                  f"--gin.MODEL_DIR='{tmp_path / 'm'}'"], pass_config=True)
+  assert not (tmp_path / "m").exists()
+
+
+def test_zero_feature_length_is_refused_naming_the_binding():
+  with pytest.raises(ValueError, match=r"TASK_FEATURE_LENGTHS\['targets'\] \(pipeline.Dataset"
+                                       r"Config.task_feature_lengths\) = 0: must be a whole "
+                                       r"number >= 1"):
+    pipeline.DatasetConfig("decal_builtin_span_corruption", dict(LENGTHS, targets=0))
+
+
+def test_unknown_task_lists_the_closest_registered_names(tmp_path):
+  typo = pipeline.DatasetConfig("decal_builtin_span_corruptoin", LENGTHS, batch_size=8)
+  with pytest.raises(ValueError) as err:
+    _train(tmp_path / "m", train_cfg=typo)
+  message = str(err.value)
+  assert "MIXTURE_OR_TASK_NAME" in message and "'decal_builtin_span_corruptoin'" in message
+  assert "Did you mean decal_builtin_span_corruption" in message
+  assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+def test_model_dir_that_is_a_file_is_refused_before_start_up(tmp_path, entry):
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes")
+  with pytest.raises(NotADirectoryError) as err:
+    if entry == "train":
+      _train(notes)
+    else:
+      evaluation.evaluate(model=_model(), eval_dataset_cfg=_cfg(split="validation"),
+                          model_dir=str(notes))
+  message = str(err.value)
+  assert "MODEL_DIR (" in message and f"{str(notes)!r} is a file" in message
+  assert "give a folder" in message
+  assert notes.read_text() == "my notes" and sorted(tmp_path.iterdir()) == [notes]
+
+
+def test_model_dir_under_a_file_is_refused(tmp_path):
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes")
+  with pytest.raises(NotADirectoryError, match=re.escape(f"lies under the file {notes}")):
+    _train(notes / "run")
+  assert notes.read_text() == "my notes"
