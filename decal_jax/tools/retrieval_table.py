@@ -27,9 +27,9 @@ A BEIR folder outside the built-in one becomes a task through DECAL_LOCAL_DATA_D
 (`<dir>/beir/<name>/` -> `decal_beir_<name>`), e.g. SciFact (train / test qrels; with no
 validation qrels the fine-tune's held-out in-batch loss is read on --eval_split):
 
-  DECAL_LOCAL_DATA_DIR=../shared/data python -m decal_jax.tools.retrieval_table --init runs/decal_tiny \
-    --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 --steps 150 \
-    --learning_rate 0.01 --query_length 32 --passage_length 256 --seeds 0 1 2 \
+  DECAL_LOCAL_DATA_DIR=../shared/data python -m decal_jax.tools.retrieval_table \
+    --init runs/decal_tiny --task decal_beir_scifact --ratios 1 4 8 --mean_pooling_ratio 1 \
+    --steps 150 --learning_rate 0.01 --query_length 32 --passage_length 256 --seeds 0 1 2 \
     --out docs/results/retrieval_scifact.md
   DECAL_LOCAL_DATA_DIR=../shared/data python -m decal_jax.tools.retrieval_table --seeds 0 \
     --init runs/decal_tiny runs/decal_tiny_s1 runs/decal_tiny_s2 \
@@ -108,9 +108,8 @@ def held_out(log: pathlib.Path, step: int) -> dict:
 
 def fine_tune(name: str, model, init: str, seed: int, a, work: pathlib.Path) -> dict:
   """Fine-tunes one row from checkpoint `init` with gin SEED = `seed` (resuming its
-  MODEL_DIR); returns
-  {minutes, heldout}, kept in
-  <work>/<name>.train.json so that a rerun after a failed search does not train again."""
+  MODEL_DIR); returns {minutes, heldout}, kept in <work>/<name>.train.json so that a rerun
+  after a failed search does not train again."""
   done, log = work / f"{name}.train.json", work / f"{name}.log"
   if done.exists():
     return json.loads(done.read_text())
@@ -194,8 +193,9 @@ def ndcg_stderr(run_file: pathlib.Path, a) -> float:
 
 
 def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
-  return (run_folder(a, work, row.get("init")) / row_name(row["ratio"], row["pooling"], row["seed"])
-          / "retrieval" / f"{a.task}.{a.eval_split}.step{a.steps}.trec")
+  name = row_name(row["ratio"], row["pooling"], row["seed"])
+  return (run_folder(a, work, row.get("init")) / name / "retrieval" /
+          f"{a.task}.{a.eval_split}.step{a.steps}.trec")
 
 
 def run_of(row):
