@@ -1,5 +1,9 @@
-"""Fixtures of tests/bad_inputs/: a local data folder for the tasks, and a tiny run with two
-checkpoints that each test copies before damaging it."""
+"""tests/bad_inputs/ is the catalogue of bad inputs (docs/reliability.md): each test feeds
+one mistake a user can make and checks that the message names the culprit and the fix, and
+that nothing on disk was changed or lost; one file per kind of mistake.
+
+Its fixtures: a local data folder for the tasks, and a tiny run with two checkpoints that
+each test copies before damaging it."""
 import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)

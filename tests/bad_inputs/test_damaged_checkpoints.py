@@ -1,10 +1,6 @@
 """Damaged checkpoints: a truncated or deleted file is named and set aside (never deleted) and
 the run resumes from the newest intact step; an initial checkpoint of another architecture
-is refused with the counts.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+is refused with the counts."""
 
 import jax
 import numpy as np

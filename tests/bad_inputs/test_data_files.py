@@ -1,10 +1,6 @@
 """Bad data files: a line that is not UTF-8 in each reader (downstream JSONL, text LM, Squid QA,
 eval inputs, make_vocab input), release layouts prepare_jsonl does not know, a vocabulary
-file that is not SentencePiece; each named with its file, line and fix.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+file that is not SentencePiece; each named with its file, line and fix."""
 import json
 
 import pytest

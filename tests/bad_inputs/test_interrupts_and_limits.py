@@ -1,10 +1,6 @@
 """Interrupting a run (Ctrl-C / SIGTERM saves the step and the same command resumes) and input
 past a limit (a JSONL file given to the plain-text task, an infer input or Squid question
-longer than the model reads, an out-of-memory step): each warned or refused by name.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+longer than the model reads, an out-of-memory step): each warned or refused by name."""
 import json
 import logging
 import os

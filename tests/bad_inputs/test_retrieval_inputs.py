@@ -1,9 +1,5 @@
 """Bad retrieval input: an index of an edited corpus is rebuilt, never reused; empty queries
-are scored with a warning that names them.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+are scored with a warning that names them."""
 import json
 import logging
 import pathlib

@@ -1,9 +1,5 @@
 """One trainer per MODEL_DIR (run_lock.py) and eval's output folder: a second trainer is
-refused naming the first, a stale lock is taken over with a warning.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+refused naming the first, a stale lock is taken over with a warning."""
 import json
 import os
 import pathlib

@@ -1,10 +1,6 @@
 """Bad run settings: misspelled gin macros (named with the closest one), zero / negative /
 fractional steps, periods, batch sizes and lengths, unknown tasks and a MODEL_DIR that is a
-file; each refused before any work, naming the binding.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+file; each refused before any work, naming the binding."""
 import os
 import re
 import subprocess

@@ -1,10 +1,6 @@
 """Vocabularies and optimizer state: text round-trips through the built-in vocabulary; a run
 read with another vocabulary than it was trained with (MODEL_DIR/vocabulary.json) or with
-another optimizer-state layout is refused, naming both and the fix.
-
-Part of the catalogue of bad inputs (issue 21; docs/reliability.md): each test feeds one
-mistake a user can make and checks that the message names the culprit and the fix, and
-that nothing on disk was changed or lost."""
+another optimizer-state layout is refused, naming both and the fix."""
 import hashlib
 import json
 import logging

@@ -1,26 +1,16 @@
 """What the import refuses, naming it: a tensor of another shape, RoPE scalings and
 architectures we do not implement, missing and unexpected tensors.
 
-Part of the Hugging Face import tests (hf_import.py, hf_params.py, hf_vocabularies.py),
-checked against transformers' own PyTorch models; tiny random models are built here (no
-hub access). Needs the `[test-hf]` extra (torch + transformers): without it the file is
-skipped, saying so.
+Against transformers' PyTorch models; skipped without the `[test-hf]` extra
+(hf_import_helpers.py).
 """
 import json
 
+import flax
 import pytest
 
-# (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
-            "and -e '.[test-hf]'")
-torch = pytest.importorskip("torch", reason=NEEDS_HF)
-transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
-safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
-
-import flax  # noqa: E402
-
-from decal_jax import hf_import  # noqa: E402
-from hf_import_helpers import TINY, _copy_with_config  # noqa: E402
+from decal_jax import hf_import
+from hf_import_helpers import torch, safetensors_torch, TINY, _copy_with_config
 
 
 # ------------------------------------------------------------------------------ errors

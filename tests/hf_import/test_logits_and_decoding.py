@@ -1,30 +1,19 @@
 """Imported LLaMA / Qwen2 checkpoints give transformers' logits (float32 to 1e-4; sharded
 and bf16 checkpoints) and its cached greedy generation.
 
-Part of the Hugging Face import tests (hf_import.py, hf_params.py, hf_vocabularies.py),
-checked against transformers' own PyTorch models; tiny random models are built here (no
-hub access). Needs the `[test-hf]` extra (torch + transformers): without it the file is
-skipped, saying so.
+Against transformers' PyTorch models; skipped without the `[test-hf]` extra
+(hf_import_helpers.py).
 """
 import copy
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
-import pytest
 
-# (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
-            "and -e '.[test-hf]'")
-torch = pytest.importorskip("torch", reason=NEEDS_HF)
-transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
-safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from decal_jax import hf_import  # noqa: E402
-from decal_jax.networks.decoder import Decoder  # noqa: E402
-from hf_import_helpers import TOKENS, _torch_logits, _our_logits  # noqa: E402
+from decal_jax import hf_import
+from decal_jax.networks.decoder import Decoder
+from hf_import_helpers import torch, TOKENS, _torch_logits, _our_logits
 
 
 # ------------------------------------------------------------------------------ logits

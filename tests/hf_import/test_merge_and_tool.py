@@ -2,33 +2,23 @@
 SentencePiece vocabulary of a checkpoint, and `tools/import_hf.py` writing a checkpoint the
 trainer starts from.
 
-Part of the Hugging Face import tests (hf_import.py, hf_params.py, hf_vocabularies.py),
-checked against transformers' own PyTorch models; tiny random models are built here (no
-hub access). Needs the `[test-hf]` extra (torch + transformers): without it the file is
-skipped, saying so.
+Against transformers' PyTorch models; skipped without the `[test-hf]` extra
+(hf_import_helpers.py).
 """
 import dataclasses
 
+import flax
+import gin
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
-            "and -e '.[test-hf]'")
-torch = pytest.importorskip("torch", reason=NEEDS_HF)
-transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
-safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
-
-import flax  # noqa: E402
-import gin  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from decal_jax import checkpoints, hf_import, hf_params  # noqa: E402
-from decal_jax.data import hf_vocabularies  # noqa: E402
-from decal_jax.networks import decoder  # noqa: E402
-from decal_jax.networks.dodo import Dodo, DodoConfig  # noqa: E402
-from hf_import_helpers import REPO, TOKENS, _torch_logits, _run_tool, _tool_module  # noqa: E402
+from decal_jax import checkpoints, hf_import, hf_params
+from decal_jax.data import hf_vocabularies
+from decal_jax.networks import decoder
+from decal_jax.networks.dodo import Dodo, DodoConfig
+from hf_import_helpers import REPO, TOKENS, _torch_logits, _run_tool, _tool_module
 
 
 # ------------------------------------------------------------------------------ merging

@@ -1,32 +1,23 @@
 """`tools/import_hf.py --model squid`: a Squid built from two Qwen2 checkpoints, against a
 PyTorch composition of the two models.
 
-Part of the Hugging Face import tests (hf_import.py, hf_params.py, hf_vocabularies.py),
-checked against transformers' own PyTorch models; tiny random models are built here (no
-hub access). Needs the `[test-hf]` extra (torch + transformers): without it the file is
-skipped, saying so.
+Against transformers' PyTorch models; skipped without the `[test-hf]` extra
+(hf_import_helpers.py).
 """
 import shutil
 
+import flax
+import gin
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
-            "and -e '.[test-hf]'")
-torch = pytest.importorskip("torch", reason=NEEDS_HF)
-transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
-safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
-
-import flax  # noqa: E402
-import gin  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from decal_jax import checkpoints, hf_import  # noqa: E402
-import tolerances  # noqa: E402
-from hf_import_helpers import (  # noqa: E402
-    REPO, VOCAB, TOKENS, SQUID_SMALL, SQUID_LARGE, _randomize, _write_tokenizer, _tool_module)
+from decal_jax import checkpoints, hf_import
+import tolerances
+from hf_import_helpers import (
+    torch, transformers, REPO, VOCAB, TOKENS, SQUID_SMALL, SQUID_LARGE, _randomize,
+    _write_tokenizer, _tool_module)
 
 
 # ------------------------------------------------------------------------------ Squid

@@ -2,10 +2,8 @@
 does, in Python and in TensorFlow through seqio, recorded by its file contents, and says
 what is missing.
 
-Part of the Hugging Face import tests (hf_import.py, hf_params.py, hf_vocabularies.py),
-checked against transformers' own PyTorch models; tiny random models are built here (no
-hub access). Needs the `[test-hf]` extra (torch + transformers): without it the file is
-skipped, saying so.
+Against transformers' PyTorch models; skipped without the `[test-hf]` extra
+(hf_import_helpers.py).
 """
 import copy
 import json
@@ -15,16 +13,9 @@ import types
 import numpy as np
 import pytest
 
-# (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
-            "and -e '.[test-hf]'")
-torch = pytest.importorskip("torch", reason=NEEDS_HF)
-transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
-safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
 
-
-from decal_jax.data import hf_vocabularies  # noqa: E402
-from hf_import_helpers import TEXTS, _write_tokenizer  # noqa: E402
+from decal_jax.data import hf_vocabularies
+from hf_import_helpers import TEXTS, _write_tokenizer
 
 
 # ------------------------------------------------------------------------------ tokenizer.json

@@ -1,35 +1,25 @@
 """zero_id_to: our pipelines pad with id 0, which is '!' in byte-level BPE; the remap round
 trips text with bangs and the imported model keeps the checkpoint's logits.
 
-Part of the Hugging Face import tests (hf_import.py, hf_params.py, hf_vocabularies.py),
-checked against transformers' own PyTorch models; tiny random models are built here (no
-hub access). Needs the `[test-hf]` extra (torch + transformers): without it the file is
-skipped, saying so.
+Against transformers' PyTorch models; skipped without the `[test-hf]` extra
+(hf_import_helpers.py).
 """
 import copy
 import json
 import re
 
+import gin
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# (tests/conftest.py hides Triton, which crashes next to TensorFlow, before torch loads.)
-NEEDS_HF = ("compares with transformers' PyTorch models: pip install torch (the CPU build) "
-            "and -e '.[test-hf]'")
-torch = pytest.importorskip("torch", reason=NEEDS_HF)
-transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
-safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
-
-import gin  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from decal_jax import checkpoints, hf_import  # noqa: E402
-from decal_jax.data import hf_vocabularies  # noqa: E402
-from decal_jax.networks.decoder import Decoder  # noqa: E402
-from hf_import_helpers import (  # noqa: E402
-    REPO, TINY, TEXTS, SQUID_SMALL, SQUID_LARGE, _randomize, _torch_logits, _our_logits,
-    _write_tokenizer, _tool_module)
+from decal_jax import checkpoints, hf_import
+from decal_jax.data import hf_vocabularies
+from decal_jax.networks.decoder import Decoder
+from hf_import_helpers import (
+    transformers, safetensors_torch, REPO, TINY, TEXTS, SQUID_SMALL, SQUID_LARGE, _randomize,
+    _torch_logits, _our_logits, _write_tokenizer, _tool_module)
 
 
 # ------------------------------------------------------------------------------ id 0 remap
