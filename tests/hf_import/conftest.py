@@ -8,23 +8,19 @@ import pytest
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
   """GQA (4 query / 2 kv heads), head_dim 24 != hidden / heads, RoPE base 5e5."""
-  from hf_import_helpers import TINY, _randomize, transformers
+  from hf_import_helpers import TINY, _saved_random, transformers
   config = transformers.LlamaConfig(head_dim=24, rope_theta=5e5, **TINY)
-  model = _randomize(transformers.LlamaForCausalLM(config), seed=0)
   directory = tmp_path_factory.mktemp("llama")
-  model.save_pretrained(directory, safe_serialization=True)
-  return model, directory
+  return _saved_random(transformers.LlamaForCausalLM, config, 0, directory), directory
 
 
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
   """Qwen2: biases on q/k/v, tied embeddings (no lm_head tensor)."""
-  from hf_import_helpers import TINY, _randomize, transformers
+  from hf_import_helpers import TINY, _saved_random, transformers
   config = transformers.Qwen2Config(tie_word_embeddings=True, rope_theta=1e6, **TINY)
-  model = _randomize(transformers.Qwen2ForCausalLM(config), seed=1)
   directory = tmp_path_factory.mktemp("qwen2")
-  model.save_pretrained(directory, safe_serialization=True)
-  return model, directory
+  return _saved_random(transformers.Qwen2ForCausalLM, config, 1, directory), directory
 
 
 @pytest.fixture(scope="module")

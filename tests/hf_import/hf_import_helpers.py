@@ -51,6 +51,14 @@ def _randomize(model, seed):
   return model.eval()
 
 
+def _saved_random(model_class, config, seed, directory):
+  """A `model_class(config)` with `_randomize`d weights, saved to `directory` as safetensors
+  (a Hugging Face checkpoint folder); returns the model."""
+  model = _randomize(model_class(config), seed)
+  model.save_pretrained(directory, safe_serialization=True)
+  return model
+
+
 def _torch_logits(model, tokens):
   with torch.no_grad():
     return model(torch.tensor(tokens)).logits.float().numpy()  # [batch, t, vocab]

@@ -16,7 +16,7 @@ import pytest
 from decal_jax import checkpoints, hf_import
 import tolerances
 from hf_import_helpers import (
-    torch, transformers, REPO, VOCAB, TOKENS, SQUID_SMALL, SQUID_LARGE, _randomize,
+    torch, transformers, REPO, VOCAB, TOKENS, SQUID_SMALL, SQUID_LARGE, _saved_random,
     _write_tokenizer, _tool_module)
 
 
@@ -29,8 +29,7 @@ def squid_checkpoints(tmp_path_factory):
   for i, (name, tied, sizes) in enumerate((("small", True, SQUID_SMALL),
                                            ("large", False, SQUID_LARGE))):
     config = transformers.Qwen2Config(tie_word_embeddings=tied, rope_theta=1e6, **sizes)
-    _randomize(transformers.Qwen2ForCausalLM(config), seed=10 + i).save_pretrained(
-        root / name, safe_serialization=True)
+    _saved_random(transformers.Qwen2ForCausalLM, config, 10 + i, root / name)
     _write_tokenizer(root / name)
   return root / "small", root / "large"
 

@@ -18,7 +18,7 @@ from decal_jax import checkpoints, hf_import
 from decal_jax.data import hf_vocabularies
 from decal_jax.networks.decoder import Decoder
 from hf_import_helpers import (
-    transformers, safetensors_torch, REPO, TINY, TEXTS, SQUID_SMALL, SQUID_LARGE, _randomize,
+    transformers, safetensors_torch, REPO, TINY, TEXTS, SQUID_SMALL, SQUID_LARGE, _saved_random,
     _torch_logits, _our_logits, _write_tokenizer, _tool_module)
 
 
@@ -107,9 +107,8 @@ def qwen2_over_tokenizer(request, hf_tokenizer, tmp_path_factory):
   rows = hf_tokenizer[0].get_vocab_size(with_added_tokens=True) + 12
   config = transformers.Qwen2Config(tie_word_embeddings=request.param, rope_theta=1e6,
                                     **dict(TINY, vocab_size=rows))
-  model = _randomize(transformers.Qwen2ForCausalLM(config), seed=20 + request.param)
   directory = tmp_path_factory.mktemp("qwen2_tied" if request.param else "qwen2_untied")
-  model.save_pretrained(directory, safe_serialization=True)
+  model = _saved_random(transformers.Qwen2ForCausalLM, config, 20 + request.param, directory)
   return model, directory, rows
 
 
@@ -163,8 +162,7 @@ def squid_checkpoints_over_tokenizer(tmp_path_factory):
                                                 ("large", False, SQUID_LARGE, 24))):
     config = transformers.Qwen2Config(tie_word_embeddings=tied, rope_theta=1e6,
                                       **dict(sizes, vocab_size=size + pad))
-    model = _randomize(transformers.Qwen2ForCausalLM(config), seed=30 + i)
-    model.save_pretrained(root / name, safe_serialization=True)
+    _saved_random(transformers.Qwen2ForCausalLM, config, 30 + i, root / name)
     _write_tokenizer(root / name)
   return root / "small", root / "large", size
 
