@@ -31,7 +31,8 @@ def render(summary: dict) -> str:
                    f"{r['sequences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
                    f"{(r.get('temp_bytes') or 0) / 2**30:.2f} |")
     if str(PROFILED_RATIO) in details["train"]:
-      lines += _profile_lines(details["train"][str(PROFILED_RATIO)])
+      lines += _profile_lines(details["train"][str(PROFILED_RATIO)]["mfu"],
+                              details.get("profile") or details["train"][str(PROFILED_RATIO)])
   if details.get("probe"):
     lines += ["", "## Option probe (bench_train_probe_gpu.jsonl, DeCAL-4x bf16)", "",
               "| option set | bindings | step ms |", "|---|---|---|"]
@@ -57,13 +58,25 @@ def _xla_flags_lines(probe: dict) -> List[str]:
   return lines + ["", f"Chosen for the parts after it: {probe.get('chosen') or 'none ran'}."]
 
 
-def _profile_lines(row: dict) -> List[str]:
-  mfu, top = row["mfu"], row.get("profile_top_ops") or []
+def _profile_lines(mfu, profile: dict) -> List[str]:
+  """Below the goal: the traced run's top ops and op time by part of the step (a summary
+  written before the profile had its own run keeps them on the train row)."""
+  top, parts = profile.get("profile_top_ops") or [], profile.get("profile_parts") or []
   if mfu is not None and mfu >= GOAL_MFU:
     return ["", f"DeCAL-{PROFILED_RATIO}x meets the {100 * GOAL_MFU:.0f} % MFU goal."]
   state = "not known" if mfu is None else f"{100 * mfu:.1f} %, under the goal"
-  lines = ["", f"## What takes DeCAL-{PROFILED_RATIO}x's time (MFU {state})", "",
-           "jax.profiler trace of the step; ops by time, share of all op time:", "",
-           "| share | ms / step | op | from (JAX) |", "|---|---|---|---|"]
+  lines = ["", f"## What takes DeCAL-{PROFILED_RATIO}x's time (MFU {state})", ""]
+  if parts:
+    op_ms, step_ms = profile["profile_op_ms_per_step"], 1e3 * profile["step_s_median"]
+    lines += [f"jax.profiler trace of `{profile['label']}` (XLA_FLAGS "
+              f"`{profile.get('xla_flags') or 'none'}`): {op_ms:.1f} ms of ops in a "
+              f"{step_ms:.1f} ms step. Op time by part of the step:", "",
+              "| part | ms / step | share | of which matmuls, ms | ops |", "|---|---|---|---|---|"]
+    lines += [f"| {p['part']} | {p['ms_per_step']:.3f} | {100 * p['share']:.1f} % | "
+              f"{p['matmul_ms_per_step']:.3f} | {p['ops']} |" for p in parts] + [
+                  "", "The ops that took the most time:", ""]
+  else:
+    lines += ["jax.profiler trace of the step; ops by time, share of all op time:", ""]
+  lines += ["| share | ms / step | op | from (JAX) |", "|---|---|---|---|"]
   return lines + [f"| {100 * op['share']:.1f} % | {op['ms_per_step']:.3f} | {op['op']} | "
                   f"{op['jax_op'][-100:]} |" for op in top]

@@ -9,6 +9,20 @@ from typing import Dict, List, Optional, Tuple
 
 from decal_jax import fileio
 
+# What a GPU image may lack that the library's data path needs (the workplace's own image has
+# jax, flax, optax and orbax but none of these, and TensorFlow is too large to carry there).
+# gin-config is missing there too, but its 61 kB wheel travels with the recipe
+# (docs/performance.md), so the parts may use it.
+DEVICE_IMAGE_LACKS = ("tensorflow", "tensorflow_text", "seqio", "clu", "t5")
+REFUSE_IMPORTS = """# written by gpu_suite --dry_run: refuses the imports a GPU image may lack
+import importlib.abc, sys
+class _Refuse(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in {lacks!r}:
+      raise ImportError(f"{{name}} is not on the GPU image (gpu_suite.DEVICE_IMAGE_LACKS)")
+sys.meta_path.insert(0, _Refuse())
+"""
+
 GOAL_MFU = 0.40  # T5.1.1-small DeCAL-4x on one H100
 RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
@@ -154,14 +168,14 @@ def data_dir() -> pathlib.Path:
 def lease_scale(beir_folder: Optional[str]) -> Scale:
   """gpu_scale's shapes in LEASE_MINUTES: `xla_flags` chooses the XLA_FLAGS in 1.5 minutes
   (LEASE_XLA_FLAGS until it has), DeCAL-4x (the MFU goal's) is timed first, `train` is given
-  4 of the minutes and the next parts what is left; when asked for, the probe times 3 option
-  sets (1.25 minutes each at most: start, compile, 8 steps)."""
+  5 of the minutes (4 C's, then DeCAL-4x's profile) and the next parts what is left; the
+  probe times 3 option sets (1.25 minutes each at most: start, compile, 8 steps)."""
   full = gpu_scale(beir_folder)
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
-      minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=4.0, nuggets=1.5,
-                   squid=1.5, gpthf=1.5, retrieval=1.5, retrieval_scale=2.5),
+      minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=5.0, nuggets=1.5,
+                   squid=1.5, gpthf=3.0, retrieval=1.5, retrieval_scale=2.5),
       tools={**full.tools, **LEASE_TOOLS, "retrieval_scale": LEASE_TOOLS["retrieval_scale"] + (
           ["--beir_folder", beir_folder] if beir_folder else [])})
 

@@ -189,3 +189,62 @@ def test_op_events_read_each_kind_of_trace():
   cpu = _trace(("/host:CPU", {"XLA pool": [("dot.4", 12, {"hlo_op": "dot.4"}),
                                            ("schedule", 3, {})]}))
   assert list(benchmarking._op_events(cpu)) == [("dot.4", 12)]
+
+
+def _instruction(name: str, call: str, op_name: str = "") -> str:
+  meta = f', metadata={{op_name="jit(step_fn)/{op_name}"}}' if op_name else ""
+  return f"  %{name} = f32[4]{{0}} {call}{meta}"
+
+
+ENCODER = "jvp(Transformer)/Transformer.encode/encoder"
+HLO = "\n".join(["HloModule jit_step_fn", "ENTRY %main {", *(_instruction(*i) for i in [
+    ("custom-call.1", 'custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"',
+     f"{ENCODER}/layers_0/self_attention/query/dot_general"),
+    ("loop_convert_fusion", "fusion(%c), kind=kLoop, calls=%fused_convert",
+     f"transpose({ENCODER})/relpos_bias/jit(_one_hot)/convert_element_type"),
+    ("input_reduce_fusion.7", "fusion(%d), kind=kInput, calls=%fused_reduce",
+     f"{ENCODER}/layers_0/pre_attention_layer_norm/reduce_sum"),
+    ("dot.3", "dot(%e, %f), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+     "transpose(jvp(Transformer))/Transformer.decode/decoder/layers_1/mlp/wo/dot_general"),
+    ("input_reduce_fusion.9", "fusion(%g), kind=kInput, calls=%fused_reduce.2", "reduce_sum"),
+    ("loop_multiply_fusion", "fusion(%h), kind=kLoop, calls=%fused_multiply",
+     "transpose(jvp())/mul"),
+    ("copy.5", "copy(%i)"),
+    ("ynn_fusion.2", "fusion(%j, %k), kind=kCustom, calls=%fused_dot")]), "}", "",
+    "%fused_dot (p0: f32[4,4], p1: f32[4,4]) -> f32[4] {",  # its metadata inside (CPU)
+    _instruction("dot.9", "dot(%p0, %p1), lhs_contracting_dims={1}",
+                 f"{ENCODER}/layers_0/mlp/wi_0/dot_general"), "}"])
+
+
+def test_hlo_ops_name_each_instruction_s_jax_operation_and_its_matmuls():
+  ops = benchmarking.hlo_ops(HLO)
+  assert ops["custom-call.1"] == (
+      f"jit(step_fn)/{ENCODER}/layers_0/self_attention/query/dot_general", True)
+  assert ops["dot.3"][1] and not ops["loop_convert_fusion"][1]
+  assert not ops["input_reduce_fusion.7"][1] and ops["copy.5"] == ("", False)
+  assert ops["ynn_fusion.2"] == (  # a fusion whose computation holds a dot (the CPU's)
+      f"jit(step_fn)/{ENCODER}/layers_0/mlp/wi_0/dot_general", True)
+
+
+def test_op_time_by_part_of_the_step_hand_worked():
+  """The norm is named for attention too (`pre_attention_layer_norm`) and counts as a norm; a
+  reduction outside the forward and backward is the optimizer's; the loss's `mul` sits under
+  the step's own jvp; an op without metadata, or not in the program, is unattributed.
+  Total 20 ms: attention 5 (all matmul), relative bias 4, MLP 3 (matmul), optimizer 3,
+  norms 2, loss 1, unattributed 1 + 1."""
+  ms = {"custom-call.1": 5.0, "loop_convert_fusion": 4.0, "dot.3": 3.0,
+        "input_reduce_fusion.9": 3.0, "input_reduce_fusion.7": 2.0,
+        "loop_multiply_fusion": 1.0, "copy.5": 1.0, "sm90_gemm_kernel": 1.0}
+  parts = {p["part"]: p for p in benchmarking.op_parts(ms, HLO)}
+  assert [p["part"] for p in benchmarking.op_parts(ms, HLO)][:2] == [
+      "attention", "relative position bias"]
+  want = {"attention": (5, 5, 1), "relative position bias": (4, 0, 1), "MLP": (3, 3, 1),
+          "optimizer": (3, 0, 1), "layer norms": (2, 0, 1), "loss": (1, 0, 1),
+          "unattributed": (2, 0, 2)}
+  assert {k: (p["ms_per_step"], p["matmul_ms_per_step"], p["ops"])
+          for k, p in parts.items()} == want
+  assert parts["attention"]["share"] == 5 / 20 and parts["unattributed"]["share"] == 2 / 20
+  top = benchmarking.top_ops(ms, HLO, count=2)
+  assert [(o["op"], o["ms_per_step"], o["share"]) for o in top] == [
+      ("custom-call.1", 5.0, 0.25), ("loop_convert_fusion", 4.0, 0.2)]
+  assert top[1]["jax_op"].endswith("relpos_bias/jit(_one_hot)/convert_element_type")

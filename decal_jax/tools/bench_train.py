@@ -32,7 +32,8 @@ file whose task bindings need `decal_jax.tasks` is refused as unknown: give the 
 `--compare BINDING` (repeatable; and/or `--compare_gin_file F`) builds a second
 configuration (the first plus those), times both in one process, alternating their steps,
 and prints B / A. `--breakdown` times the parts of a T5 step on their own; `--profile_steps`
-traces steps with jax.profiler and records the top ops; `--hlo_out` keeps the compiled
+traces steps with jax.profiler and records the top ops and the op time by part
+of the step (attention, MLP, norms, optimizer, ...); `--hlo_out` keeps the compiled
 step's HLO (which ops XLA fused, which matmuls became library calls); `--init_on_host`
 builds the state on the host CPU (a GPU compiles the initializers slowly); `--time_budget_s`
 cuts the warm-up and the timing short (at least one step each) so that a run whose steps
@@ -59,8 +60,8 @@ import numpy as np  # noqa: E402
 from decal_jax import (flops, gin_utils, optimizers, partitioning, step_breakdown,  # noqa: E402
                        train_state, train_step)
 from decal_jax.data import batches  # noqa: E402
-from decal_jax.benchmarking import (device_peak, machine_record, profile_top_ops,  # noqa: E402
-                                    xla_cost)
+from decal_jax.benchmarking import (device_peak, machine_record, op_parts,  # noqa: E402
+                                    profile_ops, top_ops, xla_cost)
 from decal_jax.results_files import write_jsonl  # noqa: E402
 from decal_jax.networks.t5 import T5Config  # noqa: E402
 
@@ -315,7 +316,8 @@ def parse_args(argv):
   parser.add_argument("--compare_label", default=None)
   parser.add_argument("--breakdown", action="store_true", help="time a T5 step's parts alone")
   parser.add_argument("--profile_steps", type=int, default=0, help="then trace this many "
-                      "steps of the last configuration into --profile_dir; record top ops")
+                      "steps of the last configuration into --profile_dir; record the top "
+                      "ops and the op time by part of the step")
   parser.add_argument("--profile_dir", default="/tmp/bench_train_trace")
   parser.add_argument("--hlo_out", default=None, help="write the compiled step's HLO text "
                       "(of the last configuration) to this .gz file")
@@ -355,8 +357,10 @@ def main(argv=None):
   if args.profile_steps:
     profiled = args.profile_steps if deadline is None else max(1, min(args.profile_steps, int(
         (deadline - time.perf_counter()) / runners[-1].last_s)))
-    rows[-1]["profile_top_ops"] = top = profile_top_ops(
-        lambda: runners[-1].step(timed=False), profiled, args.profile_dir, hlo_text)
+    ms = profile_ops(lambda: runners[-1].step(timed=False), profiled, args.profile_dir)
+    rows[-1]["profile_top_ops"] = top = top_ops(ms, hlo_text)
+    rows[-1]["profile_parts"] = parts = op_parts(ms, hlo_text)
+    rows[-1]["profile_op_ms_per_step"] = sum(ms.values())
     print(f"\nops taking the most time ({profiled} steps, {args.profile_dir}):")
     if not top:
       print(f"  none found: the trace in {args.profile_dir} has no op events that "
@@ -364,6 +368,11 @@ def main(argv=None):
     for op in top:
       print(f"  {100 * op['share']:5.1f}% {op['ms_per_step']:9.3f} ms/step  {op['op']}: "
             f"{op['jax_op'][-90:]}")
+    print(f"\nop time by part of the step ({sum(ms.values()):.3f} ms of ops per step, "
+          f"{1e3 * rows[-1]['step_s_median']:.3f} ms per step):")
+    for part in parts:
+      print(f"  {100 * part['share']:5.1f}% {part['ms_per_step']:9.3f} ms/step "
+            f"({part['matmul_ms_per_step']:.3f} in matmuls) {part['ops']:5d} ops  {part['part']}")
   if args.hlo_out:  # the step as XLA compiled it for this device: its fusions, its GEMM calls
     with gzip.open(args.hlo_out, "wt") as f:
       f.write(hlo_text)

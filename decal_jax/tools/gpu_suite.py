@@ -3,12 +3,12 @@
   python -m decal_jax.tools.gpu_suite            # on the GPU machine, from the repository root
   python -m decal_jax.tools.gpu_suite --dry_run  # the same parts at tiny shapes on CPU (CI)
   python -m decal_jax.tools.gpu_suite --parts ablation --minutes 30  # some parts (comma-separated)
-  python -m decal_jax.tools.gpu_suite --lease --parts train,retrieval,squid,gpthf,retrieval_scale
+  python -m decal_jax.tools.gpu_suite --lease --parts train_probe,train
       # this workplace's device machine: 9 minutes, the parts its image runs (docs/performance.md)
 
-Parts, in this order (--parts: those named, in the order named); each runs as subprocesses under the part's time limit (at the limit:
-SIGTERM, then SIGKILL after a grace period), and one that fails or runs out of time is
-recorded as such while the next part runs:
+Parts, in this order (--parts: those named, in the order named); each runs as subprocesses
+under the part's time limit (at the limit: SIGTERM, then SIGKILL after a grace period), and
+one that fails or runs out of time is recorded as such while the next part runs:
   xla_flags    decal_jax/tools/bench_xla_flags.py under each XLA_FLAG_SETS entry (cuBLAS or
                Triton GEMMs, autotuned or not): a T5.1.1-small encoder layer's compile time
                and TFLOP/s; the parts after it use the fastest set that compiles quickly;
@@ -16,9 +16,9 @@ recorded as such while the next part runs:
                short probe (a few steps) of every option set in OPTION_SETS (attention
                kernel, fused QKV, scan, remat policy), one subprocess each;
   train        the fastest probed set at C = 1, 2, 4, 8 (decal.gin, COMPRESSION_RATIO = C):
-               step time, seq/s, MFU; the C = 4 run also traces a few steps with
-               jax.profiler, and the summary lists the ops that took its time when its MFU
-               is under the 40 % goal (or unknown); its compiled HLO goes to the logs;
+               step time, seq/s, MFU; then C = 4 again, a few steps traced by jax.profiler
+               with CUDA graphs off: below the 40 % goal the summary lists the top ops and
+               the op time by part of the step; the compiled HLO goes to the logs;
   nuggets      decal_jax/tools/bench_nuggets.py in bf16 at 16k and 64k context;
   squid        decal_jax/tools/bench_squid.py --preset qwen2;
   gpthf        decal_jax/tools/bench_gpthf.py --preset paper;
@@ -38,7 +38,7 @@ recorded as such while the next part runs:
 Results land in --out_dir (default docs/results; each part's files are in PARTS), with
 gpu_suite_summary.md (and .json): per part its status, wall time, limit, commands, device
 (jax.devices()[0].device_kind) and date; the MFU of each C, the probe's step times and,
-below the goal, the top ops. A run of some --parts keeps the other parts' rows. --archive
+below the goal, the profile. A run of some --parts keeps the other parts' rows. --archive
 packs every file written into one .tar.gz (for machines that return only a few files).
 --dry_run: every part at tiny shapes on CPU (no cuDNN sets, C = 1 and 4, a one-variant
 ablation budget), into a temporary folder unless --out_dir is given; minutes, for CI. The
@@ -67,23 +67,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 REPO = pathlib.Path.cwd()  # run from the repository root: docs/results/, runs/, ../shared/data
 from decal_jax import fileio  # noqa: E402  (light: the suite itself never touches the GPU)
 
-# What a GPU image may lack that the library's data path needs (the workplace's own image has
-# jax, flax, optax and orbax but none of these, and TensorFlow is too large to carry there).
-# gin-config is missing there too, but its 61 kB wheel travels with the recipe
-# (docs/performance.md), so the parts may use it.
-DEVICE_IMAGE_LACKS = ("tensorflow", "tensorflow_text", "seqio", "clu", "t5")
-REFUSE_IMPORTS = """# written by gpu_suite --dry_run: refuses the imports a GPU image may lack
-import importlib.abc, sys
-class _Refuse(importlib.abc.MetaPathFinder):
-  def find_spec(self, name, path=None, target=None):
-    if name.split(".")[0] in {lacks!r}:
-      raise ImportError(f"{{name}} is not on the GPU image (gpu_suite.DEVICE_IMAGE_LACKS)")
-sys.meta_path.insert(0, _Refuse())
-"""
 from decal_jax.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
-    CUDNN, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS, PROFILE_XLA_FLAGS,
-    PROFILED_RATIO, RATIOS, RETENTION_STEPS, XLA_FLAG_SETS, Scale, choose_xla_flags, data_dir,
-    dry_run_scale, gpu_scale, lease_scale)
+    CUDNN, DEVICE_IMAGE_LACKS, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS,
+    PROFILE_XLA_FLAGS, PROFILED_RATIO, RATIOS, REFUSE_IMPORTS, RETENTION_STEPS, XLA_FLAG_SETS,
+    Scale, choose_xla_flags, data_dir, dry_run_scale, gpu_scale, lease_scale)
 from decal_jax.gpu_suite_report import render  # noqa: E402
 
 
@@ -239,34 +226,49 @@ def part_train_probe(suite: Suite) -> str:
 
 
 def part_train(suite: Suite) -> str:
-  """Each C with the probe's fastest set; MFU; a profile of C = PROFILED_RATIO."""
+  """Each C with the probe's fastest set and MFU; then C = PROFILED_RATIO again, profiled."""
   best = suite.details.get("best_options") or "einsum"
-  rows, failed, base = {}, [], suite.scale
-  for ratio in base.ratios:
-    profiled = ratio == PROFILED_RATIO
-    suite.scale = dataclasses.replace(base, xla_flags=" ".join(
-        filter(None, [base.xla_flags, PROFILE_XLA_FLAGS if profiled else ""])))
-    extra = ([f"--profile_steps={suite.scale.profile_steps}",
-              f"--profile_dir={suite.logs / 'profile'}",
-              f"--hlo_out={suite.logs / f'train_step_c{ratio}.hlo.txt.gz'}"]
-             if profiled else [])
+  rows, failed = {}, []
+  for ratio in suite.scale.ratios:
     row = _bench_train(suite, "bench_train_gpu.jsonl", f"DeCAL-{ratio}x bf16 {best}",
                        [f"COMPRESSION_RATIO={ratio}", *OPTION_SETS[best]], suite.scale.steps,
-                       extra, check=False)
+                       check=False)
     if row is None:
       failed.append(ratio)
       continue
     rows[str(ratio)] = {k: row.get(k) for k in (
         "label", "step_s_median", "sequences_per_s", "tokens_per_s", "mfu", "temp_bytes",
-        "device_kind", "profile_top_ops")}
-  suite.scale = base
+        "device_kind")}
   suite.details["train"] = rows
+  profiled = _profile_train(suite, best) if suite.part_deadline > time.time() + 30 else None
   if failed:
     raise PartFailed(f"options {best}; failed or out of time at C = {failed}")
   mfu = rows[str(PROFILED_RATIO)]["mfu"]
   return (f"options {best}; DeCAL-{PROFILED_RATIO}x MFU " +
           ("not known (no peak for this device)" if mfu is None else
-           f"{100 * mfu:.1f} % ({'meets' if mfu >= GOAL_MFU else 'misses'} the 40 % goal)"))
+           f"{100 * mfu:.1f} % ({'meets' if mfu >= GOAL_MFU else 'misses'} the 40 % goal)") +
+          ("" if profiled else "; no profile (out of time or failed)"))
+
+
+def _profile_train(suite: Suite, best: str) -> Optional[dict]:
+  """DeCAL-PROFILED_RATIO x traced in a run of its own, CUDA graphs off (PROFILE_XLA_FLAGS:
+  the trace then names each kernel), its HLO kept; into details['profile']."""
+  base, ratio = suite.scale, PROFILED_RATIO
+  suite.scale = dataclasses.replace(base, xla_flags=" ".join(filter(None, [
+      base.xla_flags, PROFILE_XLA_FLAGS])))
+  try:
+    row = _bench_train(
+        suite, "bench_train_profile_gpu.jsonl", f"DeCAL-{ratio}x bf16 {best} traced",
+        [f"COMPRESSION_RATIO={ratio}", *OPTION_SETS[best]], base.profile_steps,
+        [f"--profile_steps={base.profile_steps}", f"--profile_dir={suite.logs / 'profile'}",
+         f"--hlo_out={suite.logs / f'train_step_c{ratio}.hlo.txt.gz'}"], check=False)
+  finally:
+    suite.scale = base
+  if row is not None:
+    suite.details["profile"] = {k: row.get(k) for k in (
+        "label", "step_s_median", "mfu", "xla_flags", "profile_top_ops", "profile_parts",
+        "profile_op_ms_per_step")}
+  return row
 
 
 def _tool_part(tool: str, stem: str, plot: bool = True) -> Callable[[Suite], str]:
@@ -333,7 +335,8 @@ class Part:
 PARTS = [
     Part("xla_flags", part_xla_flags, ("bench_xla_flags_gpu.jsonl",), device_image=True),
     Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",), device_image=True),
-    Part("train", part_train, ("bench_train_gpu.jsonl",), device_image=True),
+    Part("train", part_train, ("bench_train_gpu.jsonl", "bench_train_profile_gpu.jsonl"),
+         device_image=True),
     Part("nuggets", _tool_part("bench_nuggets", "nuggets_cache_gpu", plot=False),
          ("nuggets_cache_gpu.md",), device_image=True),
     Part("squid", _tool_part("bench_squid", "squid_latency_gpu"),

@@ -94,9 +94,10 @@ def test_each_xla_flag_set_is_timed_and_the_parts_after_run_with_the_chosen_one(
   chosen = summary["details"]["xla_flags"]["chosen"]
   assert chosen == gpu_suite.choose_xla_flags({row["label"]: row for row in rows})
   flags = gpu_suite.XLA_FLAG_SETS[chosen]
-  for row in _rows(out / "bench_train_probe_gpu.jsonl") + _rows(out / "bench_train_gpu.jsonl"):
+  for row in (_rows(out / "bench_train_probe_gpu.jsonl") + _rows(out / "bench_train_gpu.jsonl")
+              + _rows(out / "bench_train_profile_gpu.jsonl")):
     # the profiled run adds CUDA graphs off, so its trace shows each kernel
-    profiled = row["label"].startswith(f"DeCAL-{gpu_suite.PROFILED_RATIO}x")
+    profiled = row["label"].endswith(" traced")
     want = flags.split() + ([gpu_suite.PROFILE_XLA_FLAGS] if profiled else [])
     got = row.get("xla_flags", "").split()
     assert got[len(got) - len(want):] == want, row["label"]
@@ -128,20 +129,30 @@ def test_the_block_flops_are_what_xla_counts():
     assert 1.0 <= xla_cost(compiled) / bench.block_flops(batch, length) < 1.03
 
 
-def test_decal_4x_is_profiled_and_its_top_ops_are_in_the_summary(result):
+def test_decal_4x_is_profiled_in_a_run_of_its_own_and_the_summary_shows_it(result):
+  """The timed C = 4 row has no trace; the traced run (CUDA graphs off) has the top ops and
+  the op time by part of the step, which add up to all of its op time."""
   _, out = result
-  row = _rows(out / "bench_train_gpu.jsonl")[-1]
-  top = row["profile_top_ops"]
+  assert not any("profile_top_ops" in row for row in _rows(out / "bench_train_gpu.jsonl"))
+  row = _rows(out / "bench_train_profile_gpu.jsonl")[-1]
+  assert row["config"]["compression_ratio"] == gpu_suite.PROFILED_RATIO
+  top, parts = row["profile_top_ops"], row["profile_parts"]
   assert top and all(op["ms_per_step"] > 0 and 0 < op["share"] <= 1 for op in top)
   assert [op["share"] for op in top] == sorted((op["share"] for op in top), reverse=True)
   assert sum(op["share"] for op in top) <= 1 + 1e-9
   assert any("jit(step_fn)" in op["jax_op"] for op in top)  # mapped to the JAX operation
+  assert abs(sum(p["ms_per_step"] for p in parts) - row["profile_op_ms_per_step"]) < 1e-6
+  assert abs(sum(p["share"] for p in parts) - 1) < 1e-9
+  assert all(0 <= p["matmul_ms_per_step"] <= p["ms_per_step"] for p in parts)
+  names = {p["part"] for p in parts}
+  assert {"attention", "MLP", "optimizer"} <= names  # a T5 step's parts, Adafactor's update
+  assert any(p["matmul_ms_per_step"] > 0 for p in parts)  # the dots were recognised
   import gzip
   hlo = gzip.open(out / "logs" / "train_step_c4.hlo.txt.gz", "rt").read()
   assert "ENTRY" in hlo and any(op["op"] in hlo for op in top)  # the program profiled
   text = (out / "gpu_suite_summary.md").read_text()
   assert "## What takes DeCAL-4x's time (MFU not known)" in text  # no peak on CPU
-  assert f"| {top[0]['op']} |" in text
+  assert f"| {top[0]['op']} |" in text and f"| {parts[0]['part']} | " in text
 
 
 def test_each_benchmark_wrote_its_results_with_command_and_device(result):
