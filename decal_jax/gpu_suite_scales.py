@@ -136,7 +136,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       ratios=RATIOS, batch=128, lengths=(512, 128), steps=20, probe_steps=5, warmup=3,
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
       minutes=dict(xla_flags=3, train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
-                   retrieval_scale=8, retention=12, ablation=40),
+                   retrieval_scale=3, retrieval_1m=6, retention=12, ablation=40),
       tools=dict(
           xla_flags=["--batch", "32", "--length", "640", "--steps", "10"],
           nuggets=["--contexts", "16384,65536", "--dtype", "bfloat16"],
@@ -169,13 +169,15 @@ def lease_scale(beir_folder: Optional[str]) -> Scale:
   """gpu_scale's shapes in LEASE_MINUTES: `xla_flags` chooses the XLA_FLAGS in 1.5 minutes
   (LEASE_XLA_FLAGS until it has), DeCAL-4x (the MFU goal's) is timed first, `train` is given
   5 of the minutes (4 C's, then DeCAL-4x's profile) and the next parts what is left; the
-  probe times 3 option sets (1.25 minutes each at most: start, compile, 8 steps)."""
+  probe times 3 option sets (1.25 minutes each at most: start, compile, 8 steps);
+  `retrieval_1m` (the 1M-passage run) is a lease of its own."""
   full = gpu_scale(beir_folder)
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
       minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=5.0, nuggets=1.5,
-                   squid=1.5, gpthf=3.0, retrieval=1.5, retrieval_scale=2.5),
+                   squid=1.5, gpthf=3.0, retrieval=1.5, retrieval_scale=2.5,
+                   retrieval_1m=8.5),
       tools={**full.tools, **LEASE_TOOLS, "retrieval_scale": LEASE_TOOLS["retrieval_scale"] + (
           ["--beir_folder", beir_folder] if beir_folder else [])})
 
@@ -190,7 +192,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       profile_steps=1, probe_minutes=3, grace_s=20,
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
       minutes=dict(xla_flags=2, train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
-                   retrieval_scale=3, retention=4, ablation=5),
+                   retrieval_scale=3, retrieval_1m=2, retention=4, ablation=5),
       tools=dict(
           xla_flags=["--batch", "2", "--length", "64", "--steps", "2"],
           nuggets=["--contexts", "32,64", "--dtype", "bfloat16", "--emb_dim", "32", "--layers",

@@ -190,7 +190,8 @@ def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   import sys
   summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
-      "xla_flags", "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval", "retrieval_scale"}
+      "xla_flags", "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval",
+      "retrieval_scale", "retrieval_1m"}
   assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
       gpu_suite.DEVICE_IMAGE_LACKS)
   for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
