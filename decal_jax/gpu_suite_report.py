@@ -68,12 +68,16 @@ def _profile_lines(mfu, profile: dict) -> List[str]:
   lines = ["", f"## What takes DeCAL-{PROFILED_RATIO}x's time (MFU {state})", ""]
   if parts:
     op_ms, step_ms = profile["profile_op_ms_per_step"], 1e3 * profile["step_s_median"]
+    traffic = profile.get("hlo_traffic_parts") or {}
     lines += [f"jax.profiler trace of `{profile['label']}` (XLA_FLAGS "
               f"`{profile.get('xla_flags') or 'none'}`): {op_ms:.1f} ms of ops in a "
-              f"{step_ms:.1f} ms step. Op time by part of the step:", "",
-              "| part | ms / step | share | of which matmuls, ms | ops |", "|---|---|---|---|---|"]
+              f"{step_ms:.1f} ms step. Op time by part of the step, and the bytes its kernels "
+              "read and write by the compiled program's shapes (`benchmarking.traffic_parts`, "
+              "an estimate):", "", "| part | ms / step | share | of which matmuls, ms | ops | "
+              "GB moved per step (HLO) |", "|---|---|---|---|---|---|"]
     lines += [f"| {p['part']} | {p['ms_per_step']:.3f} | {100 * p['share']:.1f} % | "
-              f"{p['matmul_ms_per_step']:.3f} | {p['ops']} |" for p in parts] + [
+              f"{p['matmul_ms_per_step']:.3f} | {p['ops']} | "
+              f"{traffic.get(p['part'], {}).get('gb', 0.0):.2f} |" for p in parts] + [
                   "", "The ops that took the most time:", ""]
   else:
     lines += ["jax.profiler trace of the step; ops by time, share of all op time:", ""]

@@ -60,8 +60,8 @@ import numpy as np  # noqa: E402
 from decal_jax import (flops, gin_utils, optimizers, partitioning, step_breakdown,  # noqa: E402
                        train_state, train_step)
 from decal_jax.data import batches  # noqa: E402
-from decal_jax.benchmarking import (device_peak, machine_record, op_parts,  # noqa: E402
-                                    profile_ops, top_ops, xla_cost)
+from decal_jax.benchmarking import device_peak, machine_record, xla_cost  # noqa: E402
+from decal_jax.profiles import op_parts, profile_ops, top_ops, traffic_parts  # noqa: E402
 from decal_jax.results_files import write_jsonl  # noqa: E402
 from decal_jax.networks.t5 import T5Config  # noqa: E402
 
@@ -361,18 +361,21 @@ def main(argv=None):
     rows[-1]["profile_top_ops"] = top = top_ops(ms, hlo_text)
     rows[-1]["profile_parts"] = parts = op_parts(ms, hlo_text)
     rows[-1]["profile_op_ms_per_step"] = sum(ms.values())
+    rows[-1]["hlo_traffic_parts"] = traffic = {r["part"]: r for r in traffic_parts(hlo_text)}
     print(f"\nops taking the most time ({profiled} steps, {args.profile_dir}):")
     if not top:
       print(f"  none found: the trace in {args.profile_dir} has no op events that "
-            "benchmarking._op_events reads (open it in TensorBoard / XProf)")
+            "profiles._op_events reads (open it in TensorBoard / XProf)")
     for op in top:
       print(f"  {100 * op['share']:5.1f}% {op['ms_per_step']:9.3f} ms/step  {op['op']}: "
             f"{op['jax_op'][-90:]}")
     print(f"\nop time by part of the step ({sum(ms.values()):.3f} ms of ops per step, "
           f"{1e3 * rows[-1]['step_s_median']:.3f} ms per step):")
     for part in parts:
+      gb = traffic.get(part["part"], {}).get("gb", 0.0)
       print(f"  {100 * part['share']:5.1f}% {part['ms_per_step']:9.3f} ms/step "
-            f"({part['matmul_ms_per_step']:.3f} in matmuls) {part['ops']:5d} ops  {part['part']}")
+            f"({part['matmul_ms_per_step']:.3f} in matmuls) {part['ops']:5d} ops "
+            f"{gb:8.2f} GB moved (HLO estimate)  {part['part']}")
   if args.hlo_out:  # the step as XLA compiled it for this device: its fusions, its GEMM calls
     with gzip.open(args.hlo_out, "wt") as f:
       f.write(hlo_text)

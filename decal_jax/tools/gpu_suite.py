@@ -269,7 +269,7 @@ def _profile_train(suite: Suite, best: str) -> Optional[dict]:
   if row is not None:
     suite.details["profile"] = {k: row.get(k) for k in (
         "label", "step_s_median", "mfu", "xla_flags", "profile_top_ops", "profile_parts",
-        "profile_op_ms_per_step")}
+        "profile_op_ms_per_step", "hlo_traffic_parts")}
   return row
 
 

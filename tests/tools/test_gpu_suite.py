@@ -147,12 +147,16 @@ def test_decal_4x_is_profiled_in_a_run_of_its_own_and_the_summary_shows_it(resul
   names = {p["part"] for p in parts}
   assert {"attention", "MLP", "optimizer"} <= names  # a T5 step's parts, Adafactor's update
   assert any(p["matmul_ms_per_step"] > 0 for p in parts)  # the dots were recognised
+  traffic = row["hlo_traffic_parts"]  # bytes by part from the compiled program's shapes
+  assert {"attention", "MLP", "optimizer"} <= set(traffic)
+  assert all(v["gb"] >= v["matmul_gb"] >= 0 and v["kernels"] > 0 for v in traffic.values())
   import gzip
   hlo = gzip.open(out / "logs" / "train_step_c4.hlo.txt.gz", "rt").read()
   assert "ENTRY" in hlo and any(op["op"] in hlo for op in top)  # the program profiled
   text = (out / "gpu_suite_summary.md").read_text()
   assert "## What takes DeCAL-4x's time (MFU not known)" in text  # no peak on CPU
   assert f"| {top[0]['op']} |" in text and f"| {parts[0]['part']} | " in text
+  assert "| GB moved per step (HLO) |" in text
 
 
 def test_each_benchmark_wrote_its_results_with_command_and_device(result):
