@@ -72,7 +72,7 @@ def _profile_lines(mfu, profile: dict) -> List[str]:
     lines += [f"jax.profiler trace of `{profile['label']}` (XLA_FLAGS "
               f"`{profile.get('xla_flags') or 'none'}`): {op_ms:.1f} ms of ops in a "
               f"{step_ms:.1f} ms step. Op time by part of the step, and the bytes its kernels "
-              "read and write by the compiled program's shapes (`benchmarking.traffic_parts`, "
+              "read and write by the compiled program's shapes (`profiles.traffic_parts`, "
               "an estimate):", "", "| part | ms / step | share | of which matmuls, ms | ops | "
               "GB moved per step (HLO) |", "|---|---|---|---|---|---|"]
     lines += [f"| {p['part']} | {p['ms_per_step']:.3f} | {100 * p['share']:.1f} % | "
