@@ -10,6 +10,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import jax
 
+HloOps = Dict[str, Tuple[str, bool]]  # hlo_ops: instruction -> (JAX operation, a matmul)
+
 
 def profile_ops(step: Callable[[], Any], steps: int, trace_dir: str) -> Dict[str, float]:
   """Runs `step()` `steps` times under `jax.profiler` (the trace written to `trace_dir`,
@@ -29,15 +31,13 @@ def profile_ops(step: Callable[[], Any], steps: int, trace_dir: str) -> Dict[str
   return totals
 
 
-def top_ops(ms: Dict[str, float], hlo_text: str = "", count: int = 15) -> List[Dict[str, Any]]:
+def top_ops(ms: Dict[str, float], ops: HloOps, count: int = 15) -> List[Dict[str, Any]]:
   """The `count` ops that took the most time, from `profile_ops`' {op: ms per step}:
   [{'op', 'jax_op', 'ms_per_step', 'share'}] (share of all op time; 'jax_op': the JAX
-  operation an op came from, from the metadata of `hlo_text`, the compiled program's
-  `as_text()`)."""
-  hlo = hlo_ops(hlo_text)
+  operation an op came from, from `hlo_ops` of the compiled program's `as_text()`)."""
   everything = sum(ms.values()) or 1.0
   ranked = sorted(ms.items(), key=lambda item: -item[1])[:count]
-  return [{"op": name, "jax_op": hlo.get(name, ("", False))[0], "ms_per_step": t,
+  return [{"op": name, "jax_op": ops.get(name, ("", False))[0], "ms_per_step": t,
            "share": t / everything} for name, t in ranked]
 
 
@@ -58,24 +58,16 @@ STEP_PARTS = (
 )
 
 
-def op_parts(ms: Dict[str, float], hlo_text: str) -> List[Dict[str, Any]]:
+def op_parts(ms: Dict[str, float], ops: HloOps) -> List[Dict[str, Any]]:
   """`profile_ops`' {op: ms per step} summed by part of the step (STEP_PARTS; 'unattributed'
-  for an op `hlo_text` gives no JAX operation): [{'part', 'ms_per_step', 'share', 'ops',
+  for an op `ops` gives no JAX operation): [{'part', 'ms_per_step', 'share', 'ops',
   'matmul_ms_per_step'}] by time, 'matmul' being the library calls and dots (cuBLAS, cuDNN,
   an HLO dot or convolution) and 'ops' how many distinct ops ran."""
-  hlo, everything = hlo_ops(hlo_text), sum(ms.values()) or 1.0
-  parts: Dict[str, Dict[str, Any]] = {}
-  for name, t in ms.items():
-    jax_op, matmul = hlo.get(name, ("", False))
-    part = step_part(jax_op)
-    row = parts.setdefault(part, {"part": part, "ms_per_step": 0.0, "ops": 0,
-                                  "matmul_ms_per_step": 0.0})
-    row["ms_per_step"] += t
-    row["ops"] += 1
-    row["matmul_ms_per_step"] += t if matmul else 0.0
-  for row in parts.values():
+  rows = _by_part(ms.items(), ops, "ms_per_step", "ops")
+  everything = sum(ms.values()) or 1.0
+  for row in rows:
     row["share"] = row["ms_per_step"] / everything
-  return sorted(parts.values(), key=lambda row: -row["ms_per_step"])
+  return rows
 
 
 def step_part(jax_op: str) -> str:
@@ -84,31 +76,39 @@ def step_part(jax_op: str) -> str:
               "unattributed")
 
 
-def traffic_parts(hlo_text: str) -> List[Dict[str, Any]]:
+def traffic_parts(hlo_text: str, ops: HloOps) -> List[Dict[str, Any]]:
   """Memory traffic of a compiled program by part of the step, from its text alone: each
   kernel of the entry computation (fusion, library call, copy) reads its operands and
   writes its output once, by their shapes (no reuse through caches, slices read whole, a
   loop body's kernels not counted). [{'part', 'gb', 'matmul_gb', 'kernels'}] by bytes: an
-  estimate of what a bandwidth-bound step moves, to set beside the profile's time."""
+  estimate of what a bandwidth-bound step moves, to set beside the profile's time. `ops`:
+  `hlo_ops(hlo_text)`."""
   entry = re.search(r"^ENTRY [^\n]*\{\n(.*?)^\}", hlo_text, re.M | re.S)
   lines = entry.group(1).splitlines() if entry else []
   size = {name: _shape_bytes(out) for line in lines
           for name, out in re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) [a-z][\w\-]*\(", line)}
-  hlo, parts = hlo_ops(hlo_text), {}
+  moved = []  # (kernel, GB it reads and writes)
   for line in lines:
     call = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*? (fusion|custom-call|copy)\(([^)]*)\)", line)
-    if not call:
-      continue
-    name = call.group(1)
-    moved = size.get(name, 0) + sum(size.get(o, 0) for o in re.findall(r"%([\w.\-]+)",
-                                                                       call.group(3)))
-    jax_op, matmul = hlo.get(name, ("", False))
-    row = parts.setdefault(step_part(jax_op), {"part": step_part(jax_op), "gb": 0.0,
-                                               "matmul_gb": 0.0, "kernels": 0})
-    row["gb"] += moved / 1e9
-    row["matmul_gb"] += moved / 1e9 if matmul else 0.0
-    row["kernels"] += 1
-  return sorted(parts.values(), key=lambda row: -row["gb"])
+    if call:
+      operands = re.findall(r"%([\w.\-]+)", call.group(3))
+      moved.append((call.group(1), (size.get(call.group(1), 0) + sum(
+          size.get(o, 0) for o in operands)) / 1e9))
+  return _by_part(moved, ops, "gb", "kernels")
+
+
+def _by_part(amounts, ops: HloOps, value: str, count: str) -> List[Dict[str, Any]]:
+  """(op name, amount) pairs summed by part of the step: [{'part', value, 'matmul_' + value,
+  count}], largest first."""
+  parts: Dict[str, Dict[str, Any]] = {}
+  for name, amount in amounts:
+    jax_op, matmul = ops.get(name, ("", False))
+    part = step_part(jax_op)
+    row = parts.setdefault(part, {"part": part, value: 0.0, f"matmul_{value}": 0.0, count: 0})
+    row[value] += amount
+    row[f"matmul_{value}"] += amount if matmul else 0.0
+    row[count] += 1
+  return sorted(parts.values(), key=lambda row: -row[value])
 
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
@@ -127,7 +127,7 @@ _HLO_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) [^\n]*\{\n(.*?)^\}", re
 _MATMUL = re.compile(r'custom_call_target="__(cublas|cudnn)|__triton_gemm| (dot|convolution)\(')
 
 
-def hlo_ops(hlo_text: str) -> Dict[str, Tuple[str, bool]]:
+def hlo_ops(hlo_text: str) -> HloOps:
   """{instruction name: (the JAX operation it came from, whether it is a matmul: a cuBLAS /
   cuDNN call, a Triton GEMM fusion, a dot or a convolution, or a fusion of one)} of a
   compiled program's text."""

@@ -80,8 +80,8 @@ def test_op_time_by_part_of_the_step_hand_worked():
   ms = {"custom-call.1": 5.0, "loop_convert_fusion": 4.0, "dot.3": 3.0,
         "input_reduce_fusion.9": 3.0, "input_reduce_fusion.7": 2.0,
         "loop_multiply_fusion": 1.0, "copy.5": 1.0, "sm90_gemm_kernel": 1.0}
-  parts = {p["part"]: p for p in profiles.op_parts(ms, HLO)}
-  assert [p["part"] for p in profiles.op_parts(ms, HLO)][:2] == [
+  parts = {p["part"]: p for p in profiles.op_parts(ms, profiles.hlo_ops(HLO))}
+  assert [p["part"] for p in profiles.op_parts(ms, profiles.hlo_ops(HLO))][:2] == [
       "attention", "relative position bias"]
   want = {"attention": (5, 5, 1), "relative position bias": (4, 0, 1), "MLP": (3, 3, 1),
           "optimizer": (3, 0, 1), "layer norms": (2, 0, 1), "loss": (1, 0, 1),
@@ -89,7 +89,7 @@ def test_op_time_by_part_of_the_step_hand_worked():
   assert {k: (p["ms_per_step"], p["matmul_ms_per_step"], p["ops"])
           for k, p in parts.items()} == want
   assert parts["attention"]["share"] == 5 / 20 and parts["unattributed"]["share"] == 2 / 20
-  top = profiles.top_ops(ms, HLO, count=2)
+  top = profiles.top_ops(ms, profiles.hlo_ops(HLO), count=2)
   assert [(o["op"], o["ms_per_step"], o["share"]) for o in top] == [
       ("custom-call.1", 5.0, 0.25), ("loop_convert_fusion", 4.0, 0.2)]
   assert top[1]["jax_op"].endswith("relpos_bias/jit(_one_hot)/convert_element_type")
@@ -112,9 +112,10 @@ def test_traffic_by_part_hand_worked():
   bf16 in, 8x2 bf16 out = 64 + 16 + 32 = 112 bytes (MLP, a matmul); the optimizer's fusion
   reads those 32 and writes an (f32[8,2], s32[3]) tuple, 64 + 12: 108; the copy without
   metadata reads and writes 64 (unattributed); parameters and tuple reads are no kernels."""
-  parts = {p["part"]: p for p in profiles.traffic_parts(TRAFFIC_HLO)}
+  rows = profiles.traffic_parts(TRAFFIC_HLO, profiles.hlo_ops(TRAFFIC_HLO))
+  parts = {p["part"]: p for p in rows}
   assert {k: (round(p["gb"] * 1e9), round(p["matmul_gb"] * 1e9), p["kernels"])
           for k, p in parts.items()} == {"MLP": (112, 112, 1), "optimizer": (108, 0, 1),
                                          "unattributed": (128, 0, 1)}
-  assert [p["part"] for p in profiles.traffic_parts(TRAFFIC_HLO)] == [
+  assert [p["part"] for p in rows] == [
       "unattributed", "MLP", "optimizer"]

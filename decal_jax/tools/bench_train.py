@@ -61,7 +61,8 @@ from decal_jax import (flops, gin_utils, optimizers, partitioning, step_breakdow
                        train_state, train_step)
 from decal_jax.data import batches  # noqa: E402
 from decal_jax.benchmarking import device_peak, machine_record, xla_cost  # noqa: E402
-from decal_jax.profiles import op_parts, profile_ops, top_ops, traffic_parts  # noqa: E402
+from decal_jax.profiles import (hlo_ops, op_parts, profile_ops, top_ops,  # noqa: E402
+                                traffic_parts)
 from decal_jax.results_files import write_jsonl  # noqa: E402
 from decal_jax.networks.t5 import T5Config  # noqa: E402
 
@@ -358,10 +359,11 @@ def main(argv=None):
     profiled = args.profile_steps if deadline is None else max(1, min(args.profile_steps, int(
         (deadline - time.perf_counter()) / runners[-1].last_s)))
     ms = profile_ops(lambda: runners[-1].step(timed=False), profiled, args.profile_dir)
-    rows[-1]["profile_top_ops"] = top = top_ops(ms, hlo_text)
-    rows[-1]["profile_parts"] = parts = op_parts(ms, hlo_text)
+    ops = hlo_ops(hlo_text)  # the compiled step's instructions, read once
+    rows[-1]["profile_top_ops"] = top = top_ops(ms, ops)
+    rows[-1]["profile_parts"] = parts = op_parts(ms, ops)
     rows[-1]["profile_op_ms_per_step"] = sum(ms.values())
-    rows[-1]["hlo_traffic_parts"] = traffic = {r["part"]: r for r in traffic_parts(hlo_text)}
+    rows[-1]["hlo_traffic_parts"] = traffic = {r["part"]: r for r in traffic_parts(hlo_text, ops)}
     print(f"\nops taking the most time ({profiled} steps, {args.profile_dir}):")
     if not top:
       print(f"  none found: the trace in {args.profile_dir} has no op events that "

@@ -273,24 +273,17 @@ def _profile_train(suite: Suite, best: str) -> Optional[dict]:
   return row
 
 
-def _tool_part(tool: str, stem: str, plot: bool = True) -> Callable[[Suite], str]:
-  """A part running decal_jax.tools.<tool> with the scale's arguments, writing <stem>.md (+ .png)."""
-  key = tool.replace("bench_", "")
+def _tool_part(tool: str, stem: str, plot: bool = True,
+               key: Optional[str] = None) -> Callable[[Suite], str]:
+  """A part running decal_jax.tools.<tool> with the scale's arguments (`key`, default the
+  tool's name without bench_), writing <stem>.md (+ .png)."""
+  key = key or tool.replace("bench_", "")
 
   def run(suite: Suite) -> str:
     outputs = ["--out", str(suite.out / f"{stem}.md")]
     if plot:
       outputs += ["--plot", str(suite.out / f"{stem}.png")]
     suite.call(["-m", f"decal_jax.tools.{tool}", *suite.scale.tools[key], *outputs])
-    return ""
-  return run
-
-
-def _retrieval_scale_part(key: str, stem: str) -> Callable[[Suite], str]:
-  """bench_retrieval_scale with the scale's `key` arguments, into `stem`.md / .png."""
-  def run(suite: Suite) -> str:
-    suite.call(["-m", "decal_jax.tools.bench_retrieval_scale", *suite.scale.tools[key], "--out",
-                str(suite.out / f"{stem}.md"), "--plot", str(suite.out / f"{stem}.png")])
     return ""
   return run
 
@@ -347,10 +340,10 @@ PARTS = [
          ("gpthf_efficiency_gpu.md", "gpthf_efficiency_gpu.png"), device_image=True),
     Part("retrieval", _tool_part("bench_retrieval", "retrieval_bench_gpu"),
          ("retrieval_bench_gpu.md", "retrieval_bench_gpu.png"), device_image=True),
-    Part("retrieval_scale", _retrieval_scale_part("retrieval_scale", "retrieval_scale_gpu"),
+    Part("retrieval_scale", _tool_part("bench_retrieval_scale", "retrieval_scale_gpu"),
          ("retrieval_scale_gpu.md", "retrieval_scale_gpu.png"), device_image=True),
-    Part("retrieval_1m", _retrieval_scale_part("retrieval_scale_synthetic",
-                                               "retrieval_scale_synthetic_gpu"),
+    Part("retrieval_1m", _tool_part("bench_retrieval_scale", "retrieval_scale_synthetic_gpu",
+                                    key="retrieval_scale_synthetic"),
          ("retrieval_scale_synthetic_gpu.md",), device_image=True),
     Part("retention", part_retention, ("retention_gpu.md", "retention_gpu.json")),
     Part("ablation", part_ablation, ("ablation_gpu.md", "ablation_gpu_runs.json")),
