@@ -39,9 +39,12 @@ Approximate search (PLAID's stages, `ResidualIndex.search`), for a batch of quer
 Ties go to the lower document index at every cut. With nprobe = every centroid,
 candidates >= the corpus and b = None it ranks as the exact index does (documents with no
 vector are in no inverted list, so they are never returned).
-Each stage is vectorised numpy (stages 2 and 5 and the exact part of stage 4 per query,
-the others over the batch): the candidate counts vary per query, and a jit-compiled JAX
-variant padded to fixed shapes was not faster on this project's 2-core CPU host.
+Stages 2-5 run as compiled loops (kernels.py, numba: the `[ann]` extra) when numba is
+installed, keeping more (`stage_widths`: stage 2 skipped, every candidate to stage 3, which
+keeps 8,192); else as vectorised numpy (per query for stages 2 and 5 and the exact part of
+4, over the batch otherwise), the reference the compiled loops are tested against. On the 1M
+synthetic corpus (C = 4, 2 cores), 200 candidates kept Recall@100 0.995 of exact at 27.5 x
+its speed compiled, 0.965 in numpy (docs/results/retrieval_scale_1m_cpu.md).
 """
 import datetime
 import functools
@@ -54,22 +57,33 @@ import tqdm
 from decal_jax import fileio
 from decal_jax.retrieval import codec as codec_lib
 from decal_jax.retrieval import index as exact
+from decal_jax.retrieval import kernels
 from decal_jax.retrieval.codec import Codec, check_bits, train_codec
 
 FORMAT_VERSION = 1
 DEFAULT_NPROBE = 16
 DEFAULT_QUERY_CELLS = 32
+COMPILED_CENTROID_KEEP = 8192
 _FILES = ("centroids.npy", "codes.npy", "residuals.npy", "offsets.npy", "doc_ids.json",
           "ivf.npy", "ivf_offsets.npy", "meta.json")
 
 
 # ------------------------------------------------------------------------------- defaults
 def cell_keep(candidates: int) -> int:
-  """Documents stage 2 (the cell interaction) keeps for the plain centroid interaction:
-  16 x candidates (on the 1M synthetic corpus, Recall@100 0.95 at nprobe 16 x 200 where
-  4 x kept 0.91), at most 16,384 (the plain pass over 16 x 4,096 documents made the default
-  search 2.3 x slower there, for no recall), but never below the 4 x that pass keeps."""
+  """Documents the numpy stage 2 (cell interaction) keeps for the plain centroid interaction:
+  16 x candidates (1M synthetic corpus: Recall@100 0.95 at nprobe 16 x 200 where 4 x kept
+  0.91), at most 16,384 (more was 2.3 x slower there, for no recall), at least 4 x."""
   return max(4 * candidates, min(16 * candidates, 16384))
+
+
+def stage_widths(candidates: int, num_docs: int, compiled: bool) -> Tuple[int, int]:
+  """Documents the cell interaction (stage 2) and the plain centroid interaction (stage 3)
+  keep. numpy: `cell_keep`, 4 x candidates. Compiled: every one (stage 2 is skipped: at
+  16,384 it lost the relevant passage of 1 % of the 1M synthetic queries, ranked past
+  40,000, where the plain one ranked all within 8,122), then COMPILED_CENTROID_KEEP."""
+  if not compiled:
+    return cell_keep(candidates), 4 * candidates
+  return max(num_docs, 1), max(4 * candidates, COMPILED_CENTROID_KEEP)
 
 
 def default_candidates(top_k: int, num_docs: int) -> int:
@@ -265,19 +279,22 @@ class ResidualIndex(exact.StoredIndex):
   # ----------------------------------------------------------------------------- search
   def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
              nprobe: int = DEFAULT_NPROBE, candidates: Optional[int] = None,
-             query_batch_size: int = 64, query_cells: int = DEFAULT_QUERY_CELLS
-             ) -> Tuple[np.ndarray, np.ndarray]:
+             query_batch_size: int = 64, query_cells: int = DEFAULT_QUERY_CELLS,
+             compiled: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Approximate MaxSim top-k (module doc): (scores float32 `[q, k]`, doc indices int32
     `[q, k]`), best first, ties by doc index, k = min(top_k, num_docs); a query with fewer
     than k candidates is padded with index -1 and score -inf. candidates: the documents
-    decompressed and reranked exactly per query (None: `default_candidates`); the
-    centroid interaction ranks 4 x as many, the cell interaction keeps `cell_keep`.
-    query_batch_size: queries searched together (fewer when their centroid scores, queries
-    x query vectors x centroids, would pass 2^25 entries, or their centroid interaction's,
-    queries x query vectors x the vectors of the documents stage 2 keeps, 2^23: larger
-    batches ran slower at 1M passages). query_cells: cells probed for the whole query
-    (module doc, stage 1), 0 for none."""
+    decompressed and reranked exactly per query (None: `default_candidates`; the stages
+    before keep `stage_widths`). query_batch_size: queries searched together (fewer when
+    their centroid scores, queries x query vectors x centroids, would pass 2^25 entries, or
+    the numpy centroid interaction's 2^23: larger batches ran slower at 1M passages).
+    query_cells: cells probed for the whole query (stage 1), 0 for none. compiled: stages
+    2-5 in kernels.py's loops (None: when numba is installed); False: in numpy."""
     query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, self.dim)
+    compiled = kernels.AVAILABLE if compiled is None else compiled
+    if compiled and not kernels.AVAILABLE:
+      raise ImportError("compiled=True needs numba: pip install 'decal_jax[ann]', or pass "
+                        "compiled=False (the numpy stages).")
     if candidates is None:
       candidates = default_candidates(top_k, self.num_docs)
     if min(top_k, nprobe, candidates, query_batch_size) < 1 or query_cells < 0:
@@ -288,34 +305,39 @@ class ResidualIndex(exact.StoredIndex):
     scores = np.full((len(query_vectors), k), -np.inf, np.float32)
     ids = np.full((len(query_vectors), k), -1, np.int32)
     mq = query_vectors.shape[1]
-    kept_vectors = cell_keep(candidates) * self.num_vectors / max(self.num_docs, 1)
+    widths = stage_widths(candidates, self.num_docs, compiled)
+    kept_vectors = (0 if compiled else widths[0]) * self.num_vectors / max(self.num_docs, 1)
     step = max(1, min(query_batch_size, (1 << 25) // max(mq * self.num_centroids, 1),
                       int((1 << 23) // max(mq * kept_vectors, 1))))
     for start in range(0, len(query_vectors), step):
       batch = np.asarray(query_vectors[start:start + step], np.float32)  # [b, mq, d]
       valid = query_valid[start:start + step]  # [b, mq]
       found = self._search_batch(batch, valid, k, min(nprobe, self.num_centroids), candidates,
-                                 min(query_cells, self.num_centroids))
+                                 min(query_cells, self.num_centroids), widths, compiled)
       for i, (found_scores, found_ids) in enumerate(found):
         scores[start + i, :len(found_ids)], ids[start + i, :len(found_ids)] = (found_scores,
                                                                                found_ids)
     return scores, ids
 
   def _search_batch(self, q: np.ndarray, valid: np.ndarray, k: int, nprobe: int,
-                    candidates: int, query_cells: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+                    candidates: int, query_cells: int, widths: Tuple[int, int],
+                    compiled: bool) -> List[Tuple[np.ndarray, np.ndarray]]:
     """The five stages for a batch of queries `[b, mq, d]`, valid `[b, mq]` -> per query
-    (scores, doc indices) of at most k docs, best first."""
+    (scores, doc indices) of at most k docs, best first. Compiled: all five per query, the
+    queries spread over the CPU cores (kernels.search_queries)."""
+    if compiled:
+      return kernels.search_queries(self, q, valid, k, nprobe, query_cells, candidates, widths)
     flat = q.reshape(-1, q.shape[2]) @ self.codec.centroids.T  # [b * mq, K], one matmul
     centroid_scores = np.where(valid[..., None], flat.reshape(*q.shape[:2], -1), 0)  # [b, mq, K]
     probed = self.probe(q, centroid_scores, nprobe, query_cells)  # [b, mq, nprobe + cells]
     groups = []
     for scores, cells, query_valid in zip(centroid_scores, probed, valid):
       docs, rough = self.cell_interaction(scores, cells[query_valid])  # [c], [c]
-      groups.append(docs[_best(docs, rough, cell_keep(candidates))])
+      groups.append(docs[_best(docs, rough, widths[0])])
     q = self.codec.rotate(q)  # [b, mq, d]: scored against the rotated decoded vectors
-    if max(map(len, groups)) > 4 * candidates:
+    if max(map(len, groups)) > widths[1]:
       plain, _ = self.centroid_interaction(q, centroid_scores, probed, groups, refine=False)
-      groups = [docs[_best(docs, s, 4 * candidates)] for docs, s in zip(groups, plain)]
+      groups = [docs[_best(docs, s, widths[1])] for docs, s in zip(groups, plain)]
     full, decoded = self.centroid_interaction(q, centroid_scores, probed, groups)  # per query
     groups = [np.sort(docs[_best(docs, s, candidates)]) for docs, s in zip(groups, full)]
     out = []
@@ -345,11 +367,9 @@ class ResidualIndex(exact.StoredIndex):
                     ) -> np.ndarray:
     """Each query vector's nprobe centroids L2-nearest to its direction (the cells a document
     vector equal to the unit query vector would be stored in; the largest
-    q.c / |q| - |c|^2 / 2), from the centroid scores stage 1 already has:
-    `[..., mq, d]`, `[..., mq, K]` -> `[..., mq, nprobe]` (`top_columns`; against 32,768
-    centroids, 144 query vectors took 16 ms against 75-90 ms for faiss's exhaustive search
-    of the unit vectors, which computed the same products again: the 1M synthetic search
-    ran 1.1-1.3 x faster, same results)."""
+    q.c / |q| - |c|^2 / 2), from the centroid scores stage 1 already has (`top_columns`; 5 x
+    faster than faiss's search of the same products): `[..., mq, d]`, `[..., mq, K]` ->
+    `[..., mq, nprobe]`."""
     norms = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)  # [..., mq, 1]
     closeness = centroid_scores / norms - 0.5 * self.squared_norms  # [..., mq, K]
     flat = closeness.reshape(-1, closeness.shape[-1])  # [n, K]
@@ -468,10 +488,13 @@ def _segment_max(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def _best(docs: np.ndarray, scores: np.ndarray, n: int, ordered: bool = False) -> np.ndarray:
   """Positions of the n best (score, then lower doc index) of docs `[c]` with scores `[c]`:
-  in doc order, or best first when `ordered`."""
-  if len(docs) > n:  # the n-th best score; every doc at or above it competes
-    kept = np.flatnonzero(scores >= np.partition(scores, len(docs) - n)[len(docs) - n])
+  in position order, or best first when `ordered`."""
+  if len(docs) > n:  # the n-th best score: all above it, and the lowest docs tied at it
+    threshold = np.partition(scores, len(docs) - n)[len(docs) - n]
+    above = np.flatnonzero(scores > threshold)
+    tied = np.flatnonzero(scores == threshold)
+    tied = tied[np.argsort(docs[tied], kind="stable")[:n - len(above)]]
+    kept = np.concatenate([above, tied])
   else:
     kept = np.arange(len(docs))
-  kept = kept[np.lexsort((docs[kept], -scores[kept]))[:n]]
-  return kept if ordered else np.sort(kept)
+  return kept[np.lexsort((docs[kept], -scores[kept]))] if ordered else np.sort(kept)

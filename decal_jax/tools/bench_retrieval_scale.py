@@ -50,7 +50,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from decal_jax import benchmarking, results_files
-from decal_jax.retrieval import beir, bm25, index, ir_metrics, msmarco, residual
+from decal_jax.retrieval import beir, bm25, index, ir_metrics, kernels, msmarco, residual
 from decal_jax.retrieval import codec as codec_lib
 
 DATA = os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))  # from a checkout
@@ -228,13 +228,16 @@ def measure(corpus: Corpus, args, tmp: str,
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
       label = "none" if bits is None else bits if len(args.quantizers) == 1 else (
           f"{bits} ({quantizer})")
-      for nprobe, cells, candidates in itertools.product(args.nprobe, args.query_cells,
-                                                         args.candidates):
+      if "compiled" in args.loops:  # numba compiles its loops at first use: seconds, untimed
+        approx.search(corpus.queries[:1], corpus.query_valid[:1], args.top_k, compiled=True)
+      for loops, nprobe, cells, candidates in itertools.product(
+          args.loops, args.nprobe, args.query_cells, args.candidates):
         searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
-                                   query_cells=cells, candidates=candidates)
+                                   query_cells=cells, candidates=candidates,
+                                   compiled=loops == "compiled")
         rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
                          search="approximate", bits=label, quantizer=approx.codec.quantizer,
-                         nprobe=nprobe, query_cells=cells,
+                         loops=loops, nprobe=nprobe, query_cells=cells,
                          candidates=candidates or residual.default_candidates(
                              args.top_k, exact.num_docs),
                          num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
@@ -258,8 +261,8 @@ def bit_widths(args) -> List[tuple]:
 
 def row_count(args, corpora: List[Corpus]) -> int:
   """The rows a run measures: per corpus and C, the exact one and the approximate sweep."""
-  sweep = (len(bit_widths(args)) * len(args.nprobe) * len(args.query_cells)
-           * len(args.candidates))
+  sweep = (len(bit_widths(args)) * len(args.loops) * len(args.nprobe)
+           * len(args.query_cells) * len(args.candidates))
   return len(corpora) * len(args.ratios) * (1 + sweep)
 
 
@@ -279,7 +282,8 @@ def tables(rows: List[dict]) -> List[str]:
     for r in (r for r in rows if r["corpus"] == name):
       loss = f"{-r['ndcg_loss']:+.4f}" if "ndcg_loss" in r else "-"
       ratio = f"{r['recall@100_vs_exact']:.4f}" if "ndcg_loss" in r else "-"
-      lines.append(f"| {r['ratio']} | {r['search']} | {r['bits']} | {r.get('nprobe', '-')} | "
+      search = f"{r['search']} ({r['loops']})" if "loops" in r else r["search"]
+      lines.append(f"| {r['ratio']} | {search} | {r['bits']} | {r.get('nprobe', '-')} | "
                    f"{r.get('query_cells', '-')} | {r.get('candidates', '-')} | "
                    f"{r['bytes_per_passage']:.0f} | {r['ndcg@10']:.4f} | {loss} | "
                    f"{r['recall@100']:.4f} | {ratio} | {r['recall_vs_exact']:.4f} | "
@@ -328,8 +332,10 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       "passages; the centroid table is apart (JSON rows, centroid_bytes_per_passage). recall "
       f"of exact top-k: the share of the exact top {args.top_k} that approximate search "
       "returns. queries/s: all queries in one call, on this machine's cores (exact: "
-      "jit-compiled JAX, first call, compilation included; approximate: numpy, batches of "
-      "queries); x exact: over the exact scan's queries/s at the same C in the same run.",
+      "jit-compiled JAX, first call, compilation included; approximate: batches of "
+      "queries, stages 2-5 in numpy or compiled (the search column: numba's kernels.py, one "
+      "thread per core, compiled before timing)); x exact: over the exact scan's queries/s "
+      "at the same C in the same run.",
       f"host load average (1/5/15 min) before / after: {args.load_before} / "
       f"{args.load_after}", wall_line(rows, args.wall_s), args.note and f"note: {args.note}")
   lines += ["", *tables(rows)]
@@ -397,6 +403,10 @@ def parse_args(argv=None):
                       help="residual quantizers (codec.py) of the b-bit rows, side by side")
   parser.add_argument("--nprobe", type=int, nargs="+", default=[residual.DEFAULT_NPROBE],
                       help="cells probed per query vector (several: a sweep, one row each)")
+  parser.add_argument("--loops", nargs="+", choices=["compiled", "numpy"],
+                      default=["compiled" if kernels.AVAILABLE else "numpy"],
+                      help="the approximate search's stages 2-5: compiled (kernels.py, needs "
+                      "numba) or numpy; both measure them side by side")
   parser.add_argument("--query_cells", type=int, nargs="+",
                       default=[residual.DEFAULT_QUERY_CELLS],
                       help="cells probed per query, by summed similarity (several: a sweep)")

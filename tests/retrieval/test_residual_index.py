@@ -9,11 +9,14 @@ import pytest
 
 from decal_jax.retrieval import index as index_lib
 from decal_jax.retrieval import codec as codec_lib
-from decal_jax.retrieval import pipeline, residual
+from decal_jax.retrieval import kernels, pipeline, residual
 
 DIM = 16
 CONFIG = {"passage_ratio": 4, "dim": DIM}
 FINGERPRINT = {"num_docs": 120, "sha256": "a" * 64}
+# the approximate search's stages 2-5 in numpy, and compiled (kernels.py) where numba is
+COMPILED = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)"))]
 
 
 def _clustered(rng, n: int, num_clusters: int = 12, noise: float = 0.25) -> np.ndarray:
@@ -284,26 +287,30 @@ def _queries(seed: int = 9, num: int = 6):
   return vectors, valid
 
 
+@pytest.mark.parametrize("compiled", COMPILED)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype):
+def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype, compiled):
   docs = _corpus(seed=1)
   exact = _exact(tmp_path / "exact", docs, dtype=dtype)
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, None, num_centroids=10,
                                          kmeans_backend="numpy")
   queries, valid = _queries()
   want_scores, want_ids = exact.search(queries, valid, top_k=30)
-  scores, ids = approx.search(queries, valid, top_k=30, nprobe=10, candidates=len(docs))
+  scores, ids = approx.search(queries, valid, top_k=30, nprobe=10, candidates=len(docs),
+                               compiled=compiled)
   np.testing.assert_array_equal(ids, want_ids)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
   # the default candidate count covers a corpus this small (4 x top_k >= 120 docs)
   assert residual.default_candidates(30, len(docs)) >= len(docs)
-  np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10)[1], want_ids)
+  np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
+                                              compiled=compiled)[1], want_ids)
   # one query at a time ranks as the batch does
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
-                                              query_batch_size=1)[1], want_ids)
+                                              query_batch_size=1, compiled=compiled)[1],
+                                want_ids)
   # with fewer probes the result is a subset of the candidates, still exactly scored
   few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8,
-                                      query_cells=0)
+                                      query_cells=0, compiled=compiled)
   reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
   for s, i in zip(few_scores[0], few_ids[0]):
     if i >= 0 and i in reference:
@@ -354,14 +361,15 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
     pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
 
 
-def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0):
+def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0, widths=None):
   """Re-derivation of one query's approximate search, document by document: probe the nprobe
   centroids nearest (L2) to each unit query vector and, with every vector, the query_cells
   centroids of largest sum over the query vectors of max(q.c, 0); candidates = docs with a vector
   assigned (L2) to a centroid some query vector probed; cell score = the sum over query
   vectors of the best q.c among those probed cells holding one of the doc's vectors, floored
-  at 0; keep the 16 x candidates best; centroid interaction = the sum over query vectors of
-  the best q.c among the doc's vectors' centroids; keep the 4 x candidates best; refined
+  at 0; keep the widths[0] best (16 x candidates); centroid interaction = the sum over query
+  vectors of the best q.c among the doc's vectors' centroids; keep the widths[1] best
+  (4 x candidates); refined
   centroid interaction = the same, a vector scoring its decoded value's dot product when
   it lies in a cell that query vector probed; keep the candidates best; rerank those by
   exact MaxSim over their decoded vectors."""
@@ -383,26 +391,30 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0):
       decoded = approx.doc_vectors(d)  # [count, dim]
       full[d] = sum(max(float(qv @ v) if c in p else row[c] for c, v in zip(cells, decoded))
                     for qv, row, p in zip(q, dots, probed))
-  kept = sorted(rough, key=lambda d: (-rough[d], d))[:16 * candidates]
-  kept = sorted(kept, key=lambda d: (-plain[d], d))[:4 * candidates]
+  widths = widths or (16 * candidates, 4 * candidates)
+  kept = sorted(rough, key=lambda d: (-rough[d], d))[:widths[0]]
+  kept = sorted(kept, key=lambda d: (-plain[d], d))[:widths[1]]
   kept = sorted(kept, key=lambda d: (-full[d], d))[:candidates]
   exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
   return sorted(exact, key=lambda d: (-exact[d], d))[:k], rough, plain, full
 
 
+@pytest.mark.parametrize("compiled", COMPILED)
 @pytest.mark.parametrize("bits,query_cells", [(2, 0), (None, 0), (2, 3)])
-def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, query_cells):
+def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, query_cells, compiled):
   docs = _corpus(seed=4)
   exact = _exact(tmp_path / "exact", docs)
   approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
                                          kmeans_backend="numpy")
   queries, valid = _queries(seed=11)
   scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4,
-                              query_cells=query_cells)
+                              query_cells=query_cells, compiled=compiled)
+  # compiled: every candidate ranked by the plain interaction (8,192 kept: all of these)
+  widths = (len(docs), len(docs)) if compiled else None
   for i in range(len(queries)):
     q = queries[i][valid[i]]
     want, rough, plain, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=4, k=4,
-                                                  query_cells=query_cells)
+                                                  query_cells=query_cells, widths=widths)
     assert len(rough) > 16 * 4  # every cap applies
     assert ids[i].tolist() == want
     # the stages' scores of every candidate, against the re-derivation
@@ -416,6 +428,65 @@ def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, query_cell
       got = approx.centroid_interaction(rotated, centroid_scores, probed, [cand], refine)[0][0]
       np.testing.assert_allclose(got, [want_scores[d] for d in cand], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
+    if compiled:  # the kernels' stage scores, against the same re-derivation
+      _check_kernels(approx, centroid_scores[0], probed[0], rotated[0], rough, plain, full)
+
+
+def _check_kernels(approx, centroid_scores, probed, rotated, rough, plain, full):
+  """kernels.candidates_of and maxsim's three modes against the re-derivation's scores."""
+  scores_t = kernels.padded(centroid_scores.T)  # [K, 8], zero past mq
+  seen = np.zeros(-(-approx.num_docs // 64), np.uint64)
+  found = kernels.candidates_of(np.unique(probed), approx.ivf_offsets, approx.ivf, seen)
+  assert sorted(found.tolist()) == sorted(rough) and not seen.any()  # each once; bitmap reset
+  docs = np.array(sorted(rough))[::-1].copy()  # any order
+  in_probe = np.zeros(scores_t.shape, bool)  # [K, 8]
+  in_probe[probed.T, np.arange(len(probed))] = True
+  payload = np.asarray(approx.residuals)  # float32 vectors when bits is None
+  decode = kernels.decode_raw if approx.codec.bits is None else kernels.decode_packed
+  table = approx.codec.byte_table if approx.codec.bits else np.zeros((1, 1, 1), np.float32)
+  exact = {d: float(np.sum(np.max(rotated @ approx.scoring_vectors(
+      np.arange(approx.offsets[d], approx.offsets[d + 1])).T, axis=1))) for d in docs}
+  for mode, want in ((kernels.PLAIN, plain), (kernels.REFINED, full), (kernels.EXACT, exact)):
+    got = kernels.maxsim(docs, approx.offsets, np.asarray(approx.codes), scores_t, in_probe,
+                         rotated, mode, decode, payload, table,
+                         approx.codec.rotated_centroids, approx.codec.normalize)
+    np.testing.assert_allclose(got, [want[d] for d in docs], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)")
+def test_the_float16_decoder_converts_every_bit_pattern_as_numpy_does():
+  halves = np.arange(1 << 16, dtype=np.uint16).reshape(-1, 64)  # [1024, 64], all patterns
+  got = np.empty(halves.shape, np.float32)
+  for row in range(len(halves)):
+    kernels.decode_half(halves, row, 0, None, None, False, got[row])
+  np.testing.assert_array_equal(got, halves.view(np.float16).astype(np.float32))  # NaN == NaN
+
+
+@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)")
+@pytest.mark.parametrize("bits,dtype", [(1, "float32"), (4, "float32"), (8, "float16"),
+                                        (None, "float16")])
+def test_compiled_exact_maxsim_equals_the_numpy_rerank(tmp_path, bits, dtype):
+  docs = _corpus(seed=6)
+  approx = residual.build_residual_index(str(tmp_path / "res"), _exact(
+      tmp_path / "exact", docs, dtype=dtype), bits, num_centroids=8, kmeans_backend="numpy")
+  queries, valid = _queries(seed=2)
+  hits = np.flatnonzero([len(d) > 0 for d in docs])
+  for q in (query[v] for query, v in zip(queries, valid)):
+    scores, ids = approx.search(q[None], np.ones((1, len(q)), bool), top_k=len(hits),
+                                nprobe=8, candidates=len(docs), compiled=True)
+    np.testing.assert_array_equal(np.sort(ids[0]), hits)  # every doc with a vector
+    np.testing.assert_allclose(scores[0], approx.rerank(q, ids[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_search_without_numba_names_the_extra(tmp_path, monkeypatch):
+  approx = residual.build_residual_index(str(tmp_path / "res"), _exact(
+      tmp_path / "exact", _corpus()), 2, num_centroids=8, kmeans_backend="numpy")
+  monkeypatch.setattr(kernels, "AVAILABLE", False)
+  queries, valid = _queries()
+  with pytest.raises(ImportError, match=r"pip install 'decal_jax\[ann\]'"):
+    approx.search(queries, valid, compiled=True)
+  approx.search(queries, valid, top_k=3)  # None: the numpy stages
+
 
 
 @pytest.mark.parametrize("width,k,block", [(32768, 8, 64), (1030, 5, 16), (1000, 3, 64),
@@ -488,3 +559,7 @@ def test_stage_two_keeps_sixteen_times_the_candidates_within_its_bounds():
   # 16 x candidates, capped at 16,384, never below the 4 x the plain interaction keeps
   assert [residual.cell_keep(c) for c in (4, 200, 1024, 4096, 8192)] == [
       64, 3200, 16384, 16384, 32768]
+  assert residual.stage_widths(200, 10**6, compiled=False) == (3200, 800)
+  # compiled: every candidate, then 8,192 (never below 4 x candidates)
+  assert residual.stage_widths(200, 10**6, compiled=True) == (10**6, 8192)
+  assert residual.stage_widths(4096, 10**6, compiled=True) == (10**6, 16384)

@@ -10,7 +10,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from decal_jax.retrieval import beir, bm25
+from decal_jax.retrieval import beir, bm25, kernels
 
 import partial_runs
 
@@ -159,3 +159,22 @@ def test_quantizers_run_side_by_side_on_shared_centroids(tmp_path):
   assert (approximate["2 (quantile)"]["bytes_per_passage"] ==  # same centroids and codes
           approximate["2 (rotated-lloyd)"]["bytes_per_passage"])
   assert "residual quantizer quantile, rotated-lloyd" in (tmp_path / "q.md").read_text()
+
+
+@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)")
+def test_compiled_and_numpy_loops_run_side_by_side_and_rank_alike(tmp_path):
+  out = tmp_path / "loops.md"
+  rows = bench.main(["--beir_folder", "", "--msmarco_folder", "", "--synthetic_passages", "300",
+                     "--synthetic_length", "8", "--synthetic_topics", "20",
+                     "--synthetic_queries", "10", "--dim", str(DIM), "--ratios", "2",
+                     "--bits", "2", "none", "--nprobe", "100000", "--candidates", "100000",
+                     "--top_k", "20", "--loops", "compiled", "numpy", "--out", str(out)])
+  approximate = {(r["bits"], r["loops"]): r for r in rows if r["search"] == "approximate"}
+  assert list(approximate) == [(2, "compiled"), (2, "numpy"), ("none", "compiled"),
+                               ("none", "numpy")]
+  for bits in (2, "none"):  # every cell probed, every document reranked: the same ranking
+    compiled, numpy_ = approximate[bits, "compiled"], approximate[bits, "numpy"]
+    assert compiled["ndcg@10"] == pytest.approx(numpy_["ndcg@10"], abs=1e-6)
+    assert compiled["recall_vs_exact"] == numpy_["recall_vs_exact"]
+  assert approximate["none", "compiled"]["recall_vs_exact"] == 1.0
+  assert "| approximate (compiled) |" in out.read_text()
