@@ -135,7 +135,7 @@ def maxsim(docs, offsets, codes, scores_t, in_probe, queries, mode, decode, payl
 @_jit(inline="always")
 def _best_sum(mode, codes, scores_t, in_probe, probed, exact, start, stop):
   """Rows start:stop's MaxSim, summed over the query vectors: 8 at a time, each's running
-  max in a register (1.6-2 x faster than one at a time at 1M passages); a row's score for m
+  max in a register (1.4-2 x faster than one at a time at 1M passages); a row's score for m
   is exact[row - start, m] (EXACT; REFINED where m probed its cell), else scores_t[code, m].
   Zero columns past mq add 0."""
   total = np.float32(0)
