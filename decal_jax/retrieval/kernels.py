@@ -192,12 +192,26 @@ def candidates_of(cells, ivf_offsets, ivf, seen):
   return docs[:count]
 
 
+def decoding(index) -> tuple:
+  """`maxsim`'s decoder arguments for a residual index: (decode, payload, table, rotated
+  centroids, normalize), the decoder chosen by the payload (b-bit codes, float32 or float16
+  vectors)."""
+  codec = index.codec
+  payload = np.asarray(index.residuals)  # [n, d * b / 8] uint8, or [n, d] float16 / float32
+  decode = decode_packed
+  if codec.bits is None:
+    decode = decode_half if payload.dtype == np.float16 else decode_raw
+    payload = payload.view(np.uint16) if payload.dtype == np.float16 else payload
+  table = np.zeros((1, 1, 1), np.float32) if codec.bits is None else codec.byte_table
+  return decode, payload, table, codec.rotated_centroids, codec.normalize
+
+
 def search_query(index, q: np.ndarray, scores: np.ndarray, nprobe: int, query_cells: int,
-                 k: int, candidates: int, keep: int, seen: np.ndarray):
+                 k: int, candidates: int, keep: int, seen: np.ndarray, coding: tuple):
   """The five stages for one query's valid vectors q `[mq, d]` and their centroid scores
   `[mq, K]` (residual.py's module doc) with the kernels above: stage 2 keeps every
-  candidate, stage 3 `keep` (`residual.stage_widths`); seen: `candidates_of`'s bitmap ->
-  (scores, doc indices) of at most k docs, best first."""
+  candidate, stage 3 `keep` (`residual.stage_widths`); seen: `candidates_of`'s bitmap;
+  coding: `decoding(index)` -> (scores, doc indices) of at most k docs, best first."""
   from decal_jax.retrieval.residual import _best  # pylint: disable=import-outside-toplevel
   codec = index.codec
   scores_t = padded(scores.T)  # [K, w]
@@ -205,14 +219,7 @@ def search_query(index, q: np.ndarray, scores: np.ndarray, nprobe: int, query_ce
   docs = np.sort(candidates_of(np.unique(cells), index.ivf_offsets, index.ivf, seen))  # [c]
   in_probe = np.zeros(scores_t.shape, bool)  # [K, w]
   in_probe[cells.T, np.arange(len(q))] = True
-  payload = np.asarray(index.residuals)  # [n, d * b / 8] uint8, or [n, d] float16 / float32
-  decode = decode_packed
-  if codec.bits is None:
-    decode = decode_half if payload.dtype == np.float16 else decode_raw
-    payload = payload.view(np.uint16) if payload.dtype == np.float16 else payload
-  table = np.zeros((1, 1, 1), np.float32) if codec.bits is None else codec.byte_table
   arguments = (index.offsets, np.asarray(index.codes), scores_t, in_probe, codec.rotate(q))
-  coding = (decode, payload, table, codec.rotated_centroids, codec.normalize)
   for mode, width in ((PLAIN, keep), (REFINED, candidates)):
     if len(docs) > width:
       docs = docs[_best(docs, maxsim(docs, *arguments, mode, *coding), width)]
@@ -222,21 +229,23 @@ def search_query(index, q: np.ndarray, scores: np.ndarray, nprobe: int, query_ce
 
 
 def search_queries(index, q: np.ndarray, valid: np.ndarray, k: int, nprobe: int,
-                   query_cells: int, candidates: int, widths):
+                   query_cells: int, candidates: int, keep: int):
   """`search_query` for a batch `[b, mq, d]`, valid `[b, mq]`, the queries spread over one
   thread per CPU core (the kernels release the GIL; the probe of one query's centroid
-  scores, `[mq, K]`, runs in cache) -> per query (scores, doc indices)."""
+  scores, `[mq, K]`, runs in cache); keep: as `search_query`'s -> per query (scores, doc
+  indices)."""
   bitmaps = queue.SimpleQueue()  # one candidates_of bitmap per thread
   for _ in range(_THREADS):
     bitmaps.put(np.zeros(-(-index.num_docs // 64), np.uint64))
   scores = (q.reshape(-1, q.shape[2]) @ index.codec.centroids.T).reshape(
       *q.shape[:2], -1)  # [b, mq, K]: one matmul on every core
+  coding = decoding(index)
 
   def one(i: int):
     seen = bitmaps.get()
     try:
       return search_query(index, q[i][valid[i]], scores[i][valid[i]], nprobe, query_cells,
-                          k, candidates, widths[1], seen)
+                          k, candidates, keep, seen, coding)
     finally:
       bitmaps.put(seen)
   with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:

@@ -326,7 +326,8 @@ class ResidualIndex(exact.StoredIndex):
     (scores, doc indices) of at most k docs, best first. Compiled: all five per query, the
     queries spread over the CPU cores (kernels.search_queries)."""
     if compiled:
-      return kernels.search_queries(self, q, valid, k, nprobe, query_cells, candidates, widths)
+      keep = widths[1]  # compiled: stage 2 keeps every candidate
+      return kernels.search_queries(self, q, valid, k, nprobe, query_cells, candidates, keep)
     flat = q.reshape(-1, q.shape[2]) @ self.codec.centroids.T  # [b * mq, K], one matmul
     centroid_scores = np.where(valid[..., None], flat.reshape(*q.shape[:2], -1), 0)  # [b, mq, K]
     probed = self.probe(q, centroid_scores, nprobe, query_cells)  # [b, mq, nprobe + cells]
@@ -366,10 +367,9 @@ class ResidualIndex(exact.StoredIndex):
   def nearest_cells(self, q: np.ndarray, centroid_scores: np.ndarray, nprobe: int
                     ) -> np.ndarray:
     """Each query vector's nprobe centroids L2-nearest to its direction (the cells a document
-    vector equal to the unit query vector would be stored in; the largest
-    q.c / |q| - |c|^2 / 2), from the centroid scores stage 1 already has (`top_columns`; 5 x
-    faster than faiss's search of the same products): `[..., mq, d]`, `[..., mq, K]` ->
-    `[..., mq, nprobe]`."""
+    vector equal to the unit query vector would be stored in; the largest q.c / |q| -
+    |c|^2 / 2), from stage 1's centroid scores (`top_columns`; 5 x faster than faiss's
+    search of the same products): `[..., mq, d]`, `[..., mq, K]` -> `[..., mq, nprobe]`."""
     norms = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)  # [..., mq, 1]
     closeness = centroid_scores / norms - 0.5 * self.squared_norms  # [..., mq, K]
     flat = closeness.reshape(-1, closeness.shape[-1])  # [n, K]

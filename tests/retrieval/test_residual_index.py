@@ -441,15 +441,11 @@ def _check_kernels(approx, centroid_scores, probed, rotated, rough, plain, full)
   docs = np.array(sorted(rough))[::-1].copy()  # any order
   in_probe = np.zeros(scores_t.shape, bool)  # [K, 8]
   in_probe[probed.T, np.arange(len(probed))] = True
-  payload = np.asarray(approx.residuals)  # float32 vectors when bits is None
-  decode = kernels.decode_raw if approx.codec.bits is None else kernels.decode_packed
-  table = approx.codec.byte_table if approx.codec.bits else np.zeros((1, 1, 1), np.float32)
   exact = {d: float(np.sum(np.max(rotated @ approx.scoring_vectors(
       np.arange(approx.offsets[d], approx.offsets[d + 1])).T, axis=1))) for d in docs}
   for mode, want in ((kernels.PLAIN, plain), (kernels.REFINED, full), (kernels.EXACT, exact)):
     got = kernels.maxsim(docs, approx.offsets, np.asarray(approx.codes), scores_t, in_probe,
-                         rotated, mode, decode, payload, table,
-                         approx.codec.rotated_centroids, approx.codec.normalize)
+                         rotated, mode, *kernels.decoding(approx))
     np.testing.assert_allclose(got, [want[d] for d in docs], rtol=1e-5, atol=1e-5)
 
 
