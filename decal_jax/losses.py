@@ -30,7 +30,7 @@ def _smoothed_cross_entropy(logits: Array, targets: Array, confidence: float,
   -sum_v q_v log p_v = log Z - (confidence - low) * logit[label] - low * sum_v logit_v.
   Only `[b, t]`-sized reductions of the logits are kept, so neither the forward nor the
   backward pass holds a `[batch, length, vocab]` target or log-prob tensor
-  (decal_jax/tools/bench_loss.py measures the difference). Returns (loss incl. z term, z term)."""
+  (tools/bench_loss.py measures the difference). Returns (loss incl. z term, z term)."""
   logits = logits.astype(jnp.float32)  # [b, t, vocab]
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [b, t]
   label_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [b, t]

@@ -15,7 +15,7 @@ Local files win over TFDS: a task reads `<dir>/<name>/<split>.jsonl` (name = the
 without `decal_`; splits train / validation / test) when that folder exists, where `<dir>` is
 `downstream_tasks.local_data.directory` (gin) or `$DECAL_LOCAL_DATA_DIR`. A text field may
 also be a list of strings (joined with newlines); `answers` may be one string or a list.
-`python -m decal_jax.tools.prepare_jsonl` writes this layout from the official SQuAD, HotpotQA and
+`python -m decal_jax.commands.prepare_jsonl` writes this layout from the official SQuAD, HotpotQA and
 MediaSum releases. Your own dataset: `register_jsonl_task(...)`.
 
 Summarization: 'summarize: <document>' -> summary, ROUGE-1/2/L/Lsum. QA: 'question: <q>
@@ -32,7 +32,7 @@ import gin
 import seqio
 import tensorflow as tf
 
-from decal_jax import text_metrics
+from decal_jax.tasks import text_metrics
 from decal_jax.data import corpus, local_files, text_to_text, vocabularies
 from decal_jax.tasks.span_corruption_tasks import PreparedTfdsSource
 
@@ -141,7 +141,7 @@ class LocalOrTfdsSource(LocalFirstSource):
     directory = local_data()[0] or "$DECAL_LOCAL_DATA_DIR"
     return (f"{self.task_name} reads local files only (it is not in TFDS): put "
             f"train.jsonl / validation.jsonl in {directory}/{self.dataset.name}/ (fields "
-            f"{list(text_to_text.KINDS[self.dataset.kind])}; decal_jax/tools/prepare_jsonl.py converts the "
+            f"{list(text_to_text.KINDS[self.dataset.kind])}; decal_jax/commands/prepare_jsonl.py converts the "
             "official release) and set DECAL_LOCAL_DATA_DIR or "
             "downstream_tasks.local_data.directory.")
 

@@ -1,5 +1,5 @@
 """Cross entropy with label smoothing and z-loss written out in float64 numpy: the
-reference for `decal_jax.losses` and for decal_jax/tools/bench_loss.py's one-hot form."""
+reference for `decal_jax.losses` and for tools/bench_loss.py's one-hot form."""
 import numpy as np
 
 

@@ -6,7 +6,7 @@ import matplotlib.figure
 import matplotlib.image
 import pytest
 
-from decal_jax import ablation
+from tools import ablation
 
 
 def test_every_budget_and_variant_file_loads_and_fits():
@@ -191,7 +191,7 @@ def test_ablate_seeds_runs_each_seed_in_its_own_folder(tmp_path, capsys):
   """`ablate --seeds 0 1` claims WORK/seed0 and WORK/seed1 under budgets that differ only
   in the seed, restores each seed's --record, skips the finished variants and writes the
   mean ± s.e. table (no training: every variant is in the records)."""
-  from decal_jax.tools import ablate
+  from tools import ablate
   smoke = dataclasses.replace(ablation.load_budget("smoke"), variants=())
   for seed, em in ((0, 10.0), (1, 14.0)):  # 12 ± 2
     scratch = tmp_path / f"scratch{seed}"

@@ -1,4 +1,4 @@
-"""decal_jax.benchmarking and results_files: random weights re-derived with numpy, XLA's FLOP count of a matmul
+"""tools.benchmarking and results_files: random weights re-derived with numpy, XLA's FLOP count of a matmul
 against 2 m n k, the Markdown / JSON lines writers against hand-written text, and the
 side-by-side bookkeeping on hand-made timings."""
 import argparse
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax import benchmarking, results_files
+from tools import benchmarking, results_files
 
 
 def test_random_params_are_stretches_of_one_seeded_block():
@@ -45,8 +45,8 @@ def test_weights_that_exceed_half_the_free_memory_are_refused():
 def test_markdown_table_and_header():
   assert benchmarking.table(["a", "b"], [(1, "x"), (2.5, "y")]) == [
       "| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
-  lines = benchmarking.header("Title", "-m decal_jax.tools.t --n 1", "setting one", "", None)
-  assert lines[:3] == ["# Title", "", "- command: `python -m decal_jax.tools.t --n 1`"]
+  lines = benchmarking.header("Title", "-m decal_jax.commands.t --n 1", "setting one", "", None)
+  assert lines[:3] == ["# Title", "", "- command: `python -m decal_jax.commands.t --n 1`"]
   assert lines[-1] == "- setting one" and len(lines) == 6  # empty settings are left out
   assert f"jax {jax.__version__}" in lines[4]
 
@@ -147,7 +147,7 @@ def test_a_failed_entry_point_exits_with_the_end_of_its_log(tmp_path, monkeypatc
   with pytest.raises(SystemExit) as e:
     benchmarking.run_entry_point("tools.no_such_tool", [], str(log))
   assert "tools.no_such_tool failed (exit 1)" in str(e.value)
-  assert "No module named decal_jax.tools.no_such_tool" in str(e.value)
+  assert "No module named tools.no_such_tool" in str(e.value)
   assert "SIGKILL" not in str(e.value)
 
   def killed(argv, stdout, **kwargs):

@@ -1,4 +1,4 @@
-"""The entry points' command line (decal_jax/cli.py): T5X's flags on every entry point,
+"""The entry points' command line (decal_jax/runtime/cli.py): T5X's flags on every entry point,
 --help, and errors that come before JAX / TensorFlow load.
 
 "Before the heavy imports" is checked as a property rather than a wall-clock race: each
@@ -14,7 +14,7 @@ import time
 import pytest
 
 import paths
-from decal_jax import cli
+from decal_jax.runtime import cli
 
 REPO = paths.REPO
 HEAVY = ("jax", "tensorflow", "seqio")
@@ -170,7 +170,7 @@ def test_every_t5x_flag_reaches_the_job(module, tmp_path):
 
 
 def test_multiprocess_gpu_alone_asks_jax_to_detect_the_cluster(monkeypatch):
-  from decal_jax import cli
+  from decal_jax.runtime import cli
   monkeypatch.setenv("DECAL_DISTRIBUTED", "")  # restored after the test
   cli.parse_flags(["--multiprocess_gpu"], "decal_jax.train")
   try:

@@ -1,4 +1,4 @@
-"""decal_jax.console: the library's warnings print through tqdm.write in the CLI; the C++
+"""decal_jax.runtime.console: the library's warnings print through tqdm.write in the CLI; the C++
 stderr of a block is hidden while Python's stays (the CLI's own run: test_entry_points)."""
 import logging
 import os
@@ -7,7 +7,7 @@ import sys
 
 import tqdm
 
-from decal_jax import console
+from decal_jax.runtime import console
 
 
 def test_library_warnings_go_through_tqdm_write_only_inside_the_block(monkeypatch, caplog):

@@ -7,8 +7,8 @@ import pytest
 import sacrebleu
 
 import decal_jax.tasks  # noqa: F401  (registers decal_builtin_autoencode)
-from decal_jax import (evaluation, inference_eval, models, optimizers, partitioning,
-                       train_state, trainer)
+from decal_jax import models, partitioning
+from decal_jax.runtime import evaluation, inference_eval, optimizers, train_state, trainer
 from decal_jax.data import pipeline
 from decal_jax.data import vocabularies
 from decal_jax.networks.decoder import DecoderConfig

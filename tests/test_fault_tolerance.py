@@ -16,8 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 import decal_jax.tasks  # noqa: F401
-from decal_jax import (checkpoints, models, optimizers, partitioning, resilience, train_state,
-                       trainer)
+from decal_jax import models, partitioning
+from decal_jax.runtime import checkpoints, optimizers, resilience, train_state, trainer
 from decal_jax.data import pipeline
 from decal_jax.data import vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer

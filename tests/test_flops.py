@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from decal_jax import flops
+from decal_jax.networks import flops
 from decal_jax.networks.t5 import T5Config, Transformer
 
 # Sizes where, as in real models, matrix products dominate the elementwise work.

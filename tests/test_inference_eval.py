@@ -1,4 +1,4 @@
-"""decal_jax.inference_eval: seqio.Evaluator's three metric kinds (predict, predict with aux,
+"""decal_jax.runtime.inference_eval: seqio.Evaluator's three metric kinds (predict, predict with aux,
 score) computed for a tiny model, logged in seqio.JSONLogger's layout, read back, and held to
 the model's own outputs computed without seqio."""
 import jax
@@ -7,7 +7,8 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from decal_jax import inference_eval, models, partitioning
+from decal_jax import models, partitioning
+from decal_jax.runtime import inference_eval
 from decal_jax.data import pipeline, vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
 

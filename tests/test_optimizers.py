@@ -1,4 +1,4 @@
-"""decal_jax.optimizers: learning-rate schedules against their formulas worked by hand,
+"""decal_jax.runtime.optimizers: learning-rate schedules against their formulas worked by hand,
 AdamW against numpy, and the update wrappers (scaled parts) against the plain optimizer."""
 import math
 import warnings
@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from decal_jax import optimizers
+from decal_jax.runtime import optimizers
 
 
 def test_rsqrt_schedule_hand_worked():

@@ -65,21 +65,33 @@ def test_the_wheel_ships_every_gin_file(wheel):
   shipped = {name[len("decal_jax/gin/"):] for name in zipfile.ZipFile(wheel).namelist()
              if name.startswith("decal_jax/gin/") and name.endswith(".gin")}
   in_tree = {p.relative_to(REPO / "gin").as_posix() for p in (REPO / "gin").rglob("*.gin")}
-  assert shipped == in_tree and "runs/pretrain_builtin.gin" in shipped
+  lab = {name for name in in_tree if name.startswith("experiments/")}  # tools/ablate's
+  assert lab and shipped == in_tree - lab and "runs/pretrain_builtin.gin" in shipped
 
 
-def test_the_tools_run_from_the_wheel_as_console_scripts(venv, tmp_path):
-  tools = sorted(p.stem for p in (REPO / "decal_jax" / "tools").glob("[a-z]*.py"))
+def test_the_wheel_carries_the_library_not_the_lab(wheel):
+  """tools/ (benchmarks, results tables, the GPU suite and their helpers) stays in the
+  checkout; the wheel holds decal_jax/ only, its rooms and its user commands."""
+  names = zipfile.ZipFile(wheel).namelist()
+  assert not [n for n in names if n.startswith("tools/")]
+  modules = {n for n in names if n.startswith("decal_jax/") and n.endswith(".py")}
+  assert {"decal_jax/runtime/trainer.py", "decal_jax/interop/hf_import.py",
+          "decal_jax/commands/make_vocab.py", "decal_jax/train.py"} <= modules
+  assert not [n for n in modules if "benchmarking" in n or "gpu_suite" in n or "bench_" in n]
+
+
+def test_the_commands_run_from_the_wheel_as_console_scripts(venv, tmp_path):
+  commands = sorted(p.stem for p in (REPO / "decal_jax" / "commands").glob("[a-z]*.py"))
   scripts = sorted(p.name[len("decal-"):].replace("-", "_")
                    for p in (venv / "bin").glob("decal-*"))
-  assert set(tools) <= set(scripts) and "make_vocab" in tools
-  proc = _check([str(venv / "bin" / "decal-ablate"), "--list"], cwd=tmp_path)
-  assert "budgets: " in proc.stdout and "smoke" in proc.stdout  # read from decal_jax/gin
+  assert set(scripts) == set(commands) | {"train", "eval", "infer", "retrieve"}
+  proc = _check([str(venv / "bin" / "decal-prepare-jsonl"), "--help"], cwd=tmp_path)
+  assert "usage:" in proc.stdout
 
 
 def test_the_main_job_runs_from_the_wheel_outside_the_checkout(venv, tmp_path):
   where = _check([str(venv / "bin" / "python"), "-c",
-                  "import decal_jax, decal_jax.tasks as t, decal_jax.gin_utils as g; "
+                  "import decal_jax, decal_jax.tasks as t, decal_jax.runtime.gin_utils as g; "
                   "print(decal_jax.__file__, t.__file__, g.GIN_DIR, sep='\\n')"], cwd=tmp_path)
   assert all(line.startswith(str(venv)) for line in where.stdout.split()), where.stdout
   proc = _check([str(venv / "bin" / "decal-train"), "--gin_file=runs/pretrain_builtin.gin",
@@ -90,20 +102,20 @@ def test_the_main_job_runs_from_the_wheel_outside_the_checkout(venv, tmp_path):
   assert "Held-out (validation) at step 2" in proc.stdout
 
 
-def test_a_tool_script_runs_the_tool_its_name_gives_and_exits_by_int_only(monkeypatch):
-  """decal-<name> runs decal_jax.tools.<name>.main; results a tool returns for in-process
+def test_a_command_script_runs_the_command_its_name_gives_and_exits_by_int_only(monkeypatch):
+  """decal-<name> runs decal_jax.commands.<name>.main; results a tool returns for in-process
   callers (rows, dicts) are not exit statuses (sys.exit(dict) would print it and exit 1)."""
   import types
-  from decal_jax import tools
+  from decal_jax import commands
   calls = []
-  fake = types.ModuleType("decal_jax.tools.fake_tool")
-  monkeypatch.setitem(sys.modules, "decal_jax.tools.fake_tool", fake)
+  fake = types.ModuleType("decal_jax.commands.fake_tool")
+  monkeypatch.setitem(sys.modules, "decal_jax.commands.fake_tool", fake)
   monkeypatch.setattr(sys, "argv", ["/venv/bin/decal-fake-tool", "--x"])
   for returned, status in (([{"row": 1}], 0), ({"parts": {}}, 0), (None, 0), (3, 3),
                            (True, 0)):
     fake.main = lambda r=returned: calls.append(sys.argv[1:]) or r
-    assert tools.script() == status
+    assert commands.script() == status
   assert calls == [["--x"]] * 5
   monkeypatch.setattr(sys, "argv", ["/usr/bin/python3"])
-  with pytest.raises(SystemExit, match="python -m decal_jax.tools"):
-    tools.script()
+  with pytest.raises(SystemExit, match="python -m decal_jax.commands"):
+    commands.script()

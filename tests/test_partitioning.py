@@ -54,8 +54,8 @@ SETUP = textwrap.dedent('''
     from decal_jax import gin_utils
     gin_utils.parse(*gin_utils.split_args(RUN_ARGS + ["--gin.MODEL_DIR='unused'"]))
     model = gin.query_parameter("%MODEL").scoped_configurable_fn()
-    data = gin.query_parameter("decal_jax.trainer.train.train_dataset_cfg").scoped_configurable_fn()
-    opt = gin.query_parameter("decal_jax.trainer.train.optimizer").scoped_configurable_fn()
+    data = gin.query_parameter("decal_jax.runtime.trainer.train.train_dataset_cfg").scoped_configurable_fn()
+    opt = gin.query_parameter("decal_jax.runtime.trainer.train.optimizer").scoped_configurable_fn()
 
     def global_batches(steps):
       """The global batches of a 2-process run, read with seqio directly: process i reads
@@ -245,7 +245,7 @@ def _family_models():
   """(label, model, task feature lengths) for every network family, built from the tiny gin
   files with the options that add parameters switched on."""
   import gin
-  from decal_jax import gin_utils  # noqa: F401  (gin file lookup fix)
+  from decal_jax.runtime import gin_utils  # noqa: F401  (gin file lookup fix)
   cases = [
       ("t5_decal", ["models/decal_tiny.gin"], ["SEPARATE_LATENT_PARAMS = True"],
        {"inputs": 16, "targets": 8}),
@@ -370,7 +370,8 @@ def test_two_processes_match_one(tmp_path, eight):
   # The losses and parameters of one device on the global batches that the two processes'
   # seqio shards make up: so both took part, each feeding its own shard.
   np.testing.assert_allclose(losses, eight["one"]["losses"], rtol=1e-5)
-  from decal_jax import checkpoints, partitioning, train_state
+  from decal_jax import partitioning
+  from decal_jax.runtime import checkpoints, train_state
   scope = {"np": np, "RUN_ARGS": RUN_ARGS}
   try:
     exec(SETUP, scope)  # pylint: disable=exec-used  (the same model, in this process)

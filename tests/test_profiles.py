@@ -1,8 +1,8 @@
-"""decal_jax/profiles.py: the trace readers, the ops' JAX operations and parts of the step,
+"""tools/profiles.py: the trace readers, the ops' JAX operations and parts of the step,
 and the memory traffic read from a compiled program's text, on hand-made traces and HLO."""
 import argparse
 
-from decal_jax import profiles
+from tools import profiles
 
 
 def _trace(*planes):

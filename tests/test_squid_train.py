@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import paths
-from decal_jax import checkpoints, gin_utils, train
+from decal_jax import train
+from decal_jax.runtime import checkpoints, gin_utils
 from decal_jax.networks.squid import Squid
 
 STAGES = ("restore", "continue", "instruct")
@@ -93,10 +94,10 @@ def test_each_stage_starts_from_the_previous_one(stages):
 
 
 def test_answer_tool_reuses_a_saved_compression(stages, tmp_path):
-  """decal_jax/tools/squid_answer.py: answers from a saved .npz equal answers from the context, and
+  """decal_jax/commands/squid_answer.py: answers from a saved .npz equal answers from the context, and
   both equal the model's own predict_batch on [context; question] (which recompresses)."""
   import importlib
-  squid_answer = importlib.import_module("decal_jax.tools.squid_answer")
+  squid_answer = importlib.import_module("decal_jax.commands.squid_answer")
   context = ("The assignment statement binds names to objects. Targets may be attribute "
              "references, subscriptions or slicings.")
   (tmp_path / "ctx.txt").write_text(context)

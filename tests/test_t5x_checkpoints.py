@@ -1,4 +1,4 @@
-"""T5X checkpoints read and written without T5X (`decal_jax.t5x_checkpoints`).
+"""T5X checkpoints read and written without T5X (`decal_jax.interop.t5x_checkpoints`).
 
 The reader is held to T5X's own bytes: tests/fixtures/t5x_tiny_checkpoint/ is a tiny T5.1.1
 of T5X's network saved by the real T5X in both of its layouts, with T5X's forward logits on
@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax import checkpoints, t5x_checkpoints, train_state
+from decal_jax.interop import t5x_checkpoints
+from decal_jax.runtime import checkpoints, train_state
 from decal_jax.networks import param_layout
 from decal_jax.networks.t5 import T5Config, Transformer
 import paths
@@ -186,7 +187,7 @@ def test_export_tool_writes_what_restore_reads_back(tmp_path):
   ckpt.close()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(paths.REPO))
   run = lambda *args: subprocess.run(  # noqa: E731
-      [sys.executable, "-m", "decal_jax.tools.export_t5x", *args], env=env,
+      [sys.executable, "-m", "decal_jax.commands.export_t5x", *args], env=env,
       capture_output=True, text=True, timeout=300)
   done = run("--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "t5x"),
              "--t5x_names")

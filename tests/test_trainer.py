@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import decal_jax.tasks  # noqa: F401
-from decal_jax import (checkpoints, evaluation, models, optimizers, partitioning, train_state,
-                       trainer)
+from decal_jax import models, partitioning
+from decal_jax.runtime import checkpoints, evaluation, optimizers, train_state, trainer
 from decal_jax.data import pipeline
 from decal_jax.data import batch_iterator, vocabularies
 from decal_jax.networks.t5 import T5Config, Transformer
@@ -291,7 +291,7 @@ def test_initial_checkpoint_errors_name_the_problem(tmp_path):
 def test_the_steps_grad_norm_is_the_l2_norm_of_every_gradient_together():
   """train_step.global_norm (aux['grad_norm'], the NaN guard's input) against numpy in
   float64 over the leaves flattened into one vector."""
-  from decal_jax import train_step
+  from decal_jax.runtime import train_step
   rng = np.random.default_rng(0)
   tree = {"a": rng.normal(size=(3, 4)), "b": [rng.normal(size=5), rng.normal(size=(2, 2, 2))]}
   want = np.linalg.norm(np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(tree)]))

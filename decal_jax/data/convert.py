@@ -1,7 +1,7 @@
 """Dataset releases -> the downstream tasks' local JSONL layout.
 
 `<out>/<name>/<split>.jsonl`, one record per line: QA {"id", "question", "context",
-"answers": [...]}; summarization {"id", "document", "summary"}. `decal_jax/tools/prepare_jsonl.py` is
+"answers": [...]}; summarization {"id", "document", "summary"}. `decal_jax/commands/prepare_jsonl.py` is
 the command line. Records with an empty question, context, document, summary or answer
 list are left out and counted.
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 import tokenizers
 
 from decal_jax.data import vocabularies
-from decal_jax.hf_import import checked_zero_id_to
+from decal_jax.interop.hf_import import checked_zero_id_to
 
 SENTENCEPIECE_ENV = "DECAL_LLAMA_TOKENIZER"  # a tokenizer.model (LLaMA: SentencePiece)
 TOKENIZER_JSON_ENV = "DECAL_HF_TOKENIZER"    # a tokenizer.json (Qwen2: byte-level BPE)
@@ -84,7 +84,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
   TensorFlow paths too). R must be an id the tokenizer never produces (checked on first
   use: a ValueError names the token R already is) and a row of every embedding table the
   ids index; import the checkpoint with `hf_import.remap_zero_row(params, R)`
-  (decal_jax/tools/import_hf.py does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's
+  (decal_jax/commands/import_hf.py does so when the gin VOCABULARY remaps) so row R holds '!'. Qwen2's
   tokenizer ends at id 151645 (Qwen2.5's at 151664) and its tables have 151,936 (0.5B) and
   152,064 (7B) rows: R = 151935 (gin/models/squid_qwen2.gin); vocab_size is then R + 1.
   The default zero_id_to=None keeps the tokenizer's ids, '!' = 0 included (and lost

@@ -19,7 +19,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from decal_jax import checkpoints, partitioning
+from decal_jax import partitioning
+from decal_jax.runtime import checkpoints
 from decal_jax.data import autoencoding, batch_iterator, sentences, span_corruption, text_to_text
 # The settings and the batches' placement on the mesh, which need no data (pipeline.X as before).
 from decal_jax.data.batches import Batch, DatasetConfig, check_count, to_global  # noqa: F401

@@ -24,7 +24,7 @@ class NamedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
   the error (seqio raises protobuf's DecodeError or a bare RuntimeError, without it)."""
 
   FIX = ("Give a binary SentencePiece model (e.g. T5's spiece.model, or one written by "
-         "decal_jax/tools/make_vocab.py); a Hugging Face tokenizer.json goes to "
+         "decal_jax/commands/make_vocab.py); a Hugging Face tokenizer.json goes to "
          "hf_vocabularies.HfTokenizerVocabulary instead")
 
   def _model_context(self):
@@ -57,7 +57,7 @@ class T5Vocabulary(NamedSentencePieceVocabulary):
   """The T5 vocabulary; a missing local file is reported clearly when first used."""
 
   FIX = ("Point DECAL_T5_VOCAB (or gin `vocabularies.t5_vocabulary.path`) at a binary "
-         "SentencePiece model, e.g. T5's spiece.model or one written by decal_jax/tools/make_vocab.py")
+         "SentencePiece model, e.g. T5's spiece.model or one written by decal_jax/commands/make_vocab.py")
 
   def _model_context(self):
     if not self._model:

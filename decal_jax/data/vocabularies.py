@@ -6,7 +6,7 @@ The built-in vocabulary is trained on first use (under a second) and cached unde
 docs differ, or a changed training recipe, gets its own file. Training holds a file lock
 (one process trains, the others wait and reuse) and writes atomically
 (`fileio.write_bytes_atomic`), so readers never see a partial model.
-`python -m decal_jax.tools.make_vocab` builds it ahead of time.
+`python -m decal_jax.commands.make_vocab` builds it ahead of time.
 
 Recipes (`BUILTIN_RECIPES`): 'bytes' (the default) falls back to UTF-8 byte pieces, so no
 input byte is ever unknown ('$', '£', 'é', 'ж', '中', emoji all round-trip); 'chars' is the

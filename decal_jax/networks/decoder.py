@@ -3,7 +3,7 @@
 The blocks here are shared by the plain decoder (`Decoder`, T5X `DecoderOnlyModel` call
 signature) and by Dodo (`networks/dodo.py`), which adds per-layer nugget keys/values in
 front of each block's own keys. Parameter names mirror Hugging Face's LLaMA / Qwen2 layout
-closely enough that `decal_jax.hf_import` maps a checkpoint one tensor at a time:
+closely enough that `decal_jax.interop.hf_import` maps a checkpoint one tensor at a time:
 
   token_embedder/embedding [vocab, embed]          <- model.embed_tokens.weight
   layers_i/attention_norm/scale, layers_i/mlp_norm/scale

@@ -234,7 +234,7 @@ class DodoLM(DecoderOnlyNetwork):
 
     if cfg.threshold is None:
       raise ValueError("Cached decoding selects nuggets with a fixed threshold: set "
-                       "DodoLMConfig.threshold (decal_jax/tools/calibrate_nuggets.py computes it).")
+                       "DodoLMConfig.threshold (decal_jax/commands/calibrate_nuggets.py computes it).")
     h = self.stack(x, offsets, no_bias, upto=cfg.scorer_layer,
                    kv_hooks=[ring_hook(r) for r in self.scorer_rings])
     is_nugget = self.scorer(h)[:, 0] > cfg.threshold  # [b]

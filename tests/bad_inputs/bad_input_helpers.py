@@ -8,13 +8,14 @@ import shutil
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import partitioning, train_state, trainer
+from decal_jax import partitioning
+from decal_jax.runtime import train_state, trainer
 
 from test_trainer import _cfg, _model, _optimizer
 
 
 def _load_tool(name):
-  return importlib.import_module(f"decal_jax.tools.{name}")
+  return importlib.import_module(f"decal_jax.commands.{name}")
 
 
 def _files_under(folder):

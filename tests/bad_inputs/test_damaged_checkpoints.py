@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, evaluation, partitioning, train_state, trainer
+from decal_jax import partitioning
+from decal_jax.runtime import checkpoints, evaluation, train_state, trainer
 
 from test_trainer import LENGTHS, _cfg, _model, _optimizer
 

@@ -7,7 +7,8 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import evaluation, fileio
+from decal_jax import fileio
+from decal_jax.runtime import evaluation
 from decal_jax.data import convert, hf_vocabularies, local_files, vocabularies
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, evaluation, gin_utils, resilience, trainer
+from decal_jax.runtime import checkpoints, evaluation, gin_utils, resilience, trainer
 from decal_jax.data import local_files, pipeline, vocabularies
 
 from test_trainer import LENGTHS, _cfg, _model, _optimizer

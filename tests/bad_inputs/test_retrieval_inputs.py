@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, gin_utils
+from decal_jax.runtime import checkpoints, gin_utils
 from decal_jax.retrieval import beir, index
 
 from retrieval.test_retrieval_e2e import _write_fixture
@@ -72,7 +72,7 @@ def test_retrieval_index_of_an_edited_corpus_is_rebuilt_not_reused(tmp_path, cap
   after_edit = {ext: pathlib.Path(f"{stem}.{ext}").read_text() for ext in ("metrics.json", "trec")}
   assert json.loads(after_edit["metrics.json"])["num_docs"] == len(kept)
   _retrieve(model_dir, folder,
-            f"--gin.pipeline.evaluate_retrieval.index_dir='{tmp_path / 'fresh_index'}'")
+            f"--gin.retrieval_eval.evaluate_retrieval.index_dir='{tmp_path / 'fresh_index'}'")
   assert "Reusing the index" not in capsys.readouterr().out  # a fresh build
   assert after_edit == {ext: pathlib.Path(f"{stem}.{ext}").read_text()
                         for ext in ("metrics.json", "trec")}

@@ -11,7 +11,8 @@ import gin
 import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, evaluation, gin_utils, inference_eval, run_lock, train_state
+from decal_jax.runtime import (checkpoints, evaluation, gin_utils, inference_eval, run_lock,
+                               train_state)
 from decal_jax.data import pipeline
 
 import paths
@@ -24,7 +25,7 @@ REPO = paths.REPO
 
 
 # ---------------------------------------------------------------- one trainer per MODEL_DIR
-# and eval's output folder (issue 21 items 9 and 11: decal_jax/run_lock.py,
+# and eval's output folder (issue 21 items 9 and 11: decal_jax/runtime/run_lock.py,
 # evaluation.check_writable and EVAL_OUTPUT_DIR)
 def _write_lock(model_dir, pid, host=None):
   """A lock file as a trainer that never released it would have left it."""

@@ -10,7 +10,7 @@ import gin
 import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import evaluation, gin_utils, trainer
+from decal_jax.runtime import evaluation, gin_utils, trainer
 from decal_jax.data import pipeline
 
 import paths

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import checkpoints, evaluation, models, trainer, vocabulary_record
+from decal_jax import models
+from decal_jax.runtime import checkpoints, evaluation, trainer, vocabulary_record
 from decal_jax.data import vocabularies
 
 from test_trainer import LENGTHS, _cfg, _model, _optimizer
@@ -56,7 +57,7 @@ def test_resuming_a_checkpoint_of_the_earlier_adafactor_factoring_names_the_sett
   heuristic); now [embed] and [heads, kv] ones (T5X's axis names). An old run's optimizer
   state cannot be read into the new layout: refused naming the setting that reads it, and
   resumed with that setting."""
-  from decal_jax import optimizers  # pylint: disable=g-import-not-at-top
+  from decal_jax.runtime import optimizers  # pylint: disable=g-import-not-at-top
   earlier = lambda: optimizers.adafactor(  # noqa: E731
       optimizers.rsqrt_schedule(0.5, warmup_steps=5), factor_by_axis_names=False)
   model_dir = tmp_path / "run"
@@ -85,7 +86,7 @@ def test_another_optimizer_state_is_refused_from_the_metadata_before_any_array_i
   optimizer makes before restoring: the message names the leaf and both shapes, and no
   array of the state is read."""
   from flax.linen.partitioning import AxisMetadata  # pylint: disable=g-import-not-at-top
-  from decal_jax import optimizers  # pylint: disable=g-import-not-at-top
+  from decal_jax.runtime import optimizers  # pylint: disable=g-import-not-at-top
   params = {"attn": {"kernel": jnp.zeros((8, 2, 3))}}
   axes = {"attn": {"kernel_axes": AxisMetadata(("embed", "heads", "kv"))}}
   written = (optimizers.adamw() if other == "adamw"

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import text_metrics
+from decal_jax.tasks import text_metrics
 from decal_jax.data import local_files, text_to_text, vocabularies
 from decal_jax.tasks import downstream_tasks
 
@@ -254,7 +254,7 @@ def test_squad_release_converts_and_feeds_decal_squad(tmp_path, monkeypatch, bui
     pytest.skip(f"{source} not found: set DECAL_DATA_DIR to the shared data folder")
   import subprocess
   import sys
-  proc = subprocess.run([sys.executable, "-m", "decal_jax.tools.prepare_jsonl", "squad",
+  proc = subprocess.run([sys.executable, "-m", "decal_jax.commands.prepare_jsonl", "squad",
                          str(source), "--split", "validation", "--out", str(tmp_path)],
                         capture_output=True, text=True, check=True)
   assert "10570 records" in proc.stdout  # every question of the official dev set

@@ -9,7 +9,8 @@ import seqio
 import tensorflow as tf
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import models, text_metrics
+from decal_jax import models
+from decal_jax.tasks import text_metrics
 from decal_jax.data import corpus, text_to_text, vocabularies
 from decal_jax.tasks import downstream_tasks, squid_tasks
 

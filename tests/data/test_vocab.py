@@ -153,7 +153,7 @@ def test_unwritable_cache_dir_names_the_fix(tmp_path, monkeypatch):
 
 def _load_make_vocab():
   import importlib
-  return importlib.import_module("decal_jax.tools.make_vocab")
+  return importlib.import_module("decal_jax.commands.make_vocab")
 
 
 def test_make_vocab_trains_from_a_jsonl_file(tmp_path, capsys):

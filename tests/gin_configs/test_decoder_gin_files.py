@@ -18,7 +18,7 @@ def test_dodo_autoencode_runs_bind_every_argument(files, bindings):
   """Both run files train and evaluate: every required argument of trainer.train and
   evaluation.evaluate is bound, the task autoencodes with room for the whole input + EOS."""
   import inspect
-  from decal_jax import evaluation, trainer
+  from decal_jax.runtime import evaluation, trainer
   _parse(*files, bindings=["MODEL_DIR = '/tmp/unused'", *bindings])
   for fn in (trainer.train, evaluation.evaluate):
     for name, p in inspect.signature(fn).parameters.items():
@@ -40,12 +40,12 @@ def test_dodo_autoencode_gin_is_the_papers_lora_recipe():
   model = _build_model()
   assert model.module.config.decoder.lora_rank == 32
   for name, want in (("b1", 0.9), ("b2", 0.95), ("eps", 1e-5)):
-    assert gin.query_parameter(f"decal_jax.optimizers.adamw.{name}") == want
-  schedule = gin.query_parameter("decal_jax.optimizers.adamw.learning_rate").scoped_configurable_fn()
+    assert gin.query_parameter(f"decal_jax.runtime.optimizers.adamw.{name}") == want
+  schedule = gin.query_parameter("decal_jax.runtime.optimizers.adamw.learning_rate").scoped_configurable_fn()
   # warm-up 1e-4 * step / 2000; then 1e-4 * (1 + cos(pi * (step - 2000) / 150000)) / 2
   for step, want in ((1000, 5e-5), (2000, 1e-4), (77_000, 5e-5), (152_000, 0.0)):
     assert float(schedule(step)) == pytest.approx(want, abs=1e-10), step
-  optimizer = gin.query_parameter("decal_jax.trainer.train.optimizer").scoped_configurable_fn()
+  optimizer = gin.query_parameter("decal_jax.runtime.trainer.train.optimizer").scoped_configurable_fn()
   ones = jnp.ones((1, 8), jnp.int32)
   params = model.module.init(jax.random.PRNGKey(0), ones, ones, ones,
                              enable_dropout=False)["params"]

@@ -36,7 +36,7 @@ def test_dual_encoder_gin_shares_the_decal_encoder_at_two_ratios():
 
 @pytest.mark.parametrize("run_file,fn", [("runs/retrieval_builtin.gin", "trainer.train"),
                                          ("runs/retrieve_builtin.gin",
-                                          "retrieval.pipeline.evaluate_retrieval")])
+                                          "retrieval_eval.evaluate_retrieval")])
 def test_retrieval_run_files_bind_every_argument(run_file, fn):
   import importlib
   import inspect
@@ -52,6 +52,6 @@ def test_retrieval_run_files_bind_every_argument(run_file, fn):
   assert type(model).__name__ == "DualEncoderModel"
   assert model.module.config.passage_compression_ratio == 4
   if fn_name == "train":
-    assert gin.query_parameter("decal_jax.trainer.train.show_example") is False
+    assert gin.query_parameter("decal_jax.runtime.trainer.train.show_example") is False
     assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_beir_builtin"
   gin.clear_config()

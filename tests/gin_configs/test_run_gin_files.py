@@ -30,7 +30,7 @@ def test_run_gin_files_bind_every_argument(run_file, fn_name):
 
 
 def test_generic_pretrain_gin_requires_the_run_macros():
-  from decal_jax import gin_utils
+  from decal_jax.runtime import gin_utils
   with pytest.raises(gin_utils.GinConfigError, match="MODEL_DIR/macro.value set to `%gin.REQUIRED`"):
     gin_utils.parse(["models/decal_tiny.gin", "runs/pretrain.gin"], [], [])
   gin.clear_config()
@@ -44,10 +44,10 @@ def test_finetune_gin_starts_from_a_checkpoint_at_a_constant_learning_rate():
          bindings=["INITIAL_CHECKPOINT_PATH = '/ckpt'", "MODEL_DIR = '/m'", "TRAIN_STEPS = 1",
                    "MIXTURE_OR_TASK_NAME = 'decal_squad'",
                    "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}"])
-  ref = gin.query_parameter("decal_jax.trainer.train.initial_checkpoint_path")
+  ref = gin.query_parameter("decal_jax.runtime.trainer.train.initial_checkpoint_path")
   assert str(ref) == "%INITIAL_CHECKPOINT_PATH"
   assert gin.query_parameter("%INITIAL_CHECKPOINT_PATH") == "/ckpt"
-  assert str(gin.query_parameter("decal_jax.optimizers.adafactor.learning_rate")) == \
+  assert str(gin.query_parameter("decal_jax.runtime.optimizers.adafactor.learning_rate")) == \
       "@optax.constant_schedule()"
   assert gin.query_parameter("%LEARNING_RATE") == 0.001
   vocab = vocabularies.task_vocabulary()

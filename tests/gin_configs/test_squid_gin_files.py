@@ -35,7 +35,7 @@ def test_squid_qwen2_decoders_are_qwen2_0_5b_and_7b(monkeypatch):
 def test_squid_qwen2_vocabulary_moves_token_0_into_both_tables(monkeypatch):
   """Qwen2's id 0 ('!') is read as padding here, so the vocabulary writes it as 151935:
   past the tokenizer's last id (151645, Qwen/Qwen2-0.5B tokenizer.json), a row of both
-  tables (151,936 and 152,064 rows). decal_jax/tools/import_hf.py reads the same binding."""
+  tables (151,936 and 152,064 rows). decal_jax/commands/import_hf.py reads the same binding."""
   monkeypatch.delenv("DECAL_HF_TOKENIZER", raising=False)
   _parse("models/squid_qwen2.gin")
   model = _build_model()
@@ -137,7 +137,7 @@ def test_squid_stage_files_train_named_parts_of_the_model(run_file):
   assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == task
   assert set(gin.query_parameter("%TRAIN_PARTS")) == parts
   model = _build_model()
-  optimizer = gin.query_parameter("decal_jax.trainer.train.optimizer").scoped_configurable_fn()
+  optimizer = gin.query_parameter("decal_jax.runtime.trainer.train.optimizer").scoped_configurable_fn()
   gin.clear_config()
   params = jax.eval_shape(lambda: model.get_initial_variables(
       jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 16), "decoder_input_tokens": (1, 4),

@@ -104,9 +104,9 @@ def _write_tokenizer(directory, eos_in_config=True):
 
 def _run_tool(*args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "decal_jax.tools.import_hf", *args],
+  return subprocess.run([sys.executable, "-m", "decal_jax.commands.import_hf", *args],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _tool_module():
-  return importlib.import_module("decal_jax.tools.import_hf")
+  return importlib.import_module("decal_jax.commands.import_hf")

@@ -9,7 +9,7 @@ import json
 import flax
 import pytest
 
-from decal_jax import hf_import
+from decal_jax.interop import hf_import
 from hf_import_helpers import torch, safetensors_torch, TINY, _copy_with_config
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import hf_import
+from decal_jax.interop import hf_import
 from decal_jax.networks.decoder import Decoder
 from hf_import_helpers import torch, TOKENS, _torch_logits, _our_logits
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax import checkpoints, hf_import
+from decal_jax.interop import hf_import
+from decal_jax.runtime import checkpoints
 import tolerances
 from hf_import_helpers import (
     torch, transformers, REPO, VOCAB, TOKENS, SQUID_SMALL, SQUID_LARGE, _saved_random,

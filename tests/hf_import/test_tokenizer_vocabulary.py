@@ -51,7 +51,7 @@ def test_tokenizer_vocabulary_is_recorded_by_its_file_contents(hf_tokenizer, tmp
   """MODEL_DIR/vocabulary.json names a tokenizer.json by sha256, so a run read with another
   tokenizer of the same size is refused, and the same file elsewhere is accepted."""
   import hashlib  # pylint: disable=g-import-not-at-top
-  from decal_jax import vocabulary_record  # pylint: disable=g-import-not-at-top
+  from decal_jax.runtime import vocabulary_record  # pylint: disable=g-import-not-at-top
   from decal_jax.data import vocabularies  # pylint: disable=g-import-not-at-top
   tokenizer, path = hf_tokenizer
   identity = vocabularies.vocabulary_identity(hf_vocabularies.HfTokenizerVocabulary(str(path)))

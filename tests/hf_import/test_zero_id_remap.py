@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax import checkpoints, hf_import
+from decal_jax.interop import hf_import
+from decal_jax.runtime import checkpoints
 from decal_jax.data import hf_vocabularies
 from decal_jax.networks.decoder import Decoder
 from hf_import_helpers import (

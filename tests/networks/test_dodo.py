@@ -10,7 +10,8 @@ import optax
 import pytest
 import seqio
 
-from decal_jax import decoding, models, optimizers
+from decal_jax import decoding, models
+from decal_jax.runtime import optimizers
 from decal_jax.compress import nuggets as nug
 from decal_jax.networks.decoder import Decoder, DecoderConfig, DecoderStack, causal_bias
 from decal_jax.networks.dodo import Dodo, DodoConfig

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from decal_jax import checkpoints
+from decal_jax.runtime import checkpoints
 from decal_jax.models import DualEncoderFeatureConverter, DualEncoderModel
 from decal_jax.networks import dual_encoder as de
 from decal_jax.networks import t5

@@ -182,7 +182,8 @@ def test_training_on_the_sentence_task_lowers_the_loss():
   """The built-in sentence-marked LM task feeds GPTHF (its end id = the task's), and the
   trainer's step lowers the loss on a repeated batch."""
   import decal_jax.tasks  # noqa: F401  (registers decal_builtin_sentence_lm)
-  from decal_jax import optimizers, partitioning, train_state, trainer
+  from decal_jax import partitioning
+  from decal_jax.runtime import optimizers, train_state, trainer
   from decal_jax.data import pipeline
   from decal_jax.data import sentences, vocabularies
   vocab = vocabularies.builtin_vocabulary()

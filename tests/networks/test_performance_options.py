@@ -16,7 +16,8 @@ import numpy as np
 import optax
 import pytest
 
-from decal_jax import checkpoints, models, optimizers, partitioning, train_state
+from decal_jax import models, partitioning
+from decal_jax.runtime import checkpoints, optimizers, train_state
 from decal_jax.data import pipeline
 from decal_jax.layers import attention as attn
 from decal_jax.networks import param_layout

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax import gin_utils  # noqa: F401  (its fix to gin's file lookup)
+from decal_jax.runtime import gin_utils  # noqa: F401  (its fix to gin's file lookup)
 
 import paths
 import tolerances

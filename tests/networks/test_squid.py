@@ -11,7 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from decal_jax import models, optimizers
+from decal_jax import models
+from decal_jax.runtime import optimizers
 from decal_jax.networks.decoder import DecoderConfig
 from decal_jax.networks.squid import Squid, SquidConfig, SquidT5X
 from tests.numpy_llama import Llama, rms_norm

@@ -1,10 +1,10 @@
-"""decal_jax/retrieval/cost_report.py on rows worked by hand: ratios to the C = 1 row, a
+"""tools/retrieval_cost_report.py on rows worked by hand: ratios to the C = 1 row, a
 partial run's unscored rows, the tables and JSON lines a results file is made of."""
 import json
 
 import pytest
 
-from decal_jax.retrieval import cost_report
+from tools import retrieval_cost_report as cost_report
 
 
 def _row(ratio, index_bytes, encode_s, scoring_s=()):

@@ -9,7 +9,8 @@ import pytest
 
 from decal_jax.retrieval import index as index_lib
 from decal_jax.retrieval import codec as codec_lib
-from decal_jax.retrieval import kernels, pipeline, residual
+from decal_jax.retrieval import kernels, residual
+from decal_jax.runtime import retrieval_eval as pipeline
 
 DIM = 16
 CONFIG = {"passage_ratio": 4, "dim": DIM}

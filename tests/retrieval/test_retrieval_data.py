@@ -18,7 +18,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax import gin_utils
+from decal_jax.runtime import gin_utils
 from decal_jax.data import corpus as builtin_corpus
 from decal_jax.retrieval import beir, msmarco
 from decal_jax.tasks import retrieval_tasks

@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from decal_jax import checkpoints, gin_utils, partitioning, train_state, trainer
+from decal_jax import partitioning
+from decal_jax.runtime import checkpoints, gin_utils, train_state, trainer
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.networks import t5
-from decal_jax.retrieval import beir, index, ir_metrics, pipeline
+from decal_jax.retrieval import beir, index, ir_metrics
+from decal_jax.runtime import retrieval_eval as pipeline
 
 TOPICS = ["apple orchard harvest", "volcano lava eruption", "violin concerto orchestra",
           "glacier ice melting", "rocket launch orbit", "honey bee colony",

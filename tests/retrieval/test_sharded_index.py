@@ -129,7 +129,7 @@ def _worker(model_dir: str, directory: str, port: str, process_id: str) -> None:
                                       initialization_timeout=60)
   import jax
   from jax.experimental import multihost_utils
-  from decal_jax import checkpoints
+  from decal_jax.runtime import checkpoints
   mesh_sharding = jax.sharding.NamedSharding(partitioning.Partitioner().mesh,
                                              jax.sharding.PartitionSpec())
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=mesh_sharding)
@@ -174,7 +174,7 @@ def _two_processes(*args: str):
 
 def test_two_processes_build_the_index_one_process_builds(tmp_path):
   import jax.numpy as jnp
-  from decal_jax import checkpoints
+  from decal_jax.runtime import checkpoints
   ckpt = checkpoints.Checkpointer(str(tmp_path / "model"))  # written by this one process
   ckpt.save(1, {"params": {k: jnp.asarray(v) for k, v in _saved_params().items()},
                 "step": jnp.int32(1)}, {"batches_consumed": 0}, force=True)

@@ -16,7 +16,7 @@ from flax import traverse_util  # noqa: E402
 from flax.linen import partitioning as flax_partitioning  # noqa: E402
 from t5x import adafactor  # noqa: E402
 
-from decal_jax import optimizers  # noqa: E402
+from decal_jax.runtime import optimizers  # noqa: E402
 
 # name: (shape, logical axis names)
 PARAMS = {

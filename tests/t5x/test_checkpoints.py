@@ -28,7 +28,8 @@ from t5x import adafactor, models, partitioning, utils  # noqa: E402
 from t5x import train_state as t5x_train_state  # noqa: E402
 from t5x.examples.t5 import network  # noqa: E402
 
-from decal_jax import checkpoints, t5x_checkpoints  # noqa: E402
+from decal_jax.interop import t5x_checkpoints
+from decal_jax.runtime import checkpoints
 from decal_jax.networks.t5 import T5Config, Transformer  # noqa: E402
 import tolerances  # noqa: E402
 
@@ -68,7 +69,7 @@ def _flat(tree):
 
 
 def _export(params, tmp_path, t5x_names: bool):
-  """params saved as a decal_jax run at step 9, exported as decal_jax/tools/export_t5x.py does."""
+  """params saved as a decal_jax run at step 9, exported as decal_jax/commands/export_t5x.py does."""
   run = checkpoints.Checkpointer(str(tmp_path / "run"), keep=1)
   run.save(9, {"params": params}, {}, force=True)
   run.close()

@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_gpthf.py on its tiny preset: a row per (n, k, batch), ratios that are the
+"""tools/bench_gpthf.py on its tiny preset: a row per (n, k, batch), ratios that are the
 quotients of the recorded medians and FLOPs, sentence counts as a numpy scan gives them, and
 every side's tokens equal to its own network's uncached reference (GPTHF and GPT are
 different networks, so each is checked against itself)."""
@@ -13,7 +13,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from decal_jax import flops, models
+from decal_jax import models
+from decal_jax.networks import flops
 from decal_jax.networks import gpthf
 from decal_jax.networks.decoder import Decoder
 
@@ -21,7 +22,7 @@ import partial_runs
 import paths
 
 REPO = paths.REPO
-bench = importlib.import_module("decal_jax.tools.bench_gpthf")
+bench = importlib.import_module("tools.bench_gpthf")
 
 PROMPTS, NEW, BATCH, REPEATS = (10, 20), 6, 2, 2
 WORK = BATCH * NEW * (PROMPTS[0] + NEW)  # --max_batch_work: n = 10 runs, n = 20 is skipped
@@ -74,7 +75,7 @@ def _cells(text, header):
 
 def test_markdown_has_a_row_per_grid_point_and_says_what_ran(real):
   rows, _, text, *_ = real
-  assert "- command: `python -m decal_jax.tools.bench_gpthf --preset tiny" in text
+  assert "- command: `python -m tools.bench_gpthf --preset tiny" in text
   assert "Partial" not in text  # a completed run
   assert f"jax {jax.__version__}" in text and "![speedups" in text
   times = _cells(text, "Wall clock")
@@ -126,7 +127,7 @@ def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
     assert times[key][3].split()[0] == f"{medians['GPTHF'] * 1e3:.1f}"
     for cell, name in zip(times[key][7:10], bench.SIDES[1:]):
       assert cell == f"{medians[name] / medians['GPTHF']:.2f}"
-    # The FLOPs are decal_jax.flops' (checked against XLA in tests/test_flops.py).
+    # The FLOPs are decal_jax.networks.flops' (checked against XLA in tests/test_flops.py).
     decoder, config = row.configs
     n, k = row.prompt, row.new
     want = [flops.gpthf_generation_flops(config, n, k).total,

@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_loss.py: the one-hot reference and our loss agree in value and gradient with
+"""tools/bench_loss.py: the one-hot reference and our loss agree in value and gradient with
 a numpy derivation, and ours holds no [batch, length, vocab] temporary while the one-hot
 form does (the property the tool measures)."""
 import importlib
@@ -11,7 +11,7 @@ import tolerances
 import paths
 
 REPO = paths.REPO
-bench = importlib.import_module("decal_jax.tools.bench_loss")
+bench = importlib.import_module("tools.bench_loss")
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

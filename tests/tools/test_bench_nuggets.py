@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_nuggets.py at a tiny size: cache bytes computed by hand from the shapes, and
+"""tools/bench_nuggets.py at a tiny size: cache bytes computed by hand from the shapes, and
 the tokens each cached path decodes checked against an uncached greedy reference."""
 import importlib
 import math
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import seqio
 
-from decal_jax import benchmarking, models
+from decal_jax import models
+from tools import benchmarking
 from decal_jax.networks.decoder import DecoderConfig
 
 import paths
 
 REPO = paths.REPO
-bench = importlib.import_module("decal_jax.tools.bench_nuggets")
+bench = importlib.import_module("tools.bench_nuggets")
 
 VOCAB_SIZE, EOS = 61, 1
 CFG = DecoderConfig(vocab_size=VOCAB_SIZE, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,

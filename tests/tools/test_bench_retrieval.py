@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_retrieval.py on a BEIR folder written here (40 passages of varied length, 5
+"""tools/bench_retrieval.py on a BEIR folder written here (40 passages of varied length, 5
 queries) with a one-layer tiny dual encoder at C = 1, 2, 4: the index sizes and MaxSim work
 it reports equal what the tokenized lengths give when re-derived with SentencePiece itself,
 ratios are to the C = 1 row, and the results file holds the command and every row."""
@@ -14,12 +14,13 @@ import pytest
 import sentencepiece as spm
 
 from decal_jax.data import vocabularies
-from decal_jax.retrieval import beir, cost_report
+from decal_jax.retrieval import beir
+from tools import retrieval_cost_report as cost_report
 
 import paths
 
 REPO = paths.REPO
-bench = importlib.import_module("decal_jax.tools.bench_retrieval")
+bench = importlib.import_module("tools.bench_retrieval")
 
 RATIOS = (1, 2, 4)
 PASSAGE_LENGTH, QUERY_LENGTH, DIM = 64, 16, 16
@@ -131,7 +132,7 @@ def _table(text: str, heading: str):
 
 def test_results_file_has_the_command_every_row_and_json_lines(result):
   rows, text, lengths, *_ = result
-  assert "- command: `python -m decal_jax.tools.bench_retrieval --beir_folder" in text
+  assert "- command: `python -m tools.bench_retrieval --beir_folder" in text
   assert "--ratios 1 2 4" in text and "random initialisation" in text
   assert "- machine:" in text and "- date:" in text
   for heading in ("Index size", "Corpus encoding", "Query scoring"):

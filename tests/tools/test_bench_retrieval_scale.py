@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_retrieval_scale.py on tiny shapes (a BEIR folder written here, a small
+"""tools/bench_retrieval_scale.py on tiny shapes (a BEIR folder written here, a small
 synthetic corpus): exact rows are the reference (recall 1, no loss), an uncompressed
 residual index probing every centroid and reranking every document equals exact, bytes per
 passage are what the codes and vector counts give, and the results file holds every row."""
@@ -14,7 +14,7 @@ from decal_jax.retrieval import beir, bm25, kernels
 
 import partial_runs
 
-bench = importlib.import_module("decal_jax.tools.bench_retrieval_scale")
+bench = importlib.import_module("tools.bench_retrieval_scale")
 
 WORDS = ("river stone light garden winter engine paper signal forest market copper cloud "
          "harbor violin planet orchard lantern meadow compass thunder").split()

@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_squid.py on its tiny preset: the Markdown has a row per (L, ρ) whose ratios
+"""tools/bench_squid.py on its tiny preset: the Markdown has a row per (L, ρ) whose ratios
 are the measured medians' and the analytical FLOPs' quotients, and both sides decode what an
 uncached greedy loop over the same weights decodes."""
 import importlib
@@ -13,12 +13,12 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from decal_jax import flops
+from decal_jax.networks import flops
 
 import paths
 
 REPO = paths.REPO
-bench = importlib.import_module("decal_jax.tools.bench_squid")
+bench = importlib.import_module("tools.bench_squid")
 
 CONTEXT, RATIOS, QUERY, ANSWER, REPEATS = 24, (4, 8), 3, 4, 2
 PARAM_SCALE = 10.0  # weights of std 0.2: peaked logits, so greedy decoding is not degenerate
@@ -116,7 +116,7 @@ def test_ratios_are_the_quotients_of_the_measured_medians_and_the_flops(result):
                         f"{max(base_totals) * 1e3:.1f})")
     assert cells[6].split()[0] == f"{squid_ms:.1f}"
     assert cells[7] == f"{base_ms / squid_ms:.2f}"
-    # FLOPs: the large decoder reads L + q tokens vs N + q, counted by decal_jax.flops
+    # FLOPs: the large decoder reads L + q tokens vs N + q, counted by decal_jax.networks.flops
     # (itself checked against XLA in tests/test_flops.py).
     config = models.config
     large = flops.answer_flops(config.large, CONTEXT + QUERY, ANSWER).total

@@ -1,4 +1,4 @@
-"""decal_jax/tools/bench_train.py without compiling anything: the peak table's device matching, the
+"""tools/bench_train.py without compiling anything: the peak table's device matching, the
 step's jitted program exposed by trainer.make_train_step, the summary arithmetic
 (median, throughput, analytical FLOPs, MFU) on hand-made timings, and the model built where
 TensorFlow, seqio, clu and t5 cannot be imported (the GPU image)."""
@@ -12,13 +12,15 @@ import types
 import jax
 import pytest
 
-from decal_jax import flops, models, optimizers, partitioning, trainer
+from decal_jax import models, partitioning
+from decal_jax.networks import flops
+from decal_jax.runtime import optimizers, trainer
 from decal_jax.networks.t5 import T5Config, Transformer
 
 import paths
 
 REPO = paths.REPO
-bench = importlib.import_module("decal_jax.tools.bench_train")
+bench = importlib.import_module("tools.bench_train")
 
 CFG = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                num_encoder_layers=1, num_decoder_layers=1, compression_ratio=4)
@@ -80,7 +82,7 @@ def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused
   import (what the workplace's GPU image lacks) imports the tool and builds the model of
   the suite's train parts (T5.1.1-small DeCAL-4x, bf16) from their exact arguments, with no
   vocabulary; none of the refused packages is loaded. The dry-run suite runs the step."""
-  gpu_suite = importlib.import_module("decal_jax.tools.gpu_suite")
+  gpu_suite = importlib.import_module("tools.gpu_suite")
   lacks = set(gpu_suite.DEVICE_IMAGE_LACKS)
   assert {"tensorflow", "seqio", "clu"} <= lacks
   (tmp_path / "sitecustomize.py").write_text(gpu_suite.REFUSE_IMPORTS.format(lacks=lacks))
@@ -90,7 +92,7 @@ def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused
         import tensorflow
       except ImportError as e:
         print("refused:", e)
-      from decal_jax.tools import bench_train
+      from decal_jax.commands import bench_train
       args, (files, paths, bindings) = bench_train.parse_args(sys.argv[1:])
       setup = bench_train.build("A", files, paths, bindings, args)
       cfg = setup.model.module.config
@@ -100,7 +102,7 @@ def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused
   """)
   argv = gpu_suite.bench_train_argv(gpu_suite.gpu_scale(None), ["COMPRESSION_RATIO=4"], 20,
                                     "A", tmp_path / "out.jsonl")
-  assert argv[:2] == ["-m", "decal_jax.tools.bench_train"]
+  assert argv[:2] == ["-m", "tools.bench_train"]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]),
              JAX_PLATFORMS="cpu")
   run = subprocess.run([sys.executable, "-c", code, *argv[2:]], env=env, cwd=REPO,
@@ -119,8 +121,8 @@ def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatc
   length (the measured column times the networks the FLOP column counts), and reads the
   ratio from the rows bench_train writes."""
   import json
-  from decal_jax import gin_utils
-  breakeven = importlib.import_module("decal_jax.tools.decal_breakeven")
+  from decal_jax.runtime import gin_utils
+  breakeven = importlib.import_module("tools.decal_breakeven")
   seen = []
 
   def fake_run(module, argv, log):  # what bench_train would append to its --out
@@ -150,7 +152,7 @@ def test_decal_breakeven_measures_autoencoding_at_targets_equal_to_inputs(monkey
   """`--measure_targets n` times the steps at t = n (where the FLOP column crosses 1 first),
   and both kinds together time each length twice, each at its own target length."""
   import json
-  breakeven = importlib.import_module("decal_jax.tools.decal_breakeven")
+  breakeven = importlib.import_module("tools.decal_breakeven")
   seen = []
 
   def fake_run(module, argv, log):

@@ -1,4 +1,4 @@
-"""decal_jax/tools/compare_trainers.py and decal_breakeven.py without training: the run plan,
+"""tools/compare_trainers.py and decal_breakeven.py without training: the run plan,
 the steps/s read back from TensorBoard events that decal_jax's own writer made, the
 summary arithmetic on hand-made rows, and the break-even FLOP ratios against a hand count."""
 import importlib
@@ -7,8 +7,8 @@ import pytest
 
 from decal_jax import metrics
 
-compare = importlib.import_module("decal_jax.tools.compare_trainers")
-breakeven = importlib.import_module("decal_jax.tools.decal_breakeven")
+compare = importlib.import_module("tools.compare_trainers")
+breakeven = importlib.import_module("tools.decal_breakeven")
 
 
 def test_every_round_runs_t5x_network_only_uncompressed():

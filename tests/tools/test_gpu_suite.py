@@ -1,4 +1,4 @@
-"""decal_jax/tools/gpu_suite.py --dry_run: every part runs at tiny shapes on CPU as the GPU run would
+"""tools/gpu_suite.py --dry_run: every part runs at tiny shapes on CPU as the GPU run would
 (the same tools, flags and output names), and writes its results file with the fields a
 reader needs; a part forced to fail is recorded as failed while the parts after it still
 run; the ablation continues on another machine from its record."""
@@ -12,7 +12,7 @@ import pytest
 import paths
 
 REPO = paths.REPO
-gpu_suite = importlib.import_module("decal_jax.tools.gpu_suite")
+gpu_suite = importlib.import_module("tools.gpu_suite")
 
 FAILED_PART = "nuggets"  # runs its tool, then a command that exits 3
 MARKDOWN = {"nuggets_cache_gpu.md": "bench_nuggets", "squid_latency_gpu.md": "bench_squid",
@@ -59,7 +59,7 @@ def test_every_part_ran_and_the_forced_failure_is_recorded(result):
     else:
       assert row["status"] == "ok", (name, row.get("note"), row.get("log_tail"))
   text = (out / "gpu_suite_summary.md").read_text()
-  assert "- device: cpu (cpu; jax" in text and "- command: `python -m decal_jax.tools.gpu_suite" in text
+  assert "- device: cpu (cpu; jax" in text and "- command: `python -m tools.gpu_suite" in text
   for name, row in parts.items():
     assert f"| {name} | {row['status']} |" in text
   assert json.loads((out / "gpu_suite_summary.json").read_text())["parts"] == parts
@@ -122,7 +122,7 @@ def test_the_block_flops_are_what_xla_counts():
   the compiled forward + backward on CPU (which adds the softmax and GELU's few FLOPs)."""
   import jax
   bench, xla_cost = _tool("bench_xla_flags"), importlib.import_module(
-      "decal_jax.benchmarking").xla_cost
+      "tools.benchmarking").xla_cost
   for batch, length in ((2, 64), (1, 160)):
     x = jax.numpy.zeros((batch, length, bench.EMB), jax.numpy.bfloat16)
     compiled = jax.jit(bench.loss_and_grads).lower(bench.init_weights(0), x).compile()
@@ -163,7 +163,7 @@ def test_each_benchmark_wrote_its_results_with_command_and_device(result):
   _, out = result
   for file, tool in MARKDOWN.items():
     text = (out / file).read_text()
-    assert f"- command: `python -m decal_jax.tools.{tool}" in text, file
+    assert f"- command: `python -m tools.{tool}" in text, file
     assert "JAX backend: cpu (cpu)" in text, file
     assert "\n|---" in text, file  # a table
   for file in PLOTS:
@@ -227,19 +227,19 @@ def test_the_ablation_continues_from_its_record_on_a_fresh_machine(result, tmp_p
 
 
 def _tool(name):
-  return importlib.import_module(f"decal_jax.tools.{name}")
+  return importlib.import_module(f"tools.{name}")
 
 
 @pytest.mark.parametrize("option_set", list(gpu_suite.OPTION_SETS))
 def test_the_gpu_train_commands_build_their_model(option_set):
   """What the dry run cannot run (cuDNN, T5.1.1-small at batch 128): every GPU option set's
   bench_train arguments parse, and gin builds the model they name with those options."""
-  from decal_jax import gin_utils
+  from decal_jax.runtime import gin_utils
   scale = gpu_suite.gpu_scale(None)
   argv = gpu_suite.bench_train_argv(scale, ["COMPRESSION_RATIO=4",
                                             *gpu_suite.OPTION_SETS[option_set]],
                                     scale.steps, "label", REPO / "out.jsonl")
-  assert argv[:2] == ["-m", "decal_jax.tools.bench_train"]
+  assert argv[:2] == ["-m", "tools.bench_train"]
   args, (files, paths_, bindings) = _tool("bench_train").parse_args(argv[2:])
   assert (args.batch_size, args.inputs_length, args.targets_length) == (128, 512, 128)
   config = gin_utils.load_model(files, search_paths=paths_, bindings=bindings).model.module.config

@@ -1,4 +1,4 @@
-"""The results tables of decal_jax/tools/downstream_table.py, lm_table.py and gpthf_table.py,
+"""The results tables of tools/downstream_table.py, lm_table.py and gpthf_table.py,
 rendered from hand-made rows: each cell is the number given, formatted as the header says."""
 import importlib
 import types
@@ -9,7 +9,7 @@ REPO = paths.REPO
 
 
 def _tool(name):
-  return importlib.import_module(f"decal_jax.tools.{name}")
+  return importlib.import_module(f"tools.{name}")
 
 
 def _cells(text):

@@ -1,4 +1,4 @@
-"""decal_jax/tools/retention_table.py and its data (decal_jax/data/public_text.py): the
+"""tools/retention_table.py and its data (decal_jax/data/public_text.py): the
 statistics against numpy, the reconstruction accuracy against hand-worked cases, the splits
 of the public text on a small folder made here, and the gin files it trains with."""
 import argparse
@@ -10,9 +10,9 @@ import gin
 import numpy as np
 import pytest
 
-from decal_jax import benchmarking
+from tools import benchmarking
 from decal_jax.data import public_text
-from decal_jax.tools import retention_table as rt
+from tools import retention_table as rt
 
 
 GAINS = [0.01, 0.03, 0.02]  # teacher-forced minus swapped-encoding accuracy, per seed
@@ -118,7 +118,7 @@ def test_public_text_missing_folder_names_the_fix(tmp_path):
 def test_every_method_trains_under_the_same_budget(method, compressor):
   """The tool's gin files build each method at the asked ratio, and the budget (steps,
   batch, optimiser, task, lengths) is the same for all four."""
-  from decal_jax import gin_utils
+  from decal_jax.runtime import gin_utils
   args = argparse.Namespace(steps=None, dry_run=False)
   files, bindings = rt.run_config(method, 4, 1, args, pathlib.Path("/tmp/unused"))
   gin_utils.parse(files, [], bindings)

@@ -1,4 +1,4 @@
-"""decal_jax/tools/retrieval_table.py without training (that is the end-to-end retrieval test's job):
+"""tools/retrieval_table.py without training (that is the end-to-end retrieval test's job):
 its per-query spread of NDCG@10 against pytrec_eval's per-query values and numpy, its random
 floor against the expectation worked out by hand, the refusals of bad arguments and changed
 settings, and the person-written reading surviving a rewrite of the results file; with
@@ -20,7 +20,7 @@ from decal_jax.retrieval import beir, bm25, ir_metrics
 import paths
 
 REPO = paths.REPO
-table = importlib.import_module("decal_jax.tools.retrieval_table")
+table = importlib.import_module("tools.retrieval_table")
 
 
 def _folder(tmp_path, num_docs=400, num_queries=60):

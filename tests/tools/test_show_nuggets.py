@@ -1,4 +1,4 @@
-"""decal_jax/tools/show_nuggets.py on a tiny random Dodo checkpoint, checked against references made
+"""decal_jax/commands/show_nuggets.py on a tiny random Dodo checkpoint, checked against references made
 here: the model applied by the test, a numpy top-k, collections.Counter and html.unescape."""
 import collections
 import html
@@ -15,7 +15,7 @@ import matplotlib.patches
 import numpy as np
 import pytest
 
-from decal_jax import checkpoints, gin_utils
+from decal_jax.runtime import checkpoints, gin_utils
 from decal_jax.networks.dodo import Dodo
 
 import paths
@@ -35,7 +35,7 @@ TEXTS = ["The with statement wraps the execution of a block with methods defined
 
 
 def _load_tool():
-  return importlib.import_module("decal_jax.tools.show_nuggets")
+  return importlib.import_module("decal_jax.commands.show_nuggets")
 
 
 @pytest.fixture(scope="module")

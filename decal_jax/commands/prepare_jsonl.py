@@ -1,0 +1,69 @@
+"""Converts dataset releases into the local JSONL layout the downstream tasks read
+(`<out>/<name>/<split>.jsonl`); then `export DECAL_LOCAL_DATA_DIR=<out>`.
+
+  python -m decal_jax.commands.prepare_jsonl squad ../shared/data/squad/dev-v1.1.json --split validation \
+      --out data/local
+
+  squad     SQuAD v1.1 / v2.0 JSON file, or HF squad rows  -> <out>/squad/<split>.jsonl
+  hotpotqa  HotpotQA JSON file, or HF hotpot_qa rows        -> <out>/hotpotqa/<split>.jsonl
+  mediasum  news_dialogue.json train_val_test_split.json
+                                        -> <out>/mediasum/{train,validation,test}.jsonl
+            or one split's rows (HF nbroad/ccdv mediasum) with --split
+                                        -> <out>/mediasum/<split>.jsonl
+
+Hugging Face rows are a JSON list or JSONL (`Dataset.to_json`); `decal_jax/data/convert.py`
+lists every layout read. A file in another layout stops with its first bad record, and
+nothing is written.
+
+CNN/DailyMail (article, highlights) and arXiv / PubMed in their release JSONL (article_text,
+abstract_text) need no conversion: copy or link the files to <out>/<name>/<split>.jsonl.
+"""
+import argparse
+import pathlib
+
+from decal_jax import fileio
+from decal_jax.data import convert
+
+
+def _convert(parser, args, folder):
+  """Converts every record, then writes; {split: (written, left out)}."""
+  if args.format == "mediasum" and len(args.files) == 2:
+    return convert.write_splits(convert.mediasum(*args.files), folder, "summarization")
+  if args.split not in ("train", "validation", "test"):
+    parser.error("--split must be train, validation or test.")
+  if args.format == "mediasum":
+    records, kind = convert.mediasum_split(args.files[0]), "summarization"
+  else:
+    records, kind = getattr(convert, args.format)(args.files[0]), "qa"
+  return {args.split: convert.write(records, folder / f"{args.split}.jsonl", kind)}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("format", choices=["squad", "hotpotqa", "mediasum"])
+  parser.add_argument("files", nargs="+", help="the release file(s), as listed above")
+  parser.add_argument("--split", help="split name for squad / hotpotqa / one mediasum file "
+                      "(train, validation, test)")
+  parser.add_argument("--out", required=True, help="folder to write <name>/<split>.jsonl into")
+  args = parser.parse_args(argv)
+  folder = pathlib.Path(args.out) / args.format
+  max_files = 2 if args.format == "mediasum" else 1
+  if not 1 <= len(args.files) <= max_files:
+    parser.error(f"{args.format} takes {'1 (with --split) or 2' if max_files == 2 else 1} "
+                 f"file(s), got {len(args.files)}.")
+  for path in args.files:
+    if not pathlib.Path(path).is_file():
+      parser.error(f"no such file: {path}")
+  try:
+    counts = _convert(parser, args, folder)
+  except (convert.ReleaseLayoutError, fileio.NotUtf8Error) as e:
+    parser.exit(2, f"error: {e}\nNothing was written.\n")
+  for split, (written, skipped) in counts.items():
+    print(f"{folder / (split + '.jsonl')}: {written} records"
+          + (f" ({skipped} left out: empty fields / no answer)" if skipped else ""))
+  print(f"Now: export DECAL_LOCAL_DATA_DIR={args.out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,186 @@
+"""The entry points' command line: T5X's flags (absl, as in t5x/train.py), checked before
+JAX or TensorFlow is imported.
+
+`--gin_file=F` (repeatable), `--gin_bindings='NAME = VALUE'` (repeatable) and its short form
+`--gin.NAME=VALUE`, comma-separated `--gin_search_paths`, `--tfds_data_dir`,
+`--seqio_additional_cache_dirs` and the multi-host GPU flags `--multiprocess_gpu`,
+`--coordinator_address`, `--process_count`, `--process_index`, `--initialization_timeout`.
+They map onto the DECAL_* settings (environment variables, which still work on their own):
+`--tfds_data_dir` sets DECAL_TFDS_DATA_DIR; `--multiprocess_gpu` sets DECAL_DISTRIBUTED=auto,
+or with the three process flags DECAL_COORDINATOR_ADDRESS / DECAL_NUM_PROCESSES /
+DECAL_PROCESS_ID. Flag errors, missing or malformed gin files and macros left
+`%gin.REQUIRED` are reported before the heavy imports, in well under a second of work.
+"""
+import importlib
+import os
+import sys
+from typing import Optional, Sequence
+
+from absl import flags
+
+from decal_jax.runtime import console, gin_utils
+
+FLAGS = flags.FlagValues()  # our own, so a host program's absl flags are left alone
+flags.DEFINE_multi_string(
+    "gin_file", [], "A gin file (repeatable; later files override earlier ones). Looked up "
+    "as given, then under --gin_search_paths, the current directory and the package's gin "
+    "files, e.g. runs/pretrain_builtin.gin.", flag_values=FLAGS)
+flags.DEFINE_multi_string(
+    "gin_bindings", [], "A gin binding, e.g. --gin_bindings='TRAIN_STEPS = 100' (repeatable; "
+    "applied after the gin files). --gin.NAME=VALUE is the short form.", flag_values=FLAGS)
+flags.DEFINE_list(
+    "gin_search_paths", [], "Comma-separated folders to look gin files up in, before the "
+    "current directory and the package's gin files.", flag_values=FLAGS)
+flags.DEFINE_string(
+    "tfds_data_dir", None, "Where TensorFlow Datasets keeps prepared data (e.g. C4 for "
+    "decal_c4_span_corruption); sets DECAL_TFDS_DATA_DIR and overrides every seqio TFDS "
+    "task's data_dir.", flag_values=FLAGS)
+flags.DEFINE_list(
+    "seqio_additional_cache_dirs", [], "Comma-separated folders to search for cached seqio "
+    "tasks, in addition to the defaults.", flag_values=FLAGS)
+flags.DEFINE_boolean(
+    "multiprocess_gpu", False, "Join a multi-host GPU job before touching devices: with "
+    "--coordinator_address, --process_count and --process_index, else JAX's cluster "
+    "detection (SLURM, Open MPI, Kubernetes). Sets the DECAL_* multi-host variables.",
+    flag_values=FLAGS)
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (with "
+                    "--multiprocess_gpu; DECAL_COORDINATOR_ADDRESS).", flag_values=FLAGS)
+flags.DEFINE_integer("process_count", None, "How many processes the job has (with "
+                     "--multiprocess_gpu; DECAL_NUM_PROCESSES).", lower_bound=1,
+                     flag_values=FLAGS)
+flags.DEFINE_integer("process_index", None, "This process's index, 0 .. process_count - 1 "
+                     "(with --multiprocess_gpu; DECAL_PROCESS_ID).", lower_bound=0,
+                     flag_values=FLAGS)
+flags.DEFINE_integer("initialization_timeout", None, "Seconds to wait for the other "
+                     "processes in jax.distributed.initialize (default 300).", lower_bound=1,
+                     flag_values=FLAGS)
+
+HELP_ARGS = ("-h", "--help", "--helpfull", "--helpshort")
+PROCESS_FLAGS = ("coordinator_address", "process_count", "process_index")
+
+
+class UsageError(SystemExit):
+  """A command-line error, reported without a traceback (exit status 2)."""
+
+  def __init__(self, message: str, prog: str):
+    super().__init__(f"error: {message}\n(python -m {prog} --help lists the flags.)")
+
+
+def _rewrite_gin_args(argv: Sequence[str], prog: str):
+  """`--gin.NAME=VALUE` -> `--gin_bindings=NAME = VALUE` (T5X's short form)."""
+  out = []
+  for arg in argv:
+    if arg.startswith("--gin."):
+      if "=" not in arg:
+        raise UsageError(f"{arg!r} has no value: write --gin.NAME=VALUE, strings in inner "
+                         "quotes (--gin.MODEL_DIR=\"'/tmp/m'\").", prog)
+      name, value = arg[len("--gin."):].split("=", 1)
+      arg = f"--gin_bindings={name} = {value}"
+    out.append(arg)
+  return out
+
+
+def parse_flags(argv: Sequence[str], prog: str) -> None:
+  """Parses `argv` (without the program name) into FLAGS; a bad flag raises UsageError.
+  Every call starts from the defaults: absl adds a repeated flag's values to those of an
+  earlier parse, so an entry point called twice in one process would otherwise also apply
+  the first call's --gin_file / --gin.NAME=VALUE."""
+  FLAGS.unparse_flags()
+  try:
+    rest = FLAGS([prog] + _rewrite_gin_args(argv, prog))
+  except flags.Error as e:
+    raise UsageError(str(e), prog) from None
+  if len(rest) > 1:
+    raise UsageError(f"unexpected argument {rest[1]!r}: every option is a --flag "
+                     "(e.g. --gin_file=F, --gin.NAME=VALUE).", prog)
+  given = [name for name in PROCESS_FLAGS + ("initialization_timeout",)
+           if FLAGS[name].present]
+  if given and not FLAGS.multiprocess_gpu:
+    raise UsageError(f"--{given[0]} takes effect only with --multiprocess_gpu (as in T5X).",
+                     prog)
+  process = [name for name in PROCESS_FLAGS if FLAGS[name].value is not None]
+  if process and len(process) < len(PROCESS_FLAGS):
+    missing = [f"--{name}" for name in PROCESS_FLAGS if name not in process]
+    raise UsageError(f"--multiprocess_gpu with --{process[0]} also needs "
+                     f"{' and '.join(missing)} (or none of them for JAX's cluster detection).",
+                     prog)
+  if process and FLAGS.process_index >= FLAGS.process_count:
+    raise UsageError(f"--process_index={FLAGS.process_index} must be below "
+                     f"--process_count={FLAGS.process_count}.", prog)
+
+
+def apply_settings() -> None:
+  """The flags as the DECAL_* environment variables the library reads."""
+  if FLAGS.tfds_data_dir:
+    os.environ["DECAL_TFDS_DATA_DIR"] = FLAGS.tfds_data_dir
+  if FLAGS.multiprocess_gpu and FLAGS.coordinator_address is None:
+    os.environ["DECAL_DISTRIBUTED"] = "auto"
+  elif FLAGS.multiprocess_gpu:
+    os.environ.update(DECAL_COORDINATOR_ADDRESS=FLAGS.coordinator_address,
+                      DECAL_NUM_PROCESSES=str(FLAGS.process_count),
+                      DECAL_PROCESS_ID=str(FLAGS.process_index))
+
+
+def _seqio_settings() -> None:
+  """What seqio itself takes (imported only now, after every check has passed)."""
+  if not (FLAGS.tfds_data_dir or FLAGS.seqio_additional_cache_dirs):
+    return
+  import seqio  # pylint: disable=g-import-not-at-top
+  if FLAGS.tfds_data_dir:
+    seqio.set_tfds_data_dir_override(FLAGS.tfds_data_dir)
+  seqio.add_global_cache_dirs(FLAGS.seqio_additional_cache_dirs)
+
+
+def help_text(prog: str, about: str) -> str:
+  """--help: usage, the flags with their help, the --gin.NAME=VALUE form, and the macros
+  the given gin files leave %gin.REQUIRED (or, without gin files, the run files shipped)."""
+  flag_help = FLAGS.get_help(include_special_flags=False).split("\n", 2)[-1]
+  lines = [f"usage: python -m {prog} --gin_file=FILE [--gin_file=FILE ...] "
+           "[--gin.NAME=VALUE ...] [flags]", "", about.strip(), "",
+           "Gin bindings:",
+           "  --gin.NAME=VALUE: one gin binding, the same as --gin_bindings='NAME = VALUE';",
+           "    Python literals, strings in inner quotes, e.g.",
+           "    --gin.TRAIN_STEPS=100 --gin.MODEL_DIR=\"'runs/decal_tiny'\"", "",
+           "Flags (T5X's, as in t5x/train.py):", flag_help.rstrip(), ""]
+  if FLAGS.gin_file:
+    try:
+      required = gin_utils.required_macros(FLAGS.gin_file, search_paths(), FLAGS.gin_bindings)
+      lines.append(f"Macros {', '.join(FLAGS.gin_file)} leave %gin.REQUIRED (bind each with "
+                   "--gin.NAME=VALUE): " + (", ".join(required) or "none"))
+    except gin_utils.GinConfigError as e:
+      lines.append(str(e))
+  else:
+    runs = sorted(p.name for p in (gin_utils.GIN_DIR / "runs").glob("*.gin"))
+    lines += ["Give --gin_file=FILE with --help to list the macros it leaves %gin.REQUIRED.",
+              f"Run files shipped (--gin_file=runs/NAME): {', '.join(runs)}"]
+  return "\n".join(lines)
+
+
+def search_paths():
+  return [p for p in FLAGS.gin_search_paths if p]
+
+
+def main(target: str, argv: Optional[Sequence[str]], *, prog: str, about: str,
+         pass_config: bool = False):
+  """Checks the command line, then imports `target` ('module:function') and calls it
+  configured by gin (`gin_utils.call`)."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  wants_help = any(arg in HELP_ARGS for arg in argv)
+  parse_flags([arg for arg in argv if arg not in HELP_ARGS], prog)
+  if wants_help:
+    print(help_text(prog, about))
+    return None
+  required = gin_utils.required_macros(FLAGS.gin_file, search_paths(), FLAGS.gin_bindings)
+  if required:
+    raise gin_utils.GinConfigError(
+        f"error: the gin files leave {', '.join(required)} %gin.REQUIRED: bind each with "
+        f"--gin.NAME=VALUE (e.g. --gin.{required[0]}=...; strings in inner quotes).")
+  apply_settings()
+  console.import_tensorflow_quietly()  # TF is only the input pipeline: off the accelerators
+  module_name, fn_name = target.split(":")
+  fn = getattr(importlib.import_module(module_name), fn_name)
+  _seqio_settings()
+  with console.library_warnings_through_tqdm():
+    return gin_utils.call(fn, FLAGS.gin_file, search_paths(), FLAGS.gin_bindings,
+                          pass_config=pass_config,
+                          initialization_timeout=FLAGS.initialization_timeout)

@@ -1,0 +1,295 @@
+"""Command-line gin handling shared by the entry points (T5X's flag vocabulary).
+
+`--gin_file=F` (repeatable; resolved against the paths given, `--gin_search_paths`, the
+current directory and the package's gin files, `GIN_DIR`), `--gin.NAME=VALUE` (one binding, e.g.
+`--gin.MODEL_DIR="'/tmp/m'"`) and `--gin_bindings='NAME = VALUE'`; `load_model` builds the
+gin `MODEL` and restores its latest checkpoint (what the tools and scripts need).
+"""
+import argparse
+import difflib
+import importlib.util  # noqa: F401  (gin's package-resource reader uses it unimported)
+import logging
+import pathlib
+import re
+import sys
+import tokenize
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import gin
+from gin import config_parser
+
+
+
+def _gin_dir() -> pathlib.Path:
+  """The gin files shipped with the package: decal_jax/gin in an installed wheel; gin/ beside
+  the package in a checkout (setup.py maps it to decal_jax/gin; an editable install keeps it)."""
+  package = pathlib.Path(__file__).resolve().parents[1]  # decal_jax/
+  installed = package / "gin"
+  return installed if installed.is_dir() else package.parent / "gin"
+
+
+GIN_DIR = _gin_dir()
+
+
+class _QuietSearchMisses(logging.Filter):
+  """gin logs an error for every search path a file is not in; only the outcome matters."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Path not found")
+
+
+logging.getLogger().addFilter(_QuietSearchMisses())
+
+
+def _never_raises(existence_check):
+  def check(path):
+    try:
+      return existence_check(path)
+    except (TypeError, ValueError, ImportError):
+      return False
+  return check
+
+
+# gin also looks gin files up as Python package resources ('runs/x.gin' -> package 'runs');
+# a plain folder named like a gin subfolder in the working directory (e.g. a MODEL_DIR under
+# ./runs) is a namespace package without a file, and gin's check then crashes instead of
+# moving on to the search paths. Make that check answer "not here" instead.
+gin.config._FILE_READERS[:] = [(reader, _never_raises(check))  # pylint: disable=protected-access
+                               for reader, check in gin.config._FILE_READERS]  # pylint: disable=protected-access
+
+
+class GinConfigError(SystemExit):
+  """A gin file or binding problem, reported without a traceback."""
+
+
+def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
+  """(gin files, search paths, bindings) from the command line."""
+  parser = argparse.ArgumentParser(add_help=True)
+  parser.add_argument("--gin_file", action="append", default=[])
+  parser.add_argument("--gin_search_paths", action="append", default=[])
+  parser.add_argument("--gin_bindings", action="append", default=[])
+  known, rest = parser.parse_known_args(list(argv))
+  bindings = list(known.gin_bindings)
+  for arg in rest:
+    if arg.startswith("--gin.") and "=" in arg:
+      name, value = arg[len("--gin."):].split("=", 1)
+      bindings.append(f"{name} = {value}")
+    else:
+      raise GinConfigError(f"error: unrecognised argument {arg!r}; use --gin_file=F, "
+                           "--gin.NAME=VALUE or --gin_bindings='NAME = VALUE'.")
+  paths = [p for group in known.gin_search_paths for p in group.split(",") if p]
+  return known.gin_file, paths, bindings
+
+
+def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str],
+          register_tasks: bool = True) -> None:
+  """Parses gin files and bindings; a missing file, an unknown binding or a binding of a
+  macro no file defines or reads (a misspelling) exits with a message naming it. With
+  `register_tasks` (seqio, TensorFlow), the seqio tasks and their configurables
+  (`local_data`, `beir_tasks`) are registered first, for the run files that name them; a
+  caller that reads no task (bench_train's synthetic batches) may leave them out."""
+  if register_tasks:
+    import decal_jax.tasks  # noqa: F401  (registers the seqio tasks that gin files name)
+  gin.clear_config()
+  all_paths = _search_paths(search_paths)
+  for path in all_paths:
+    gin.add_config_file_search_path(path)
+  if not files:
+    raise GinConfigError("error: give at least one --gin_file (e.g. "
+                         "--gin_file=runs/pretrain_builtin.gin).")
+  try:
+    for file in files:
+      gin.parse_config_file(file)
+    defined_by_files = _macros_defined()
+    gin.parse_config(list(bindings))
+    check_macro_bindings(bindings, defined_by_files)
+    gin.finalize()
+  except (IOError, OSError) as e:
+    raise GinConfigError(f"error: gin file not found: {e}\nSearched: {all_paths}") from e
+  except (ValueError, KeyError, SyntaxError, TypeError) as e:
+    raise GinConfigError(f"error: bad gin configuration: {e}\nCheck the binding's name and "
+                         "value (e.g. --gin.TRAIN_STEPS=100, strings as "
+                         "--gin.MODEL_DIR=\"'/tmp/m'\").") from e
+
+
+def _search_paths(search_paths: Sequence[str]) -> List[str]:
+  """Where gin files are looked up (after the path as given): the paths the user gave, the
+  current directory, the package's gin files."""
+  return list(search_paths) + [str(pathlib.Path.cwd()), str(GIN_DIR)]
+
+
+_REQUIRED = object()  # what _NamesOnly makes of `%gin.REQUIRED`
+
+
+class _NamesOnly(config_parser.ParserDelegate):
+  """Reads binding statements without resolving the configurables their values name."""
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    return None
+
+  def macro(self, macro_name):
+    return _REQUIRED if macro_name == "gin.REQUIRED" else None
+
+
+def _open_gin_file(file: str, search_paths: Sequence[str]):
+  """The gin file opened as gin would find it (the path itself, then each search path)."""
+  prefixes = [""] if pathlib.Path(file).is_absolute() else [""] + _search_paths(search_paths)
+  for prefix in prefixes:
+    path = str(pathlib.Path(prefix, file)) if prefix else file
+    for reader, exists in gin.config._FILE_READERS:  # pylint: disable=protected-access
+      if exists(path):
+        return reader(path)
+  raise GinConfigError(f"error: gin file not found: {file}\nSearched: {prefixes}")
+
+
+def _statements(file: str, search_paths: Sequence[str]):
+  """The binding statements of a gin file and the files it includes, in order."""
+  with _open_gin_file(file, search_paths) as handle:
+    try:
+      statements = list(config_parser.ConfigParser(handle, _NamesOnly()))
+    except (SyntaxError, tokenize.TokenError) as e:
+      raise GinConfigError(f"error: bad gin file {file}: {e}") from e
+  for statement in statements:
+    if isinstance(statement, config_parser.IncludeStatement):
+      yield from _statements(statement.filename, search_paths)
+    elif isinstance(statement, config_parser.BindingStatement):
+      yield statement
+
+
+def required_macros(files: Sequence[str], search_paths: Sequence[str],
+                    bindings: Sequence[str]) -> List[str]:
+  """The macros the gin files (and includes) leave `%gin.REQUIRED` after the bindings. Reads
+  the files only (no configurable is imported): a missing file or a syntax error raises
+  GinConfigError here, long before JAX or TensorFlow would load."""
+  if not files:
+    raise GinConfigError("error: give at least one --gin_file (e.g. "
+                         "--gin_file=runs/pretrain_builtin.gin).")
+  required = {}
+  statements = [s for file in files for s in _statements(file, search_paths)]
+  try:
+    statements += list(config_parser.ConfigParser("\n".join(bindings), _NamesOnly()))
+  except (SyntaxError, tokenize.TokenError) as e:
+    raise GinConfigError(f"error: bad gin binding: {e}") from e
+  for statement in statements:
+    if isinstance(statement, config_parser.BindingStatement) and not statement.arg_name:
+      required[(statement.scope, statement.selector)] = statement.value is _REQUIRED
+  return [selector for (scope, selector), left in required.items() if left and not scope]
+
+
+def _macros_defined() -> set:
+  """The macros the parsed gin config binds (`NAME = value`: gin keys it (NAME, 'gin.macro'))."""
+  bindings = gin.config._CONFIG  # pylint: disable=protected-access
+  return {scope for scope, selector in bindings if selector == "gin.macro"}
+
+
+def _macros_read() -> set:
+  """The macros some binding of the parsed gin config reads (`... = %NAME`)."""
+  bindings = gin.config._CONFIG  # pylint: disable=protected-access
+  references = gin.config.iterate_references(bindings, to=gin.get_configurable(gin.config.macro))
+  return {ref.scoped_selector.rsplit("/", 1)[0] for ref in references}  # 'NAME/gin.macro'
+
+
+def check_macro_bindings(bindings: Sequence[str], defined_by_files: set) -> None:
+  """Refuses a command-line binding of a MACRO (an all-caps name) that no loaded gin file
+  defines and no binding reads: a misspelling such as TRAIN_STEPZ would otherwise change
+  nothing, silently. Call it with the gin files and the bindings parsed, before finalising."""
+  read = _macros_read()
+  known = sorted(defined_by_files | read)
+  statements = config_parser.ConfigParser("\n".join(bindings), _NamesOnly())
+  for statement in statements:
+    if not isinstance(statement, config_parser.BindingStatement) or statement.arg_name:
+      continue
+    name = statement.selector
+    if (statement.scope or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name)
+        or name in defined_by_files or name in read):
+      continue
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = (f"Did you mean {', '.join(close)}?" if close else
+            f"The loaded gin files' macros are: {', '.join(known) or 'none'}.")
+    raise GinConfigError(
+        f"error: the binding {statement.location.line_content.strip()!r} sets the macro "
+        f"{name}, which no loaded gin file defines or reads, so it would change nothing. "
+        f"{hint} (Each gin file's header lists the macros it takes.)")
+
+
+def start_distributed(initialization_timeout: Optional[int] = None) -> bool:
+  """Joins a multi-host job (`partitioning.initialize_distributed`, with its gin bindings
+  if any, else the DECAL_* / JAX environment variables) before anything touches devices."""
+  from decal_jax import partitioning  # pylint: disable=g-import-not-at-top
+  fn = partitioning.initialize_distributed
+  try:
+    fn = gin.get_configurable(fn)  # registered when a gin file binds one of its arguments
+  except ValueError:
+    pass
+  if initialization_timeout is not None:
+    return fn(initialization_timeout=initialization_timeout)
+  return fn()
+
+
+def run(fn: Callable, argv: Optional[Sequence[str]] = None, pass_config: bool = False):
+  """Parses a command line (`split_args`) and calls the gin-configured `fn` (the entry
+  points parse T5X's full flag set with decal_jax.runtime.cli instead)."""
+  files, paths, bindings = split_args(sys.argv[1:] if argv is None else argv)
+  return call(fn, files, paths, bindings, pass_config=pass_config)
+
+
+def call(fn: Callable, files: Sequence[str], search_paths: Sequence[str],
+         bindings: Sequence[str], *, pass_config: bool = False,
+         initialization_timeout: Optional[int] = None):
+  """Parses the gin files and bindings, joins a multi-host job if one is configured, and
+  calls the gin-configured `fn` (with the gin config text if `pass_config`)."""
+  parse(files, search_paths, bindings)
+  start_distributed(initialization_timeout)
+  configured = gin.get_configurable(fn)
+  try:
+    if pass_config:
+      return configured(gin_config_text=gin.config_str())
+    return configured()
+  except TypeError as e:
+    if "missing" in str(e) and "argument" in str(e):
+      raise GinConfigError(f"error: {e}. Bind it in a gin file or with --gin.NAME=VALUE.") from e
+    raise
+
+
+class LoadedModel(NamedTuple):
+  """What `load_model` gives: the gin `MODEL`, and with a MODEL_DIR its latest params."""
+  model: Any
+  params: Any            # None without a model_dir
+  step: Optional[int]    # the checkpoint's step; None without a model_dir
+  partitioner: Any       # the partitioner the params were restored with (None without)
+
+
+def load_model(gin_files: Sequence[str], model_dir: Optional[str] = None, *,
+               search_paths: Sequence[str] = (), bindings: Sequence[str] = (),
+               feature_lengths: Optional[Mapping[str, int]] = None,
+               partitioner=None, register_tasks: bool = True) -> LoadedModel:
+  """The model that gin files + bindings configure (`MODEL`), and with `model_dir` the
+  params of the latest checkpoint there. Parameter shapes do not depend on the lengths;
+  `feature_lengths` (default: the gin `TASK_FEATURE_LENGTHS`) only shape the dummy batch
+  that traces them. The gin config stays parsed for the caller's further queries.
+  `register_tasks`: as `parse`."""
+  parse(gin_files, search_paths, bindings, register_tasks)
+  model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+  if model_dir is None:
+    return LoadedModel(model, None, None, None)
+  from decal_jax import partitioning
+  from decal_jax.runtime import train_state
+  from decal_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(model_dir)
+  if not path.is_dir():
+    raise FileNotFoundError(f"--model_dir {model_dir} does not exist: give the MODEL_DIR of a "
+                            "trained run (python -m decal_jax.train ... --gin.MODEL_DIR=...).")
+  if not any(re.fullmatch(r"checkpoint_\d+", p.name) for p in path.iterdir() if p.is_dir()):
+    raise FileNotFoundError(f"No checkpoint in {model_dir} (no checkpoint_<step> folder): "
+                            "train first with `python -m decal_jax.train ... "
+                            "--gin.MODEL_DIR=...`, or point --model_dir at a finished run.")
+  if feature_lengths is None:
+    try:
+      feature_lengths = gin.query_parameter("%TASK_FEATURE_LENGTHS")
+    except ValueError as e:
+      raise ValueError("load_model needs feature_lengths (or a gin TASK_FEATURE_LENGTHS) "
+                       "to trace the parameter shapes.") from e
+  partitioner = partitioner or partitioning.Partitioner()
+  cfg = pipeline.DatasetConfig("", dict(feature_lengths))
+  params, step = train_state.restore_params(model, model_dir, cfg, partitioner)
+  return LoadedModel(model, params, step, partitioner)
