@@ -65,3 +65,17 @@ def builtin_vocabulary(monkeypatch):
   yield vocab
   gin.clear_config()
 
+
+
+def pytest_runtest_logreport(report):
+  """With DECAL_SKIPPED_TESTS=FILE, each skipped test's id and reason as a JSON line (the
+  controller's copy only): .ci/run reruns, beside ../shared, those a bare clone skipped for
+  want of the shared data."""
+  path = os.environ.get("DECAL_SKIPPED_TESTS")
+  if not path or not report.skipped or os.environ.get("PYTEST_XDIST_WORKER"):
+    return
+  longrepr = report.longrepr
+  reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+  import json  # pylint: disable=import-outside-toplevel
+  with open(path, "a") as f:
+    f.write(json.dumps({"nodeid": report.nodeid, "reason": reason}) + "\n")

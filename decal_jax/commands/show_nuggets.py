@@ -24,6 +24,7 @@ import html
 import os
 import pathlib
 import re
+import shlex
 import sys
 import unicodedata
 from typing import Dict, List, Optional, Sequence
@@ -37,7 +38,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
 
-from tools import benchmarking  # noqa: E402
 
 DEFAULT_GIN = "models/dodo_tiny.gin"
 WORD_START = "\u2581"  # SentencePiece's '▁': the piece starts a new word
@@ -395,6 +395,13 @@ def parse_args(argv: Optional[Sequence[str]]):
   return args
 
 
+def _machine() -> str:
+  """The page's machine line: cores, jax's version, backend and device."""
+  import jax  # pylint: disable=import-outside-toplevel  (after the flags are parsed)
+  return (f"{os.cpu_count()} CPU cores; jax {jax.__version__}; JAX backend: "
+          f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
   """Runs the tool; returns {'results', 'pieces', 'table', 'ratio', 'paths'}."""
   args = parse_args(argv)
@@ -419,9 +426,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
   args.out.mkdir(parents=True, exist_ok=True)
   paths = {name: args.out / name for name in
            ("nuggets.html", "nuggets.png", "selected_tokens.md", "selected_tokens.png")}
-  command = "python " + benchmarking.command("decal_jax.commands.show_nuggets", argv)
+  command = shlex.join(["python", "-m", "decal_jax.commands.show_nuggets",
+                        *(sys.argv[1:] if argv is None else argv)])
   meta = {"command": command,
-          "written": f"{datetime.date.today()} on {benchmarking.machine()}",
+          "written": f"{datetime.date.today()} on {_machine()}",
           "model": "; ".join([" ".join(args.gin_files) or DEFAULT_GIN] + args.gin_bindings),
           "checkpoint": f"{args.model_dir} (step {step})", "texts": source,
           "scorer layer ι": str(cfg.scorer_layer)}

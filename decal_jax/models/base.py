@@ -119,10 +119,10 @@ class BaseModel(abc.ABC):
                               "(PREDICTS_TEXT is False).")
 
   def compression_ratio(self, task_feature_lengths: Mapping[str, int]) -> float:
-    """Input tokens per vector the network keeps: its config's `compression_ratio`, 1 for
-    a network that does not compress."""
+    """Input tokens per vector the network keeps: its config's `compression_ratio` (every
+    network config declares one; 1 for those that do not compress)."""
     del task_feature_lengths
-    return int(getattr(self.module.config, "compression_ratio", 1))
+    return int(self.module.config.compression_ratio)
 
 
 class TokenModel(BaseModel):

@@ -81,9 +81,8 @@ class DecoderOnlyModel(base.TokenModel):
   def _prompt_cache(self, params, prompt: Array, total: int, prefill: bool):
     """The decoding cache for `total` positions holding BOS + prompt[:-1]."""
     batch, length = prompt.shape
-    max_length = getattr(getattr(self.module.config, "decoder", self.module.config),
-                         "max_length", None)
-    if max_length is not None and total > max_length:
+    max_length = self.module.config.max_length  # every decoder-only config declares it
+    if total > max_length:
       raise ValueError(f"A prompt of {length} tokens plus {total - length} new ones needs "
                        f"{total} positions but the model accepts {max_length}: shorten the "
                        "prompt or generate fewer tokens.")

@@ -56,6 +56,12 @@ class DualEncoderModel(base.BaseModel):
   def vocab_size(self) -> int:
     return self.module.config.encoder.vocab_size
 
+  def compression_ratio(self, task_feature_lengths: Mapping[str, int]) -> float:
+    """Passage tokens per kept vector: the indexed side's ratio (queries have their own,
+    `query_compression_ratio`)."""
+    del task_feature_lengths
+    return int(self.module.config.passage_compression_ratio)
+
   def input_shapes(self, task_feature_lengths: Mapping[str, int]) -> base.Shapes:
     return {FEATURE_NAMES[k]: (1, n) for k, n in task_feature_lengths.items()
             if k in FEATURE_NAMES}

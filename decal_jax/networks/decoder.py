@@ -13,7 +13,7 @@ closely enough that `decal_jax.interop.hf_import` maps a checkpoint one tensor a
   decoder_norm/scale, logits_dense/kernel [embed, vocab] (absent when embeddings are tied)
 """
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -61,6 +61,8 @@ class DecoderConfig:
     if unknown:
       raise ValueError(f"lora_targets {sorted(unknown)} are not attention projections; "
                        "choose from 'query', 'key', 'value', 'out'.")
+
+  compression_ratio: ClassVar[int] = 1  # reads every token (models/base.py)
 
   @property
   def kv_heads(self) -> int:

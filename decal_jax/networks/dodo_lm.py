@@ -56,6 +56,10 @@ class DodoLMConfig:
   selection: str = "nuggets"        # or 'compressive', 'window' (recent text only)
   nugget_capacity: Optional[int] = None  # cached nugget slots; None: 2 * max_length / r
 
+  @property
+  def max_length(self) -> int:
+    return self.decoder.max_length
+
   def __post_init__(self):
     nug.check_ratio(self.compression_ratio)
     if self.selection not in ("nuggets", "compressive", "window"):

@@ -21,7 +21,7 @@ closes), the body keys/values of every finished sentence, and the sentence count
 current token passes through the encoder.
 """
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import ClassVar, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -52,9 +52,15 @@ class GpthfConfig:
     if self.max_sentence_length < 2:
       raise ValueError(f"max_sentence_length must be >= 2, got {self.max_sentence_length}.")
 
+  compression_ratio: ClassVar[int] = 1  # every word-level token is kept (models/base.py)
+
   @property
   def vocab_size(self) -> int:
     return self.decoder.vocab_size
+
+  @property
+  def max_length(self) -> int:
+    return self.decoder.max_length
 
 
 class SentenceLayout(NamedTuple):

@@ -67,7 +67,7 @@ T5X_COVERED = set(T5X_FILES) | {"t5x/encoder_decoder.gin", "t5x/decoder_only.gin
                                       "train_dual_encoder", "eval_dual_encoder")}  # tests/t5x
 # The gin configurable of each T5X model class (the dual encoder's is decal_jax's own).
 T5X_DUAL_ENCODER = "decal_jax.models.t5x_dual_encoder"
-T5X_OPTIMIZERS = "decal_jax.interop.t5x_optimizers"  # TRAIN_PARTS in t5x/squid.gin
+T5X_OPTIMIZERS = "decal_jax.runtime.t5x_optimizers"  # TRAIN_PARTS in t5x/squid.gin
 T5X_OURS = (T5X_DUAL_ENCODER, T5X_OPTIMIZERS)  # our modules that import t5x
 T5X_CONFIGURABLES = {"EncoderDecoderModel": "t5x.models.EncoderDecoderModel",
                      "DecoderOnlyModel": "t5x.models.DecoderOnlyModel",

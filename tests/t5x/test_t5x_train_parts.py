@@ -1,4 +1,4 @@
-"""TRAIN_PARTS under the real T5X (decal_jax/interop/t5x_optimizers.py, gin/t5x/squid.gin).
+"""TRAIN_PARTS under the real T5X (decal_jax/runtime/t5x_optimizers.py, gin/t5x/squid.gin).
 
 Skipped, with the reason, where `import t5x` fails (docs/t5x.md installs it). Squid's
 imported-checkpoint stage 1 under `python -m t5x.train`: only the small decoder, memory
@@ -85,7 +85,7 @@ def test_t5x_train_keeps_frozen_parts_bit_identical_then_trains_them(tmp_path):
 
 def test_train_parts_refuses_parts_that_name_nothing_and_is_the_optimizer_when_unbound():
   from t5x import adafactor
-  from decal_jax.interop import t5x_optimizers
+  from decal_jax.runtime import t5x_optimizers
   inner = adafactor.Adafactor()
   assert t5x_optimizers.train_parts(inner, None) is inner
   with pytest.raises(ValueError, match="non-empty list"):
