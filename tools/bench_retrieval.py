@@ -44,16 +44,16 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF is only seqio's input pipeline
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 from decal_jax.networks import flops
 from decal_jax.runtime import gin_utils
 from tools import benchmarking, results_files
-from tools.benchmarking import alternating, load_average  # noqa: E402
+from tools.benchmarking import alternating, load_average
 from decal_jax.retrieval import beir, index
 from decal_jax.runtime import retrieval_eval as pipeline
-from tools.retrieval_cost_report import Row, json_rows, plot, tables  # noqa: E402
+from tools.retrieval_cost_report import Row, json_rows, plot, tables
 
 SIZES = ("tiny", "small", "base")
 

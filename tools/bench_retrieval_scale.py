@@ -13,12 +13,13 @@ scan; this one the index and search that scale past one small corpus, issue 24.)
   python -m tools.bench_retrieval_scale --beir_folder '' --msmarco_folder '' \
       --synthetic_passages 1000000 --synthetic_topics 20000 --ratios 4 --bits 2 \
       --num_centroids 0.125 --nprobe 4 16 --candidates 100 200 \
-      --out docs/results/retrieval_scale_1m_cpu.md  # 1M passages (issue 24's scale target)
+      --backend compiled --out docs/results/retrieval_scale_1m_cpu.md  # 1M passages
 
 Three corpora, each searched by the library's `index.Index.search` (exact, the reference) and
 `residual.ResidualIndex.search` (approximate: `--nprobe` centroids per query vector and
 `--query_cells` per query, `--candidates` documents reranked with exact MaxSim over
-decompressed vectors):
+decompressed vectors; `--backend` numpy and / or compiled, residual_search.py: the same
+stages, one row each):
   * a BEIR folder (default ../shared/data's SciFact) and an MS MARCO passage folder
     (default ../shared/data's TREC-DL 2019 judged passages; DECAL_DATA_DIR overrides
     ../shared/data), real text and qrels, read by a training-free stand-in encoder, so that
@@ -50,7 +51,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from tools import benchmarking, results_files
-from decal_jax.retrieval import beir, bm25, index, ir_metrics, kernels, msmarco, residual
+from decal_jax.retrieval import beir, bm25, index, ir_metrics, msmarco, residual
+from decal_jax.retrieval import residual_search
 from decal_jax.retrieval import codec as codec_lib
 
 DATA = os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))  # from a checkout
@@ -207,7 +209,7 @@ def measure(corpus: Corpus, args, tmp: str,
     batches = (np.arange(s, min(s + 256, len(corpus.doc_ids)))[:, None]
                for s in range(0, len(corpus.doc_ids), 256))
     exact, build_s = _timed(index.build_index, os.path.join(tmp, f"c{ratio}"), corpus.doc_ids,
-                            batches, lambda rows: corpus.encode(rows[:, 0], ratio),
+                            batches, lambda rows, c=ratio: corpus.encode(rows[:, 0], c),
                             {"ratio": ratio}, progress=False, overwrite=True)
     searched, seconds = _timed(_Searched, exact, corpus, args.top_k)
     exact_top = searched.search_ids
@@ -220,25 +222,27 @@ def measure(corpus: Corpus, args, tmp: str,
     centroids = codes = None
     k = max(int(args.num_centroids * codec_lib.default_num_centroids(exact.num_vectors)), 1)
     for bits, quantizer in bit_widths(args):
+      config = residual.ResidualConfig(bits=bits, num_centroids=k, seed=args.seed,
+                                       sample_vectors=args.sample_vectors, quantizer=quantizer,
+                                       centroid_probe=args.centroid_probe)
       approx, build_s = _timed(residual.build_residual_index,
-                               os.path.join(tmp, f"c{ratio}-b{bits}-{quantizer}"), exact, bits,
-                               k, overwrite=True, centroids=centroids, seed=args.seed,
-                               codes=codes, sample_vectors=args.sample_vectors,
-                               quantizer=quantizer, centroid_probe=args.centroid_probe)
+                               os.path.join(tmp, f"c{ratio}-b{bits}-{quantizer}"), exact, config,
+                               reuse=residual.Reuse(centroids=centroids, codes=codes),
+                               overwrite=True)
       centroids, codes = approx.codec.centroids, np.asarray(approx.codes)
       label = "none" if bits is None else bits if len(args.quantizers) == 1 else (
           f"{bits} ({quantizer})")
-      if "compiled" in args.loops:  # numba compiles its loops at first use: seconds, untimed
-        approx.search(corpus.queries[:1], corpus.query_valid[:1], args.top_k, compiled=True)
-      for loops, nprobe, cells, candidates in itertools.product(
-          args.loops, args.nprobe, args.query_cells, args.candidates):
+      if "compiled" in args.backend:  # numba compiles its loops at first use: untimed
+        approx.search(corpus.queries[:1], corpus.query_valid[:1], args.top_k,
+                      backend="compiled")
+      for backend, nprobe, cells, candidates in itertools.product(
+          args.backend, args.nprobe, args.query_cells, args.candidates):
         searched, seconds = _timed(_Searched, approx, corpus, args.top_k, nprobe=nprobe,
-                                   query_cells=cells, candidates=candidates,
-                                   compiled=loops == "compiled")
+                                   query_cells=cells, candidates=candidates, backend=backend)
         rows.append(_row(corpus, ratio, searched, searched.run, seconds, build_s, exact_top,
                          search="approximate", bits=label, quantizer=approx.codec.quantizer,
-                         loops=loops, nprobe=nprobe, query_cells=cells,
-                         candidates=candidates or residual.default_candidates(
+                         backend=backend, nprobe=nprobe, query_cells=cells,
+                         candidates=candidates or residual_search.default_candidates(
                              args.top_k, exact.num_docs),
                          num_centroids=approx.num_centroids, centroid_bytes_per_passage=approx.
                          meta["centroid_bytes"] / exact.num_docs,
@@ -261,7 +265,7 @@ def bit_widths(args) -> List[tuple]:
 
 def row_count(args, corpora: List[Corpus]) -> int:
   """The rows a run measures: per corpus and C, the exact one and the approximate sweep."""
-  sweep = (len(bit_widths(args)) * len(args.loops) * len(args.nprobe)
+  sweep = (len(bit_widths(args)) * len(args.backend) * len(args.nprobe)
            * len(args.query_cells) * len(args.candidates))
   return len(corpora) * len(args.ratios) * (1 + sweep)
 
@@ -282,7 +286,7 @@ def tables(rows: List[dict]) -> List[str]:
     for r in (r for r in rows if r["corpus"] == name):
       loss = f"{-r['ndcg_loss']:+.4f}" if "ndcg_loss" in r else "-"
       ratio = f"{r['recall@100_vs_exact']:.4f}" if "ndcg_loss" in r else "-"
-      search = f"{r['search']} ({r['loops']})" if "loops" in r else r["search"]
+      search = f"{r['search']} ({r['backend']})" if "backend" in r else r["search"]
       lines.append(f"| {r['ratio']} | {search} | {r['bits']} | {r.get('nprobe', '-')} | "
                    f"{r.get('query_cells', '-')} | {r.get('candidates', '-')} | "
                    f"{r['bytes_per_passage']:.0f} | {r['ndcg@10']:.4f} | {loss} | "
@@ -319,8 +323,10 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"{args.dim}; passages cut to {args.passage_length} words, queries to "
       f"{args.query_length}); exact index float16",
       f"approximate: nprobe, query cells and candidates per row (defaults: nprobe "
-      f"{residual.DEFAULT_NPROBE}, query cells {residual.DEFAULT_QUERY_CELLS}, candidates "
-      f"max(4 top_k, min(docs, 4096))), centroids "
+      f"{residual_search.DEFAULT_NPROBE}, query cells {residual_search.DEFAULT_QUERY_CELLS}, "
+      f"candidates max(4 top_k, min(docs, 4096))); the plain centroid interaction over every "
+      f"candidate keeps max({residual_search.REFINED_KEEP}, 4 x candidates) for the refined "
+      f"one; centroids "
       f"{args.num_centroids} x ColBERTv2's default (2^floor(log2(16 sqrt(vectors)))), "
       f"k-means on {args.sample_vectors:,} sampled vectors, 10 iterations, shared by the bit "
       f"widths of one C; nearest-centroid search "
@@ -333,8 +339,9 @@ def markdown(args, rows: List[dict], corpora: List[Corpus]) -> str:
       f"of exact top-k: the share of the exact top {args.top_k} that approximate search "
       "returns. queries/s: all queries in one call, on this machine's cores (exact: "
       "jit-compiled JAX, first call, compilation included; approximate: batches of "
-      "queries, stages 2-5 in numpy or compiled (the search column: numba's kernels.py, one "
-      "thread per core, compiled before timing)); x exact: over the exact scan's queries/s "
+      "queries, stages 2-4 by the backend in the search column (numpy, or compiled: "
+      "numba's kernels.py, one thread per core, compiled before timing)); x exact: over "
+      "the exact scan's queries/s "
       "at the same C in the same run.",
       f"host load average (1/5/15 min) before / after: {args.load_before} / "
       f"{args.load_after}", wall_line(rows, args.wall_s), args.note and f"note: {args.note}")
@@ -401,17 +408,19 @@ def parse_args(argv=None):
   parser.add_argument("--quantizers", nargs="+", choices=codec_lib.QUANTIZERS,
                       default=[codec_lib.DEFAULT_QUANTIZER],
                       help="residual quantizers (codec.py) of the b-bit rows, side by side")
-  parser.add_argument("--nprobe", type=int, nargs="+", default=[residual.DEFAULT_NPROBE],
+  parser.add_argument("--nprobe", type=int, nargs="+", default=[residual_search.DEFAULT_NPROBE],
                       help="cells probed per query vector (several: a sweep, one row each)")
-  parser.add_argument("--loops", nargs="+", choices=["compiled", "numpy"],
-                      default=["compiled" if kernels.AVAILABLE else "numpy"],
-                      help="the approximate search's stages 2-5: compiled (kernels.py, needs "
-                      "numba) or numpy; both measure them side by side")
+  parser.add_argument("--backend", nargs="+", choices=residual_search.BACKENDS,
+                      default=[residual_search.DEFAULT_BACKEND],
+                      help="who runs the approximate search's stages (residual_search.py): "
+                      "numpy, compiled (kernels.py, needs numba: the [ann] extra) or both, "
+                      "side by side (one row each)")
   parser.add_argument("--query_cells", type=int, nargs="+",
-                      default=[residual.DEFAULT_QUERY_CELLS],
+                      default=[residual_search.DEFAULT_QUERY_CELLS],
                       help="cells probed per query, by summed similarity (several: a sweep)")
   parser.add_argument("--candidates", type=_candidates, nargs="+", default=[None],
-                      help="docs reranked per query ('default': residual.default_candidates; "
+                      help="docs reranked per query ('default': "
+                      "residual_search.default_candidates; "
                       "several: a sweep)")
   parser.add_argument("--num_centroids", type=float, default=1.0,
                       help="centroids as a multiple of ColBERTv2's default")
@@ -433,6 +442,11 @@ def parse_args(argv=None):
     parser.error(f"--bits: {e}")
   if min(args.ratios) < 1:
     parser.error(f"--ratios must be >= 1, got {args.ratios}.")
+  try:  # 'compiled' without numba: refused before any corpus is read
+    for backend in args.backend:
+      residual_search.check_backend(backend)
+  except ImportError as e:
+    parser.error(f"--backend: {e}")
   args.command = benchmarking.command("tools.bench_retrieval_scale", argv)
   return args
 

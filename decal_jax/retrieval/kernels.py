@@ -1,6 +1,8 @@
-"""Compiled loops of the residual index's approximate search (residual.py's stages), with
-numba (in the `[ann]` extra); residual.py's vectorised numpy stages are the reference they
-are tested against, and the path taken without numba.
+"""Compiled loops of the residual index's approximate search (residual_search.py's stages
+2-4, its 'compiled' backend), with numba (in the `[ann]` extra). They run the plan the numpy
+stages run, with the same widths and the same cuts (topk.best); the numpy stages are the
+reference they are tested against. The kernels read arrays only (`Arrays`, built by
+`ResidualIndex.kernel_arrays`), never an index object.
 
 Why compiled: each stage walks a different, data-dependent set of documents per query (tens
 of thousands of candidates at 1M passages), and numpy pays for that set in gathers of whole
@@ -8,9 +10,7 @@ intermediate arrays ([rows, query vectors] of centroid scores, [rows, d] of deco
 vectors). A loop over one document's vectors at a time keeps those in registers and cache.
 On the 1M synthetic corpus (C = 4, one core) the plain centroid interaction over all
 ~60,000 candidates of a query takes about 10 ms and the refined one over the best 8,192
-about 9 ms, where numpy's refined interaction over 68,000 took 540 ms. So the compiled
-search skips the cell interaction (stage 2), which lost the relevant passage of 1 % of
-those queries by ranking it past 40,000, and ranks every candidate by the plain one.
+about 9 ms, where numpy's refined interaction over 68,000 took 540 ms.
 
 Per query (`search_query`, the queries of a batch spread over one thread per core):
 `candidates_of` (the probed cells' documents, deduplicated through a bitmap), then `maxsim`
@@ -25,12 +25,15 @@ import concurrent.futures
 import math
 import os
 import queue
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from decal_jax.retrieval import topk
+
 try:
   import numba
-except ImportError:  # the numpy stages run instead (residual.py)
+except ImportError:  # backend='compiled' is refused (residual_search.check_backend)
   numba = None
 
 AVAILABLE = numba is not None
@@ -192,60 +195,66 @@ def candidates_of(cells, ivf_offsets, ivf, seen):
   return docs[:count]
 
 
-def decoding(index) -> tuple:
-  """`maxsim`'s decoder arguments for a residual index: (decode, payload, table, rotated
-  centroids, normalize), the decoder chosen by the payload (b-bit codes, float32 or float16
-  vectors)."""
-  codec = index.codec
-  payload = np.asarray(index.residuals)  # [n, d * b / 8] uint8, or [n, d] float16 / float32
+class Arrays(NamedTuple):
+  """What the compiled search reads of a residual index, as arrays (and the decoder)."""
+  offsets: np.ndarray  # [num_docs + 1] int64: document i's vectors are its rows
+  codes: np.ndarray  # [num_vectors]: each vector's centroid
+  ivf: np.ndarray  # doc indices, grouped by centroid
+  ivf_offsets: np.ndarray  # [num_centroids + 1] int64
+  coding: tuple  # `decoding(...)`: maxsim's decoder arguments
+
+
+def decoding(payload: np.ndarray, table: Optional[np.ndarray], centroids: np.ndarray,
+             normalize: bool) -> tuple:
+  """`maxsim`'s decoder arguments (decode, payload, table, centroids, normalize), the decoder
+  chosen by the payload: packed b-bit codes `[n, d * b / 8]` uint8 with the codec's byte
+  table (`codec.byte_table`), or (table None, b = None) float32 or float16 vectors `[n, d]`;
+  centroids: the codec's, rotated (`codec.rotated_centroids`)."""
   decode = decode_packed
-  if codec.bits is None:
+  if table is None:
     decode = decode_half if payload.dtype == np.float16 else decode_raw
     payload = payload.view(np.uint16) if payload.dtype == np.float16 else payload
-  table = np.zeros((1, 1, 1), np.float32) if codec.bits is None else codec.byte_table
-  return decode, payload, table, codec.rotated_centroids, codec.normalize
+    table = np.zeros((1, 1, 1), np.float32)
+  return decode, payload, table, centroids, bool(normalize)
 
 
-def search_query(index, q: np.ndarray, scores: np.ndarray, nprobe: int, query_cells: int,
-                 k: int, candidates: int, keep: int, seen: np.ndarray, coding: tuple):
-  """The five stages for one query's valid vectors q `[mq, d]` and their centroid scores
-  `[mq, K]` (residual.py's module doc) with the kernels above: stage 2 keeps every
-  candidate, stage 3 `keep` (`residual.stage_widths`); seen: `candidates_of`'s bitmap;
-  coding: `decoding(index)` -> (scores, doc indices) of at most k docs, best first."""
-  from decal_jax.retrieval.residual import _best  # pylint: disable=import-outside-toplevel
-  codec = index.codec
+def search_query(arrays: Arrays, q: np.ndarray, scores: np.ndarray, cells: np.ndarray,
+                 k: int, candidates: int, keep: int, seen: np.ndarray
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+  """Stages 2-4 (residual_search.py) for one query's valid vectors q `[mq, d]` (rotated,
+  `codec.rotate`), their centroid scores `[mq, K]` and probed cells `[mq, p]`: the plain
+  interaction over every candidate keeps `keep`, the refined one `candidates`, the exact
+  rerank k; seen: `candidates_of`'s bitmap -> (scores, doc indices) of at most k docs,
+  best first."""
   scores_t = padded(scores.T)  # [K, w]
-  cells = index.probe(q, scores, nprobe, query_cells)  # [mq, nprobe + query_cells]
-  docs = np.sort(candidates_of(np.unique(cells), index.ivf_offsets, index.ivf, seen))  # [c]
+  docs = np.sort(candidates_of(np.unique(cells), arrays.ivf_offsets, arrays.ivf, seen))  # [c]
   in_probe = np.zeros(scores_t.shape, bool)  # [K, w]
   in_probe[cells.T, np.arange(len(q))] = True
-  arguments = (index.offsets, np.asarray(index.codes), scores_t, in_probe, codec.rotate(q))
+  arguments = (arrays.offsets, arrays.codes, scores_t, in_probe, q)
   for mode, width in ((PLAIN, keep), (REFINED, candidates)):
     if len(docs) > width:
-      docs = docs[_best(docs, maxsim(docs, *arguments, mode, *coding), width)]
-  exact = maxsim(docs, *arguments, EXACT, *coding)  # [c]
-  best = _best(docs, exact, k, ordered=True)
-  return exact[best], docs[best]
+      docs = docs[topk.best(docs, maxsim(docs, *arguments, mode, *arrays.coding), width)]
+  exact = maxsim(docs, *arguments, EXACT, *arrays.coding)  # [c]
+  best = topk.best(docs, exact, k, ordered=True)
+  return exact[best], docs[best].astype(np.int32)
 
 
-def search_queries(index, q: np.ndarray, valid: np.ndarray, k: int, nprobe: int,
-                   query_cells: int, candidates: int, keep: int):
-  """`search_query` for a batch `[b, mq, d]`, valid `[b, mq]`, the queries spread over one
-  thread per CPU core (the kernels release the GIL; the probe of one query's centroid
-  scores, `[mq, K]`, runs in cache); keep: as `search_query`'s -> per query (scores, doc
-  indices)."""
+def search_queries(arrays: Arrays, q: np.ndarray, valid: np.ndarray, scores: np.ndarray,
+                   cells: np.ndarray, k: int, candidates: int, keep: int
+                   ) -> List[Tuple[np.ndarray, np.ndarray]]:
+  """`search_query` for a batch: rotated queries `[b, mq, d]`, valid `[b, mq]`, centroid
+  scores `[b, mq, K]`, probed cells `[b, mq, p]`; the queries spread over one thread per
+  CPU core (the kernels release the GIL) -> per query (scores, doc indices)."""
   bitmaps = queue.SimpleQueue()  # one candidates_of bitmap per thread
   for _ in range(_THREADS):
-    bitmaps.put(np.zeros(-(-index.num_docs // 64), np.uint64))
-  scores = (q.reshape(-1, q.shape[2]) @ index.codec.centroids.T).reshape(
-      *q.shape[:2], -1)  # [b, mq, K]: one matmul on every core
-  coding = decoding(index)
+    bitmaps.put(np.zeros(-(-(len(arrays.offsets) - 1) // 64), np.uint64))
 
   def one(i: int):
     seen = bitmaps.get()
     try:
-      return search_query(index, q[i][valid[i]], scores[i][valid[i]], nprobe, query_cells,
-                          k, candidates, keep, seen, coding)
+      ok = valid[i]
+      return search_query(arrays, q[i][ok], scores[i][ok], cells[i][ok], k, candidates,
+                          keep, seen)
     finally:
       bitmaps.put(seen)
   with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:

@@ -225,15 +225,13 @@ def write_manifest(directory: str, kind: str, ranges: Sequence[Tuple[int, int]],
 
 
 # ------------------------------------------------------------------------------- residual
-def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optional[int] = 2,
-                           num_centroids: Optional[int] = None, sample_vectors: int = 1 << 16,
-                           kmeans_iterations: int = 10, seed: int = 0,
-                           progress: bool = False,
-                           quantizer: str = codec_lib.DEFAULT_QUANTIZER,
-                           centroid_probe: int = 0) -> "ShardedIndex":
+def build_sharded_residual(directory: str, source: "ShardedIndex",
+                           config: residual.ResidualConfig = residual.ResidualConfig(),
+                           progress: bool = False) -> "ShardedIndex":
   """Compresses every shard of the exact sharded index `source` into `directory`, with one
-  codec for all (process 0 trains it on `sample_vectors` vectors drawn from every shard);
-  each process compresses its own block of shards. Every process must call it."""
+  codec for all, trained as `config` says (process 0 trains it on `config.sample_vectors`
+  vectors drawn from every shard); each process compresses its own block of shards. Every
+  process must call it."""
   if source.kind != "exact":
     raise ValueError(f"{source.directory} is a {source.kind} sharded index; compress an "
                      "exact one.")
@@ -247,16 +245,15 @@ def build_sharded_residual(directory: str, source: "ShardedIndex", bits: Optiona
     if source.num_vectors == 0:
       raise ValueError(f"The index in {source.directory} holds no vector: nothing to "
                        "cluster. Search it exactly.")
-    codec, settings = codec_lib.train_codec(_AllVectors(source.shards), bits, num_centroids,
-                                           sample_vectors, kmeans_iterations, seed,
-                                           quantizer=quantizer, centroid_probe=centroid_probe)
+    codec, settings = residual.train(_AllVectors(source.shards), config)
     codec_lib.save_codec(codec_dir, codec, settings)
   _barrier(f"decal_jax sharded residual codec: {directory}")
   codec, settings = codec_lib.load_codec(codec_dir)
   block = process_block(len(source.shards), jax.process_index(), jax.process_count())
   for j in tqdm.tqdm(block, desc="compress shards", unit="shard", disable=not progress):
     residual.build_residual_index(os.path.join(directory, shard_name(j)), source.shards[j],
-                                  codec=codec, codec_settings=settings, overwrite=True)
+                                  reuse=residual.Reuse(codec=codec, codec_settings=settings),
+                                  overwrite=True)
   _barrier(f"decal_jax sharded residual built: {directory}")
   if jax.process_index() == 0:
     ranges = [(s["start"], s["stop"]) for s in source.meta["shards"]]

@@ -14,9 +14,12 @@ set and MRR@10, `ir_metrics.beir_measures`), or with `search='approximate'` thro
 copy of the index (`residual.py`: centroid ids + `residual_bits`-bit residual codes, kept
 beside the exact index as `<index>.residual-b<bits>` and rebuilt when the corpus or the codec
 settings change) whose candidates come from each query vector's `nprobe` nearest centroids
-and whose best `candidates` documents are reranked with exact MaxSim. The run is written in TREC format next to a metrics JSON, under
-MODEL_DIR/retrieval/. Empty queries are scored (as EOS alone) with a WARNING from
-`beir.load_beir`, and counted in the metrics JSON (`empty_queries`).
+and whose best `candidates` documents are reranked with exact MaxSim (residual_search.py),
+by the backend `search_backend` names ('numpy' or 'compiled': the same stages; recorded in
+the metrics JSON and the results' file names, so that two backends never share a file).
+The run is written in TREC format next to a metrics JSON, under MODEL_DIR/retrieval/.
+Empty queries are scored (as EOS alone) with a WARNING from `beir.load_beir`, and counted
+in the metrics JSON (`empty_queries`).
 """
 import dataclasses
 import json
@@ -31,7 +34,7 @@ import numpy as np
 from decal_jax import fileio, metrics, partitioning
 from decal_jax.runtime import train_state
 from decal_jax.data.batches import DatasetConfig
-from decal_jax.retrieval import beir, index, ir_metrics, residual, sharded
+from decal_jax.retrieval import beir, index, ir_metrics, residual, residual_search, sharded
 from decal_jax.retrieval import codec as codec_lib
 
 EOS_ID = 1
@@ -138,27 +141,24 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
                            corpus_fingerprint=data.corpus_fingerprint)
 
 
-def _codec_settings(bits: Optional[int], num_centroids: Optional[int], seed: int,
-                    quantizer: Optional[str], centroid_probe: int = 0) -> Dict:
+def _codec_settings(config: residual.ResidualConfig) -> Dict:
   """The codec settings an existing residual index must have been built with to be reused
   (an index of another quantizer, e.g. one built before 'rotated-lloyd', is rebuilt; one
   encoded exhaustively serves any centroid_probe, a probed one is rebuilt for another)."""
-  settings = {"bits": bits, "seed": seed,
-              "quantizer": codec_lib.quantizer_setting(bits, quantizer)}
-  settings.update({"num_centroids": num_centroids} if num_centroids is not None else {},
-                  **({"centroid_probe": centroid_probe} if centroid_probe else {}))
+  settings = {"bits": config.bits, "seed": config.seed,
+              "quantizer": codec_lib.quantizer_setting(config.bits, config.quantizer)}
+  settings.update(
+      {"num_centroids": config.num_centroids} if config.num_centroids is not None else {},
+      **({"centroid_probe": config.centroid_probe} if config.centroid_probe else {}))
   return settings
 
 
 def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: index.Index,
-                           bits: Optional[int], num_centroids: Optional[int] = None,
-                           seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER,
-                           centroid_probe: int = 0) -> residual.ResidualIndex:
+                           config: residual.ResidualConfig) -> residual.ResidualIndex:
   """The residual-compressed copy of `exact_index` at `directory`: reused when built with
-  the same encoder config (another is refused), corpus and codec settings; else (re)built
-  from `exact_index`, with a WARNING when the corpus changed. quantizer: codec.QUANTIZERS;
-  centroid_probe: residual.build_residual_index's."""
-  settings = _codec_settings(bits, num_centroids, seed, quantizer, centroid_probe)
+  the same encoder config (another is refused), corpus and codec settings (`config`);
+  else (re)built from `exact_index`, with a WARNING when the corpus changed."""
+  settings = _codec_settings(config)
   if (pathlib.Path(directory) / "meta.json").exists():
     existing = residual.ResidualIndex.open(directory, expected_config=exact_index.config)
     corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
@@ -170,9 +170,8 @@ def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: ind
     why = (f"WARNING: the corpus changed since the residual index at {directory} was built "
            f"({corpus})") if corpus else f"the codec settings changed ({codec})"
     partitioning.log(f"{why}; rebuilding the residual index.")
-  return residual.build_residual_index(directory, exact_index, bits, num_centroids,
-                                       seed=seed, overwrite=True, progress=True,
-                                       quantizer=quantizer, centroid_probe=centroid_probe)
+  return residual.build_residual_index(directory, exact_index, config, overwrite=True,
+                                       progress=True)
 
 
 def build_sharded(directory: str, data: beir.BeirData, model, params, config: Dict,
@@ -194,12 +193,10 @@ def build_sharded(directory: str, data: beir.BeirData, model, params, config: Di
 
 
 def sharded_residual(directory: str, data: beir.BeirData, source: sharded.ShardedIndex,
-                     bits: Optional[int], num_centroids: Optional[int] = None,
-                     seed: int = 0, quantizer: str = codec_lib.DEFAULT_QUANTIZER,
-                     centroid_probe: int = 0) -> sharded.ShardedIndex:
+                     config: residual.ResidualConfig) -> sharded.ShardedIndex:
   """The residual-compressed copy of the sharded index `source` at `directory`: reused when
-  built from this corpus with the same config and codec settings, else (re)built."""
-  settings = _codec_settings(bits, num_centroids, seed, quantizer, centroid_probe)
+  built from this corpus with the same encoder config and codec settings, else (re)built."""
+  settings = _codec_settings(config)
   if (pathlib.Path(directory) / sharded.MANIFEST).exists():
     existing = sharded.ShardedIndex.open(directory, expected_config=source.config)
     built = existing.meta["codec"]
@@ -208,9 +205,7 @@ def sharded_residual(directory: str, data: beir.BeirData, source: sharded.Sharde
       print(f"Reusing the residual index at {directory}.", flush=True)
       return existing
     del existing  # its memory maps: the rebuild replaces the shards
-  return sharded.build_sharded_residual(directory, source, bits, num_centroids, seed=seed,
-                                        progress=True, quantizer=quantizer,
-                                        centroid_probe=centroid_probe)
+  return sharded.build_sharded_residual(directory, source, config, progress=True)
 
 
 def host_params(params):
@@ -237,9 +232,10 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                        query_length: int = 64, passage_length: int = 256,
                        batch_size: int = 64, top_k: int = 100, index_dir: Optional[str] = None,
                        index_dtype: str = "float16", search: str = "exact",
-                       nprobe: int = residual.DEFAULT_NPROBE,
-                       query_cells: int = residual.DEFAULT_QUERY_CELLS,
+                       nprobe: int = residual_search.DEFAULT_NPROBE,
+                       query_cells: int = residual_search.DEFAULT_QUERY_CELLS,
                        candidates: Optional[int] = None,
+                       search_backend: str = residual_search.DEFAULT_BACKEND,
                        residual_bits: Optional[int] = 2, num_centroids: Optional[int] = None,
                        quantizer: str = codec_lib.DEFAULT_QUANTIZER,
                        centroid_probe: int = 0,
@@ -248,20 +244,25 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   """Indexes the corpus of a BEIR folder (or of the BEIR task `task_name`) with the latest
   checkpoint in `model_dir`, searches the `split` queries and scores the run. Writes
   MODEL_DIR/retrieval/<name>.<split>.step<N>.trec and .metrics.json (approximate search:
-  <name>.<split>.step<N>.approximate-b<bits>-nprobe<n>-query<m>-candidates<c>[-<quantizer>].*,
+  <name>.<split>.step<N>.approximate-<backend>-b<bits>-nprobe<n>-query<m>-candidates<c>
+  [-<quantizer>].*,
   the quantizer named when it is not the default, a sharded index:
   <name>.<split>.step<N>.shards[.approximate-...].*, so that a run never overwrites another
   search's or another setting's results); returns the metrics.
   search: 'exact' (MaxSim over every document) or 'approximate' (module doc; nprobe,
   query_cells (both residual.ResidualIndex.search's), candidates (None:
-  residual.default_candidates), residual_bits in 1, 2, 4, 8 or None, num_centroids default
+  residual_search.default_candidates), search_backend 'numpy' or 'compiled' (numba: the
+  same stages, faster; recorded in the metrics and the file names as `backend`),
+  residual_bits in 1, 2, 4, 8 or None, num_centroids default
   ColBERTv2's, quantizer one of codec.QUANTIZERS, centroid_probe > 0:
-  the build's nearest-centroid search two-level, residual.build_residual_index).
+  the build's nearest-centroid search two-level; all four residual.ResidualConfig's).
   shard_docs: index in shards of this many passages (`sharded.py`; resumable), each process
   of a multi-process run encoding its block of them; a multi-process run shards even
   without it (sharded.DEFAULT_CHUNK_DOCS). The sharded index goes to `<index>.shards/`."""
   if search not in SEARCHES:
     raise ValueError(f"search must be one of {SEARCHES}, got {search!r} (gin: SEARCH).")
+  if search == "approximate":
+    residual_search.check_backend(search_backend)  # before any encoding
   from decal_jax.tasks import retrieval_tasks  # registers the tasks; reads their folders
   if (task_name is None) == (beir_folder is None):
     raise ValueError("Give exactly one of task_name (a decal_beir_<name> task) or "
@@ -293,13 +294,15 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   if search == "approximate":
     recorded = codec_lib.quantizer_setting(residual_bits, quantizer)  # None: uncompressed
     other = "" if recorded in (None, codec_lib.DEFAULT_QUANTIZER) else f"-{recorded}"
-    results += (f".approximate-b{residual_bits or 'none'}-nprobe{nprobe}-query{query_cells}"
-                f"-candidates{candidates or 'default'}{other}")
+    results += (f".approximate-{search_backend}-b{residual_bits or 'none'}-nprobe{nprobe}"
+                f"-query{query_cells}-candidates{candidates or 'default'}{other}")
     compress = build_or_open_residual if shard_docs is None else sharded_residual
+    build = residual.ResidualConfig(bits=residual_bits, num_centroids=num_centroids,
+                                    quantizer=quantizer, centroid_probe=centroid_probe)
     searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}{other}", data,
-                        corpus_index, residual_bits, num_centroids, quantizer=quantizer,
-                        centroid_probe=centroid_probe)
-    search_kwargs = {"nprobe": nprobe, "query_cells": query_cells, "candidates": candidates}
+                        corpus_index, build)
+    search_kwargs = {"nprobe": nprobe, "query_cells": query_cells, "candidates": candidates,
+                     "backend": search_backend}
   run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)
   scores.update(ir_metrics.beir_measures(run, data.qrels))  # BEIR's set + MRR@10
@@ -307,7 +310,7 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=searcher.nbytes, search=search,
                 **(dict(residual_bits=residual_bits, nprobe=nprobe, query_cells=query_cells,
-                        candidates=candidates, quantizer=recorded)
+                        candidates=candidates, quantizer=recorded, backend=search_backend)
                    if search == "approximate" else {}))
   _write_results(model_dir, results, name, split, step, run, scores, top_k)
   return scores

@@ -1,5 +1,6 @@
 """Bad retrieval input: an index of an edited corpus is rebuilt, never reused; empty queries
-are scored with a warning that names them."""
+are scored with a warning that names them; approximate results name their search backend,
+and the compiled one without numba is refused, naming the extra."""
 import json
 import logging
 import pathlib
@@ -7,10 +8,11 @@ import pathlib
 import gin
 import jax
 import jax.numpy as jnp
+import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax.runtime import checkpoints, gin_utils
-from decal_jax.retrieval import beir, index
+from decal_jax.retrieval import beir, index, ir_metrics, kernels
 
 from retrieval.test_retrieval_e2e import _write_fixture
 from retrieval.test_retrieval_index import _build, _ragged_corpus
@@ -119,3 +121,29 @@ def test_empty_queries_are_scored_with_a_warning_naming_them(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     assert beir.load_beir(folder, "validation").empty_queries == 0
   assert not caplog.records
+
+
+def test_approximate_results_name_their_backend_and_compiled_needs_numba(tmp_path,
+                                                                         monkeypatch):
+  """Each backend writes its own results files, its name in them and in the metrics; both
+  rank alike (every cell probed, every passage reranked, uncompressed vectors); 'compiled'
+  without numba is refused before anything is encoded."""
+  folder = tmp_path / "beir_fixture"
+  _write_fixture(folder)
+  model_dir = tmp_path / "dual"
+  _dual_encoder_checkpoint(model_dir)
+  approximate = ("--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
+                 "--gin.NPROBE=100000", "--gin.CANDIDATES=100000")
+  ranks = {}
+  for backend in ["numpy"] + (["compiled"] if kernels.AVAILABLE else []):
+    _retrieve(model_dir, folder, *approximate, f"--gin.SEARCH_BACKEND='{backend}'")
+    stem = (model_dir / "retrieval" / f"beir_fixture.test.step1.approximate-{backend}-bnone-"
+            "nprobe100000-query32-candidates100000")
+    assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text())["backend"] == backend
+    run = ir_metrics.read_trec_run(f"{stem}.trec")
+    ranks[backend] = {q: ir_metrics.rank(docs) for q, docs in run.items()}
+  assert all(r == ranks["numpy"] for r in ranks.values())
+  monkeypatch.setattr(kernels, "AVAILABLE", False)
+  with pytest.raises(ImportError, match=r"pip install 'decal_jax\[ann\]'"):
+    _retrieve(model_dir, folder, *approximate, "--gin.SEARCH_BACKEND='compiled'")
+  gin.clear_config()

@@ -34,9 +34,9 @@ def test_dual_encoder_gin_shares_the_decal_encoder_at_two_ratios():
   gin.clear_config()
 
 
-@pytest.mark.parametrize("run_file,fn", [("runs/retrieval_builtin.gin", "trainer.train"),
+@pytest.mark.parametrize("run_file,fn", [("runs/retrieval_builtin.gin", "runtime.trainer.train"),
                                          ("runs/retrieve_builtin.gin",
-                                          "retrieval_eval.evaluate_retrieval")])
+                                          "runtime.retrieval_eval.evaluate_retrieval")])
 def test_retrieval_run_files_bind_every_argument(run_file, fn):
   import importlib
   import inspect
@@ -54,4 +54,7 @@ def test_retrieval_run_files_bind_every_argument(run_file, fn):
   if fn_name == "train":
     assert gin.query_parameter("decal_jax.runtime.trainer.train.show_example") is False
     assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_beir_builtin"
+  else:  # the search backend is an explicit setting, numpy's by default (no optional extra)
+    from decal_jax.retrieval import residual_search
+    assert gin.query_parameter("%SEARCH_BACKEND") == residual_search.DEFAULT_BACKEND == "numpy"
   gin.clear_config()

@@ -9,15 +9,17 @@ import pytest
 
 from decal_jax.retrieval import index as index_lib
 from decal_jax.retrieval import codec as codec_lib
-from decal_jax.retrieval import kernels, residual
+from decal_jax.retrieval import kernels, residual, residual_search, topk
+from decal_jax.retrieval.residual import ResidualConfig
 from decal_jax.runtime import retrieval_eval as pipeline
 
 DIM = 16
 CONFIG = {"passage_ratio": 4, "dim": DIM}
 FINGERPRINT = {"num_docs": 120, "sha256": "a" * 64}
-# the approximate search's stages 2-5 in numpy, and compiled (kernels.py) where numba is
-COMPILED = [False, pytest.param(True, marks=pytest.mark.skipif(
-    not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)"))]
+NO_NUMBA = "numba is not installed (the [ann] extra)"
+# the approximate search's stages in numpy, and compiled (kernels.py) where numba is
+BACKENDS = ["numpy", pytest.param("compiled", marks=pytest.mark.skipif(
+    not kernels.AVAILABLE, reason=NO_NUMBA))]
 
 
 def _clustered(rng, n: int, num_clusters: int = 12, noise: float = 0.25) -> np.ndarray:
@@ -235,8 +237,9 @@ def test_a_probed_codec_records_its_probe_and_codes_like_the_exhaustive_one(tmp_
   docs = _corpus(num_docs=300)
   exact = _exact(tmp_path / "exact", docs)
   built = {probe: residual.build_residual_index(
-      str(tmp_path / f"res{probe}"), exact, 4, num_centroids=256, sample_vectors=2000,
-      kmeans_backend="faiss", centroid_probe=probe) for probe in (0, 2)}
+      str(tmp_path / f"res{probe}"), exact, ResidualConfig(
+          4, num_centroids=256, sample_vectors=2000, kmeans_backend="faiss",
+          centroid_probe=probe)) for probe in (0, 2)}
   assert built[2].meta["codec"]["centroid_probe"] == 2
   assert "centroid_probe" not in built[0].meta["codec"]  # older indexes read the same
   assert residual.ResidualIndex.open(str(tmp_path / "res2")).codec.centroid_probe == 2
@@ -252,8 +255,8 @@ def test_a_probed_codec_records_its_probe_and_codes_like_the_exhaustive_one(tmp_
 def test_index_files_and_bytes_per_vector(tmp_path, bits):
   docs = _corpus()
   exact = _exact(tmp_path / "exact", docs, dtype="float16")
-  built = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
-                                        sample_vectors=400, kmeans_backend="numpy")
+  built = residual.build_residual_index(str(tmp_path / "res"), exact, ResidualConfig(
+      bits, num_centroids=12, sample_vectors=400, kmeans_backend="numpy"))
   n = exact.num_vectors
   payload = DIM * 2 if bits is None else DIM * bits // 8  # float16 vectors or packed codes
   assert built.meta["bytes_per_vector"] == 2 + payload  # uint16 centroid id
@@ -272,11 +275,12 @@ def test_index_files_and_bytes_per_vector(tmp_path, bits):
   assert built.doc_vectors(3).shape == (0, DIM)
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
   with pytest.raises(FileExistsError, match="overwrite=True"):
-    residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12)
+    residual.build_residual_index(str(tmp_path / "res"), exact, ResidualConfig(bits, 12))
   (tmp_path / "notes").mkdir()
   (tmp_path / "notes" / "a.txt").write_text("keep")
   with pytest.raises(FileExistsError, match="is not an index"):
-    residual.build_residual_index(str(tmp_path / "notes"), exact, bits, overwrite=True)
+    residual.build_residual_index(str(tmp_path / "notes"), exact, ResidualConfig(bits),
+                                  overwrite=True)
 
 
 # ------------------------------------------------------------------------------- search
@@ -288,37 +292,37 @@ def _queries(seed: int = 9, num: int = 6):
   return vectors, valid
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype, compiled):
+def test_approximate_equals_exact_when_probing_every_centroid(tmp_path, dtype, backend):
   docs = _corpus(seed=1)
   exact = _exact(tmp_path / "exact", docs, dtype=dtype)
-  approx = residual.build_residual_index(str(tmp_path / "res"), exact, None, num_centroids=10,
-                                         kmeans_backend="numpy")
+  approx = residual.build_residual_index(str(tmp_path / "res"), exact, ResidualConfig(
+      None, num_centroids=10, kmeans_backend="numpy"))
   queries, valid = _queries()
   want_scores, want_ids = exact.search(queries, valid, top_k=30)
   scores, ids = approx.search(queries, valid, top_k=30, nprobe=10, candidates=len(docs),
-                               compiled=compiled)
+                               backend=backend)
   np.testing.assert_array_equal(ids, want_ids)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
   # the default candidate count covers a corpus this small (4 x top_k >= 120 docs)
-  assert residual.default_candidates(30, len(docs)) >= len(docs)
+  assert residual_search.default_candidates(30, len(docs)) >= len(docs)
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
-                                              compiled=compiled)[1], want_ids)
+                                              backend=backend)[1], want_ids)
   # one query at a time ranks as the batch does
   np.testing.assert_array_equal(approx.search(queries, valid, top_k=30, nprobe=10,
-                                              query_batch_size=1, compiled=compiled)[1],
+                                              query_batch_size=1, backend=backend)[1],
                                 want_ids)
   # with fewer probes the result is a subset of the candidates, still exactly scored
   few_scores, few_ids = approx.search(queries, valid, top_k=30, nprobe=1, candidates=8,
-                                      query_cells=0, compiled=compiled)
+                                      query_cells=0, backend=backend)
   reference = dict(zip(want_ids[0].tolist(), want_scores[0].tolist()))
   for s, i in zip(few_scores[0], few_ids[0]):
     if i >= 0 and i in reference:
       assert s == pytest.approx(reference[i], rel=1e-5)
   assert (few_ids[0] >= 0).sum() <= 8
   run = approx.search_run([f"q{i}" for i in range(6)], queries, valid, top_k=5, nprobe=10,
-                          candidates=len(docs))
+                          candidates=len(docs), backend=backend)
   assert list(run["q2"]) == [f"doc{i}" for i in want_ids[2, :5]]
 
 
@@ -330,28 +334,30 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
   docs = _corpus()
   exact = _exact(tmp_path / "exact", docs)
   path = str(tmp_path / "exact.residual-b2")
-  first = pipeline.build_or_open_residual(path, _data(FINGERPRINT), exact, 2, 12)
+  twelve = ResidualConfig(2, 12)
+  first = pipeline.build_or_open_residual(path, _data(FINGERPRINT), exact, twelve)
   created = first.meta["created"]
-  again = pipeline.build_or_open_residual(path, _data(FINGERPRINT), exact, 2, 12)
+  again = pipeline.build_or_open_residual(path, _data(FINGERPRINT), exact, twelve)
   assert again.meta["created"] == created and "Reusing the residual index" in capsys.readouterr().out
   changed = {"num_docs": 119, "sha256": "b" * 64}
   exact = _exact(tmp_path / "exact", docs[:119], fingerprint=changed)
-  rebuilt = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 12)
+  rebuilt = pipeline.build_or_open_residual(path, _data(changed), exact, ResidualConfig(2, 12))
   out = capsys.readouterr().out
   assert "WARNING: the corpus changed" in out and "120 -> 119 documents" in out
   assert rebuilt.meta["corpus"] == changed and rebuilt.num_docs == 119
   assert rebuilt.corpus_change(FINGERPRINT) == "119 -> 120 documents"
-  more = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
+  more = pipeline.build_or_open_residual(path, _data(changed), exact, ResidualConfig(2, 8))
   assert "num_centroids 12 -> 8" in capsys.readouterr().out and more.num_centroids == 8
   # an index of the codec before 'rotated-lloyd' (no quantizer recorded) is rebuilt
   del more
-  residual.build_residual_index(path, exact, 2, 8, overwrite=True, quantizer="quantile")
+  residual.build_residual_index(path, exact, ResidualConfig(2, 8, quantizer="quantile"),
+                                overwrite=True)
   with open(os.path.join(path, "meta.json")) as f:
     meta = json.load(f)
   del meta["codec"]["quantizer"]
   index_lib.write_json(os.path.join(path, "meta.json"), meta)
   assert residual.ResidualIndex.open(path).codec.quantizer == "quantile"
-  latest = pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
+  latest = pipeline.build_or_open_residual(path, _data(changed), exact, ResidualConfig(2, 8))
   assert "quantizer None -> 'rotated-lloyd'" in capsys.readouterr().out
   assert latest.codec.quantizer == "rotated-lloyd"
   with open(os.path.join(path, "meta.json")) as f:
@@ -359,21 +365,18 @@ def test_corpus_or_settings_change_rebuilds_and_config_change_is_refused(tmp_pat
   exact.meta["config"] = {**CONFIG, "passage_ratio": 8}
   exact.meta["fingerprint"] = index_lib.config_fingerprint(exact.meta["config"])
   with pytest.raises(index_lib.IndexConfigMismatchError, match="passage_ratio: built=4"):
-    pipeline.build_or_open_residual(path, _data(changed), exact, 2, 8)
+    pipeline.build_or_open_residual(path, _data(changed), exact, ResidualConfig(2, 8))
 
 
-def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0, widths=None):
+def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0, keep=None):
   """Re-derivation of one query's approximate search, document by document: probe the nprobe
   centroids nearest (L2) to each unit query vector and, with every vector, the query_cells
-  centroids of largest sum over the query vectors of max(q.c, 0); candidates = docs with a vector
-  assigned (L2) to a centroid some query vector probed; cell score = the sum over query
-  vectors of the best q.c among those probed cells holding one of the doc's vectors, floored
-  at 0; keep the widths[0] best (16 x candidates); centroid interaction = the sum over query
-  vectors of the best q.c among the doc's vectors' centroids; keep the widths[1] best
-  (4 x candidates); refined
-  centroid interaction = the same, a vector scoring its decoded value's dot product when
-  it lies in a cell that query vector probed; keep the candidates best; rerank those by
-  exact MaxSim over their decoded vectors."""
+  centroids of largest sum over the query vectors of max(q.c, 0); candidates = docs with a
+  vector assigned (L2) to a centroid some query vector probed; centroid interaction = the
+  sum over query vectors of the best q.c among the doc's vectors' centroids; keep the `keep`
+  best (residual_search.refined_keep); refined centroid interaction = the same, a vector
+  scoring its decoded value's dot product when it lies in a cell that query vector probed;
+  keep the candidates best; rerank those by exact MaxSim over their decoded vectors."""
   centroids = approx.codec.centroids
   dots = q @ centroids.T  # [mq, k]
   unit = q / np.linalg.norm(q, axis=1, keepdims=True)
@@ -381,76 +384,103 @@ def _numpy_approximate(approx, docs, q, nprobe, candidates, k, query_cells=0, wi
   shared = set(np.argsort(-np.maximum(dots, 0).sum(axis=0), kind="stable")[:query_cells])
   probed = [set(np.argsort(row, kind="stable")[:nprobe]) | shared for row in distances]
   union = set().union(*probed)
-  rough, plain, full = {}, {}, {}
+  plain, full = {}, {}
   for d, vectors in enumerate(docs):
     if len(vectors) == 0:
       continue
     cells = np.argmin(np.linalg.norm(vectors[:, None] - centroids[None], axis=-1), axis=1)
     if any(c in union for c in cells):
-      rough[d] = sum(max([0.0] + [row[c] for c in cells if c in union]) for row in dots)
       plain[d] = sum(max(row[c] for c in cells) for row in dots)
       decoded = approx.doc_vectors(d)  # [count, dim]
       full[d] = sum(max(float(qv @ v) if c in p else row[c] for c, v in zip(cells, decoded))
                     for qv, row, p in zip(q, dots, probed))
-  widths = widths or (16 * candidates, 4 * candidates)
-  kept = sorted(rough, key=lambda d: (-rough[d], d))[:widths[0]]
-  kept = sorted(kept, key=lambda d: (-plain[d], d))[:widths[1]]
+  kept = sorted(plain, key=lambda d: (-plain[d], d))[:keep or residual_search.refined_keep(
+      candidates)]
   kept = sorted(kept, key=lambda d: (-full[d], d))[:candidates]
   exact = {d: float(np.sum(np.max(q @ approx.doc_vectors(d).T, axis=1))) for d in kept}
-  return sorted(exact, key=lambda d: (-exact[d], d))[:k], rough, plain, full
+  return sorted(exact, key=lambda d: (-exact[d], d))[:k], plain, full
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bits,query_cells", [(2, 0), (None, 0), (2, 3)])
-def test_approximate_search_equals_numpy_rederivation(tmp_path, bits, query_cells, compiled):
+def test_approximate_search_equals_numpy_rederivation(tmp_path, monkeypatch, bits,
+                                                      query_cells, backend):
+  """Each backend against the re-derivation, with REFINED_KEEP lowered to 0 so that the
+  plain interaction keeps 4 x candidates (16 of the candidates): every cut applies."""
+  monkeypatch.setattr(residual_search, "REFINED_KEEP", 0)
   docs = _corpus(seed=4)
   exact = _exact(tmp_path / "exact", docs)
-  approx = residual.build_residual_index(str(tmp_path / "res"), exact, bits, num_centroids=12,
-                                         kmeans_backend="numpy")
+  approx = residual.build_residual_index(str(tmp_path / "res"), exact, ResidualConfig(
+      bits, num_centroids=12, kmeans_backend="numpy"))
   queries, valid = _queries(seed=11)
   scores, ids = approx.search(queries, valid, top_k=4, nprobe=2, candidates=4,
-                              query_cells=query_cells, compiled=compiled)
-  # compiled: every candidate ranked by the plain interaction (8,192 kept: all of these)
-  widths = (len(docs), len(docs)) if compiled else None
+                              query_cells=query_cells, backend=backend)
   for i in range(len(queries)):
     q = queries[i][valid[i]]
-    want, rough, plain, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=4, k=4,
-                                                  query_cells=query_cells, widths=widths)
-    assert len(rough) > 16 * 4  # every cap applies
+    want, plain, full = _numpy_approximate(approx, docs, q, nprobe=2, candidates=4, k=4,
+                                           query_cells=query_cells, keep=16)
+    assert len(plain) > 16  # every cut applies
     assert ids[i].tolist() == want
-    # the stages' scores of every candidate, against the re-derivation
+    # the numpy stages' scores of every candidate, against the re-derivation
     centroid_scores = (q @ approx.codec.centroids.T)[None]  # [1, mq, k]
-    probed = approx.probe(q[None], centroid_scores, 2, query_cells)
-    cand, cell_scores = approx.cell_interaction(centroid_scores[0], probed[0])
-    assert cand.tolist() == sorted(rough)
-    np.testing.assert_allclose(cell_scores, [rough[d] for d in cand], rtol=1e-5, atol=1e-6)
+    probed = residual_search.probe(approx, q[None], centroid_scores, 2, query_cells)
+    cand = residual_search.candidates_of(approx, probed[0])
+    assert cand.tolist() == sorted(plain)
     rotated = approx.codec.rotate(q)[None]
     for refine, want_scores in ((False, plain), (True, full)):
-      got = approx.centroid_interaction(rotated, centroid_scores, probed, [cand], refine)[0][0]
+      got = residual_search.centroid_interaction(approx, rotated, centroid_scores, probed,
+                                                 [cand], refine)[0][0]
       np.testing.assert_allclose(got, [want_scores[d] for d in cand], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(approx.rerank(q, np.array(want)), scores[i], rtol=1e-5)
-    if compiled:  # the kernels' stage scores, against the same re-derivation
-      _check_kernels(approx, centroid_scores[0], probed[0], rotated[0], rough, plain, full)
+    np.testing.assert_allclose(residual_search.rerank(approx, q, np.array(want)), scores[i],
+                               rtol=1e-5)
+    if backend == "compiled":  # the kernels' stage scores, against the same re-derivation
+      _check_kernels(approx, centroid_scores[0], probed[0], rotated[0], plain, full)
 
 
-def _check_kernels(approx, centroid_scores, probed, rotated, rough, plain, full):
+def _check_kernels(approx, centroid_scores, probed, rotated, plain, full):
   """kernels.candidates_of and maxsim's three modes against the re-derivation's scores."""
+  arrays = approx.kernel_arrays
   scores_t = kernels.padded(centroid_scores.T)  # [K, 8], zero past mq
   seen = np.zeros(-(-approx.num_docs // 64), np.uint64)
-  found = kernels.candidates_of(np.unique(probed), approx.ivf_offsets, approx.ivf, seen)
-  assert sorted(found.tolist()) == sorted(rough) and not seen.any()  # each once; bitmap reset
-  docs = np.array(sorted(rough))[::-1].copy()  # any order
+  found = kernels.candidates_of(np.unique(probed), arrays.ivf_offsets, arrays.ivf, seen)
+  assert sorted(found.tolist()) == sorted(plain) and not seen.any()  # each once; bitmap reset
+  docs = np.array(sorted(plain))[::-1].copy()  # any order
   in_probe = np.zeros(scores_t.shape, bool)  # [K, 8]
   in_probe[probed.T, np.arange(len(probed))] = True
   exact = {d: float(np.sum(np.max(rotated @ approx.scoring_vectors(
       np.arange(approx.offsets[d], approx.offsets[d + 1])).T, axis=1))) for d in docs}
   for mode, want in ((kernels.PLAIN, plain), (kernels.REFINED, full), (kernels.EXACT, exact)):
-    got = kernels.maxsim(docs, approx.offsets, np.asarray(approx.codes), scores_t, in_probe,
-                         rotated, mode, *kernels.decoding(approx))
+    got = kernels.maxsim(docs, arrays.offsets, arrays.codes, scores_t, in_probe, rotated, mode,
+                         *arrays.coding)
     np.testing.assert_allclose(got, [want[d] for d in docs], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)")
+@pytest.mark.skipif(not kernels.AVAILABLE, reason=NO_NUMBA)
+@pytest.mark.parametrize("bits,dtype", [(2, "float32"), (4, "float16"), (None, "float16")])
+@pytest.mark.parametrize("refined_keep", [None, 0])
+def test_the_two_backends_rank_alike(tmp_path, monkeypatch, bits, dtype, refined_keep):
+  """'numpy' and 'compiled' at the same settings: the same top-k ids, in the same order,
+  and scores within float32 rounding. The compiled sums run in another order: each dot
+  product of unit vectors (d terms, each |q_i x_i| summing to <= 1) rounds by at most
+  d x eps, the decoding's unit-norm scaling by a few eps more, and a MaxSim adds at most mq
+  of them, each <= 1: mq x (d + 8) x eps bounds the difference (1.4e-5 here, eps = 2^-23).
+  refined_keep 0: the plain interaction keeps 4 x candidates, so every cut applies."""
+  if refined_keep is not None:
+    monkeypatch.setattr(residual_search, "REFINED_KEEP", refined_keep)
+  docs = _corpus(seed=7, num_docs=300)
+  approx = residual.build_residual_index(str(tmp_path / "res"), _exact(
+      tmp_path / "exact", docs, dtype=dtype), ResidualConfig(bits, 16, kmeans_backend="numpy"))
+  queries, valid = _queries(seed=5, num=12)
+  settings = dict(top_k=10, nprobe=2, candidates=12, query_cells=2)
+  numpy_scores, numpy_ids = approx.search(queries, valid, backend="numpy", **settings)
+  scores, ids = approx.search(queries, valid, backend="compiled", **settings)
+  np.testing.assert_array_equal(ids, numpy_ids)
+  assert (ids >= 0).all()
+  tolerance = queries.shape[1] * (DIM + 8) * np.finfo(np.float32).eps
+  np.testing.assert_allclose(scores, numpy_scores, rtol=0, atol=tolerance)
+
+
+@pytest.mark.skipif(not kernels.AVAILABLE, reason=NO_NUMBA)
 def test_the_float16_decoder_converts_every_bit_pattern_as_numpy_does():
   halves = np.arange(1 << 16, dtype=np.uint16).reshape(-1, 64)  # [1024, 64], all patterns
   got = np.empty(halves.shape, np.float32)
@@ -459,31 +489,35 @@ def test_the_float16_decoder_converts_every_bit_pattern_as_numpy_does():
   np.testing.assert_array_equal(got, halves.view(np.float16).astype(np.float32))  # NaN == NaN
 
 
-@pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)")
+@pytest.mark.skipif(not kernels.AVAILABLE, reason=NO_NUMBA)
 @pytest.mark.parametrize("bits,dtype", [(1, "float32"), (4, "float32"), (8, "float16"),
                                         (None, "float16")])
 def test_compiled_exact_maxsim_equals_the_numpy_rerank(tmp_path, bits, dtype):
   docs = _corpus(seed=6)
   approx = residual.build_residual_index(str(tmp_path / "res"), _exact(
-      tmp_path / "exact", docs, dtype=dtype), bits, num_centroids=8, kmeans_backend="numpy")
+      tmp_path / "exact", docs, dtype=dtype), ResidualConfig(bits, 8, kmeans_backend="numpy"))
   queries, valid = _queries(seed=2)
   hits = np.flatnonzero([len(d) > 0 for d in docs])
   for q in (query[v] for query, v in zip(queries, valid)):
     scores, ids = approx.search(q[None], np.ones((1, len(q)), bool), top_k=len(hits),
-                                nprobe=8, candidates=len(docs), compiled=True)
+                                nprobe=8, candidates=len(docs), backend="compiled")
     np.testing.assert_array_equal(np.sort(ids[0]), hits)  # every doc with a vector
-    np.testing.assert_allclose(scores[0], approx.rerank(q, ids[0]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores[0], residual_search.rerank(approx, q, ids[0]),
+                               rtol=1e-5, atol=1e-6)
 
 
-def test_compiled_search_without_numba_names_the_extra(tmp_path, monkeypatch):
+def test_the_backend_is_explicit_and_compiled_without_numba_names_the_extra(tmp_path,
+                                                                             monkeypatch):
   approx = residual.build_residual_index(str(tmp_path / "res"), _exact(
-      tmp_path / "exact", _corpus()), 2, num_centroids=8, kmeans_backend="numpy")
-  monkeypatch.setattr(kernels, "AVAILABLE", False)
+      tmp_path / "exact", _corpus()), ResidualConfig(2, 8, kmeans_backend="numpy"))
   queries, valid = _queries()
+  with pytest.raises(ValueError, match="backend must be one of"):
+    approx.search(queries, valid, backend="numba")
+  monkeypatch.setattr(kernels, "AVAILABLE", False)
   with pytest.raises(ImportError, match=r"pip install 'decal_jax\[ann\]'"):
-    approx.search(queries, valid, compiled=True)
-  approx.search(queries, valid, top_k=3)  # None: the numpy stages
-
+    approx.search(queries, valid, backend="compiled")
+  assert residual_search.DEFAULT_BACKEND == "numpy"
+  approx.search(queries, valid, top_k=3)  # the default: numpy, whether numba is or not
 
 
 @pytest.mark.parametrize("width,k,block", [(32768, 8, 64), (1030, 5, 16), (1000, 3, 64),
@@ -496,7 +530,7 @@ def test_top_columns_are_the_k_largest_of_each_row(width, k, block):
   if width >= 3 * block:
     x[0, 2 * block:2 * block + k] = 10 + np.arange(k)  # one block holds all k
   x[1, -1] = 20.0  # the partial block (1030 = 64 x 16 + 6) or the last column
-  got = residual.top_columns(x, k, block)
+  got = topk.top_columns(x, k, block)
   want = np.argsort(-x, axis=-1, kind="stable")[:, :k]
   assert got.shape == want.shape
   assert [sorted(row) for row in got.tolist()] == [sorted(row) for row in want.tolist()]
@@ -513,22 +547,23 @@ def test_query_cells_find_a_pooled_vector_no_single_query_vector_is_near(tmp_pat
   docs = [eye[i:i + 1] for i in range(4)] + [pooled] + [eye[i:i + 1] for i in range(4, DIM)]
   exact = _exact(tmp_path / "exact", docs)
   centroids = np.concatenate([eye, pooled])  # [DIM + 1, DIM]: each doc in its own cell
-  approx = residual.build_residual_index(str(tmp_path / "res"), exact, None,
-                                         centroids=centroids)
+  approx = residual.build_residual_index(str(tmp_path / "res"), exact, ResidualConfig(None),
+                                         reuse=residual.Reuse(centroids=centroids))
   queries, valid = eye[None, :4], np.ones((1, 4), bool)  # [1, 4, DIM]
   _, missed = approx.search(queries, valid, top_k=3, nprobe=1, query_cells=0)
   assert 4 not in missed[0] and sorted(missed[0][:3]) == [0, 1, 2]
   scores, found = approx.search(queries, valid, top_k=3, nprobe=1, query_cells=1)
   assert found[0, 0] == 4 and scores[0, 0] == pytest.approx(2.0)
-  assert approx.probe(queries, queries @ centroids.T, 1, 1)[0, :, 1].tolist() == [DIM] * 4
+  assert residual_search.probe(approx, queries, queries @ centroids.T, 1, 1)[0, :, 1].tolist(
+      ) == [DIM] * 4
   with pytest.raises(ValueError, match="query_cells >= 0"):
     approx.search(queries, valid, nprobe=1, query_cells=-1)
 
 
 def test_a_rotated_index_without_its_rotation_names_the_file(tmp_path):
   exact = _exact(tmp_path / "exact", _corpus(seed=3))
-  built = residual.build_residual_index(str(tmp_path / "res"), exact, 2, num_centroids=8,
-                                        kmeans_backend="numpy")
+  built = residual.build_residual_index(str(tmp_path / "res"), exact, ResidualConfig(
+      2, num_centroids=8, kmeans_backend="numpy"))
   assert built.codec.quantizer == "rotated-lloyd" and built.meta["codec"]["quantizer"] == (
       "rotated-lloyd")
   reopened = residual.ResidualIndex.open(str(tmp_path / "res"))
@@ -541,22 +576,20 @@ def test_a_rotated_index_without_its_rotation_names_the_file(tmp_path):
 def test_codes_reuse_gives_the_same_index(tmp_path):
   docs = _corpus(seed=2)
   exact = _exact(tmp_path / "exact", docs)
-  first = residual.build_residual_index(str(tmp_path / "a"), exact, 4, num_centroids=12,
-                                        kmeans_backend="numpy")
-  again = residual.build_residual_index(str(tmp_path / "b"), exact, 4, centroids=first.codec.
-                                        centroids, codes=np.asarray(first.codes))
+  first = residual.build_residual_index(str(tmp_path / "a"), exact, ResidualConfig(
+      4, num_centroids=12, kmeans_backend="numpy"))
+  again = residual.build_residual_index(str(tmp_path / "b"), exact, ResidualConfig(4),
+                                        reuse=residual.Reuse(first.codec.centroids,
+                                                             np.asarray(first.codes)))
   np.testing.assert_array_equal(np.asarray(again.codes), np.asarray(first.codes))
   np.testing.assert_array_equal(np.asarray(again.residuals), np.asarray(first.residuals))
   with pytest.raises(ValueError, match="one id per source vector"):
-    residual.build_residual_index(str(tmp_path / "c"), exact, 4, centroids=first.codec.centroids,
-                                  codes=np.asarray(first.codes)[:-1])
+    residual.build_residual_index(str(tmp_path / "c"), exact, ResidualConfig(4),
+                                  reuse=residual.Reuse(first.codec.centroids,
+                                                       np.asarray(first.codes)[:-1]))
 
 
-def test_stage_two_keeps_sixteen_times_the_candidates_within_its_bounds():
-  # 16 x candidates, capped at 16,384, never below the 4 x the plain interaction keeps
-  assert [residual.cell_keep(c) for c in (4, 200, 1024, 4096, 8192)] == [
-      64, 3200, 16384, 16384, 32768]
-  assert residual.stage_widths(200, 10**6, compiled=False) == (3200, 800)
-  # compiled: every candidate, then 8,192 (never below 4 x candidates)
-  assert residual.stage_widths(200, 10**6, compiled=True) == (10**6, 8192)
-  assert residual.stage_widths(4096, 10**6, compiled=True) == (10**6, 16384)
+def test_the_refined_interaction_scores_refined_keep_documents():
+  # REFINED_KEEP (8,192), never below 4 x candidates: the same widths for both backends
+  assert [residual_search.refined_keep(c) for c in (4, 200, 2048, 4096)] == [
+      8192, 8192, 8192, 16384]

@@ -21,7 +21,7 @@ from decal_jax import partitioning
 from decal_jax.runtime import checkpoints, gin_utils, train_state, trainer
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.networks import t5
-from decal_jax.retrieval import beir, index, ir_metrics
+from decal_jax.retrieval import beir, index, ir_metrics, kernels
 from decal_jax.runtime import retrieval_eval as pipeline
 
 TOPICS = ["apple orchard harvest", "volcano lava eruption", "violin concerto orchestra",
@@ -104,12 +104,25 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   retrieve.main(args + ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
                         "--gin.NPROBE=100000", "--gin.CANDIDATES=100000"])
   gin.clear_config()
-  approx_stem = f"{stem}.approximate-bnone-nprobe100000-query32-candidates100000"
+  approx_stem = f"{stem}.approximate-numpy-bnone-nprobe100000-query32-candidates100000"
   approximate = ir_metrics.read_trec_run(f"{approx_stem}.trec")
   assert {q: ir_metrics.rank(d) for q, d in approximate.items()} == {
       q: ir_metrics.rank(d) for q, d in run.items()}
-  assert json.loads(pathlib.Path(f"{approx_stem}.metrics.json").read_text())["search"] == (
-      "approximate")
+  approx_metrics = json.loads(pathlib.Path(f"{approx_stem}.metrics.json").read_text())
+  assert (approx_metrics["search"], approx_metrics["backend"]) == ("approximate", "numpy")
+  if kernels.AVAILABLE:  # gin SEARCH_BACKEND: the compiled stages, in files of their own
+    retrieve.main(args + ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
+                          "--gin.NPROBE=100000", "--gin.CANDIDATES=100000",
+                          "--gin.SEARCH_BACKEND='compiled'"])
+    gin.clear_config()
+    compiled_stem = approx_stem.replace("approximate-numpy-", "approximate-compiled-")
+    compiled = ir_metrics.read_trec_run(f"{compiled_stem}.trec")
+    assert {q: ir_metrics.rank(d) for q, d in compiled.items()} == {
+        q: ir_metrics.rank(d) for q, d in run.items()}
+    assert json.loads(pathlib.Path(f"{compiled_stem}.metrics.json").read_text())[
+        "backend"] == "compiled"
+    assert json.loads(pathlib.Path(f"{approx_stem}.metrics.json").read_text()) == (
+        approx_metrics)  # kept
   assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text()) == scores  # kept
   assert (model_dir / "index" / "beir_fixture.step30.residual-bnone" / "meta.json").exists()
 
@@ -117,7 +130,7 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   for quantizer, suffix in (("rotated-lloyd", ""), ("quantile", "-quantile")):
     retrieve.main(args + ["--gin.SEARCH='approximate'", f"--gin.QUANTIZER='{quantizer}'"])
     gin.clear_config()
-    metrics = json.loads(pathlib.Path(f"{stem}.approximate-b2-nprobe16-query32-"
+    metrics = json.loads(pathlib.Path(f"{stem}.approximate-numpy-b2-nprobe16-query32-"
                                       f"candidatesdefault{suffix}.metrics.json").read_text())
     assert (metrics["quantizer"], metrics["residual_bits"]) == (quantizer, 2)
     meta = json.loads((model_dir / "index" / f"beir_fixture.step30.residual-b2{suffix}" /
@@ -138,7 +151,7 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   for extra, results in (([], f"{stem}.shards"), (
       ["--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None", "--gin.NPROBE=100000",
        "--gin.CANDIDATES=100000"],
-      f"{stem}.shards.approximate-bnone-nprobe100000-query32-candidates100000")):
+      f"{stem}.shards.approximate-numpy-bnone-nprobe100000-query32-candidates100000")):
     retrieve.main(args + ["--gin.SHARD_DOCS=8"] + extra)
     gin.clear_config()
     sharded_run = ir_metrics.read_trec_run(f"{results}.trec")

@@ -240,11 +240,13 @@ def test_merged_search_equals_brute_force_and_one_index(tmp_path):
   np.testing.assert_array_equal(ids, single_ids)
   np.testing.assert_allclose(scores, single_scores, atol=1e-6)
   # residual shards with one codec: uncompressed, every centroid probed -> exact ranking
-  raw = sharded.build_sharded_residual(str(tmp_path / "raw"), idx, None, num_centroids=6)
+  raw = sharded.build_sharded_residual(str(tmp_path / "raw"), idx,
+                                       residual.ResidualConfig(None, 6))
   raw_scores, raw_ids = raw.search(queries, valid, top_k=12, nprobe=6, candidates=100)
   np.testing.assert_array_equal(raw_ids, ids)
   np.testing.assert_allclose(raw_scores, scores, atol=1e-5)
-  coded = sharded.build_sharded_residual(str(tmp_path / "b2"), idx, 2, num_centroids=6)
+  coded = sharded.build_sharded_residual(str(tmp_path / "b2"), idx,
+                                         residual.ResidualConfig(2, 6))
   shared, _ = codec_lib.load_codec(str(tmp_path / "b2" / "codec"))
   for shard in coded.shards:  # every shard holds the one codec
     np.testing.assert_array_equal(shard.codec.centroids, shared.centroids)

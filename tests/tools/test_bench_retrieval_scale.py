@@ -162,14 +162,14 @@ def test_quantizers_run_side_by_side_on_shared_centroids(tmp_path):
 
 
 @pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the [ann] extra)")
-def test_compiled_and_numpy_loops_run_side_by_side_and_rank_alike(tmp_path):
+def test_compiled_and_numpy_backends_run_side_by_side_and_rank_alike(tmp_path):
   out = tmp_path / "loops.md"
   rows = bench.main(["--beir_folder", "", "--msmarco_folder", "", "--synthetic_passages", "300",
                      "--synthetic_length", "8", "--synthetic_topics", "20",
                      "--synthetic_queries", "10", "--dim", str(DIM), "--ratios", "2",
                      "--bits", "2", "none", "--nprobe", "100000", "--candidates", "100000",
-                     "--top_k", "20", "--loops", "compiled", "numpy", "--out", str(out)])
-  approximate = {(r["bits"], r["loops"]): r for r in rows if r["search"] == "approximate"}
+                     "--top_k", "20", "--backend", "compiled", "numpy", "--out", str(out)])
+  approximate = {(r["bits"], r["backend"]): r for r in rows if r["search"] == "approximate"}
   assert list(approximate) == [(2, "compiled"), (2, "numpy"), ("none", "compiled"),
                                ("none", "numpy")]
   for bits in (2, "none"):  # every cell probed, every document reranked: the same ranking
@@ -178,3 +178,11 @@ def test_compiled_and_numpy_loops_run_side_by_side_and_rank_alike(tmp_path):
     assert compiled["recall_vs_exact"] == numpy_["recall_vs_exact"]
   assert approximate["none", "compiled"]["recall_vs_exact"] == 1.0
   assert "| approximate (compiled) |" in out.read_text()
+
+
+def test_the_backend_defaults_to_numpy_and_compiled_needs_numba(monkeypatch, capsys):
+  assert bench.parse_args([]).backend == ["numpy"]
+  monkeypatch.setattr(kernels, "AVAILABLE", False)
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--backend", "compiled"])
+  assert "pip install 'decal_jax[ann]'" in capsys.readouterr().err

@@ -92,7 +92,7 @@ def test_it_builds_the_gpu_suites_model_with_tensorflow_seqio_clu_and_t5_refused
         import tensorflow
       except ImportError as e:
         print("refused:", e)
-      from decal_jax.commands import bench_train
+      from tools import bench_train
       args, (files, paths, bindings) = bench_train.parse_args(sys.argv[1:])
       setup = bench_train.build("A", files, paths, bindings, args)
       cfg = setup.model.module.config

@@ -339,11 +339,14 @@ def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
 
 
 def test_the_documented_lease_recipe_names_only_parts_the_device_image_runs():
-  """The lease command in docs/performance.md and in the tool's usage runs on an image
+  """The lease command in docs/performance.md (its recipe in docs/results/performance_log.md)
+  and in the tool's usage runs on an image
   without TensorFlow / seqio: every part it names is marked device_image (which the dry run
   above proves with those imports refused)."""
   import re
-  texts = [(paths.REPO / "docs" / "performance.md").read_text(), gpu_suite.__doc__]
+  texts = [(paths.REPO / "docs" / "performance.md").read_text()
+           + (paths.REPO / "docs" / "results" / "performance_log.md").read_text(),
+           gpu_suite.__doc__]
   recipes = [m for text in texts for m in re.findall(r"gpu_suite --lease\s*\\?\s*--parts (\S+)", text)]
   assert len(recipes) == 2, recipes
   device_image = {p.name for p in gpu_suite.PARTS if p.device_image}
