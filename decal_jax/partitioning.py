@@ -28,6 +28,8 @@ import flax
 import jax
 from flax.linen import partitioning as nn_partitioning
 from jax.experimental import mesh_utils
+
+from decal_jax import settings
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MeshAxes = Union[None, str, Tuple[str, ...]]
@@ -329,17 +331,18 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
 def distributed_settings(coordinator_address, num_processes, process_id, local_device_ids,
                          auto_detect: bool, environ: Mapping[str, str]) -> Optional[dict]:
   """`jax.distributed.initialize` keyword arguments, {} for JAX's auto-detection, or None
-  for a single-process run."""
-  coordinator_address = coordinator_address or environ.get(ENV_COORDINATOR_ADDRESS) or None
-  num_processes = _int_or_none(num_processes, environ.get(ENV_NUM_PROCESSES),
-                               ENV_NUM_PROCESSES)
-  process_id = _int_or_none(process_id, environ.get(ENV_PROCESS_ID), ENV_PROCESS_ID)
-  if local_device_ids is None and environ.get(ENV_LOCAL_DEVICE_IDS):
-    local_device_ids = [int(i) for i in environ[ENV_LOCAL_DEVICE_IDS].split(",")]
+  for a single-process run. Arguments win; the DECAL_* variables in `environ` fill the rest
+  (read and checked by decal_jax.settings)."""
+  env = lambda name: settings.get(name, environ)  # noqa: E731  (a short local reader)
+  coordinator_address = coordinator_address or env(ENV_COORDINATOR_ADDRESS)
+  num_processes = int(num_processes) if num_processes is not None else env(ENV_NUM_PROCESSES)
+  process_id = int(process_id) if process_id is not None else env(ENV_PROCESS_ID)
+  if local_device_ids is None and env(ENV_LOCAL_DEVICE_IDS):
+    local_device_ids = list(env(ENV_LOCAL_DEVICE_IDS))
   given = {"coordinator_address": coordinator_address, "num_processes": num_processes,
            "process_id": process_id}
   if all(v is None for v in given.values()):
-    auto = auto_detect or environ.get(ENV_DISTRIBUTED, "").lower() == "auto"
+    auto = auto_detect or env(ENV_DISTRIBUTED) == "auto"
     return {} if auto else None
   missing = [k for k, v in given.items() if v is None]
   if missing:
@@ -354,14 +357,3 @@ def distributed_settings(coordinator_address, num_processes, process_id, local_d
   if num_processes == 1:
     return None
   return dict(given, local_device_ids=local_device_ids)
-
-
-def _int_or_none(value, env_value: Optional[str], env_name: str) -> Optional[int]:
-  if value is not None:
-    return int(value)
-  if env_value in (None, ""):
-    return None
-  try:
-    return int(env_value)
-  except ValueError:
-    raise ValueError(f"{env_name}={env_value!r} is not an integer.") from None

@@ -77,7 +77,7 @@ def register_text_autoencode_task(name: str, split_files: Mapping[str, str],
   `field` holds the text (a string, or a list of strings joined with newlines). Tokenized
   with `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read)."""
   source = _text_source(split_files, field, bad_lines)
-  return _register(name, source, vocabulary or vocabularies.DeferredVocabulary(),
+  return _register(name, source, vocabulary or vocabularies.deferred_vocabulary(),
                    autoencoding.autoencode)
 
 
@@ -107,8 +107,8 @@ class LocalTextSource(local_files.DeferredSource):
 
 register_mixture("decal_builtin", corpus.data_source, vocabularies.builtin_vocabulary())
 register_mixture("decal_c4", lambda: PreparedTfdsSource(C4_TFDS_NAME),
-                 vocabularies.DeferredVocabulary())
+                 vocabularies.deferred_vocabulary())
 _register(TEXT_AUTOENCODE_TASK, LocalTextSource(TEXT_AUTOENCODE_FOLDER),
-          vocabularies.DeferredVocabulary(), autoencoding.autoencode)
+          vocabularies.deferred_vocabulary(), autoencoding.autoencode)
 _register(PUBLIC_TEXT_AUTOENCODE_TASK, public_text.data_source(),
           vocabularies.builtin_vocabulary(), autoencoding.autoencode)

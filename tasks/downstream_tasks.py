@@ -24,7 +24,6 @@ with `vocabularies.task_vocabulary()` (the model's VOCABULARY under our gin file
 """
 import abc
 import dataclasses
-import os
 import pathlib
 from typing import Callable, Dict, Mapping, Optional
 
@@ -32,6 +31,7 @@ import gin
 import seqio
 import tensorflow as tf
 
+from decal_jax import settings
 from decal_jax.tasks import text_metrics
 from decal_jax.data import corpus, local_files, text_to_text, vocabularies
 from decal_jax.tasks.span_corruption_tasks import PreparedTfdsSource
@@ -43,8 +43,8 @@ SPLITS = ("train", "validation", "test")
 def local_data(directory: Optional[str] = None, bad_lines: Optional[str] = None):
   """(folder of local JSONL datasets, bad-line policy), read each time a task is read:
   gin bindings, else $DECAL_LOCAL_DATA_DIR / $DECAL_BAD_LINES, else (None, 'fail')."""
-  return (directory or os.environ.get("DECAL_LOCAL_DATA_DIR") or None,
-          bad_lines or os.environ.get("DECAL_BAD_LINES") or "fail")
+  return (directory or settings.get("DECAL_LOCAL_DATA_DIR"),
+          bad_lines or settings.get("DECAL_BAD_LINES"))
 
 
 def local_split_files(folder_name: str, suffix: str):
@@ -217,7 +217,7 @@ def register_task(name: str, kind: str, source: seqio.DataSource,
   kind's record layout (text_to_text.SUMMARIZATION / QA)."""
   if kind not in text_to_text.KINDS:
     raise ValueError(f"kind must be one of {sorted(text_to_text.KINDS)}, got {kind!r}.")
-  vocabulary = vocabulary or vocabularies.DeferredVocabulary()
+  vocabulary = vocabulary or vocabularies.deferred_vocabulary()
   features = {"inputs": seqio.Feature(vocabulary, add_eos=True, required=True),
               "targets": seqio.Feature(vocabulary, add_eos=True, required=True)}
   if name in seqio.TaskRegistry.names():

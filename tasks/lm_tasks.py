@@ -20,19 +20,12 @@ from typing import Dict, Mapping, Optional, Tuple
 import seqio
 import tensorflow as tf
 
-from decal_jax.data import corpus, local_files, vocabularies
+from decal_jax.data import corpus, language_modelling, local_files, vocabularies
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
 
 TEXT_LM_TASK = "decal_text_lm"
 TEXT_LM_FOLDER = "text_lm"
-
-
-def lm_chunks(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
-  """seqio preprocessor: tokenized {'targets': `[doc_len]`} -> {'targets': `[<= length]`}
-  chunks of one stream of documents read back to back."""
-  stream = dataset.map(lambda ex: ex["targets"]).unbatch()  # scalar ids
-  return stream.batch(sequence_length["targets"]).map(lambda c: {"targets": c})
 
 
 def text_lines(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -60,7 +53,7 @@ def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
   return register_targets_task(name, source, vocabulary, [
       functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
       seqio.preprocessors.tokenize,
-      lm_chunks], lines)
+      language_modelling.lm_chunks], lines)
 
 
 def _text_source(split_files: Mapping[str, str], bad_lines: str) -> seqio.DataSource:
@@ -76,7 +69,7 @@ def register_text_lm_task(name: str, split_files: Mapping[str, str],
   """LM task over your plain-text files, {split: path or glob}; tokenized with
   `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read)."""
   return _register(name, _text_source(split_files, bad_lines),
-                   vocabulary or vocabularies.DeferredVocabulary(), lines=True)
+                   vocabulary or vocabularies.deferred_vocabulary(), lines=True)
 
 
 class _LocalTextLines(local_files.DeferredSource):
@@ -102,5 +95,5 @@ class _LocalTextLines(local_files.DeferredSource):
 
 
 _register("decal_builtin_lm", corpus.data_source(), vocabularies.builtin_vocabulary())
-_register("decal_c4_lm", PreparedTfdsSource(C4_TFDS_NAME), vocabularies.DeferredVocabulary())
-_register(TEXT_LM_TASK, _LocalTextLines(), vocabularies.DeferredVocabulary(), lines=True)
+_register("decal_c4_lm", PreparedTfdsSource(C4_TFDS_NAME), vocabularies.deferred_vocabulary())
+_register(TEXT_LM_TASK, _LocalTextLines(), vocabularies.deferred_vocabulary(), lines=True)

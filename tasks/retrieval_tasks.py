@@ -231,7 +231,7 @@ class MsMarcoSource(downstream_tasks.LocalFirstSource):
 # ------------------------------------------------------------------------------ registration
 def _register(name: str, source: seqio.DataSource, features: Sequence[str]) -> seqio.Task:
   """Registers (or replaces) a retrieval task: texts -> ids of the model's vocabulary + EOS."""
-  vocabulary = vocabularies.DeferredVocabulary()
+  vocabulary = vocabularies.deferred_vocabulary()
   output_features = {f: seqio.Feature(vocabulary, add_eos=True, required=True)
                      for f in features}
   if name in seqio.TaskRegistry.names():

@@ -5,12 +5,12 @@ output features 'inputs' and 'targets' (EOS added, required). Importing this mod
 replaces the tasks instead of failing.
 """
 import functools
-import os
 from typing import Optional
 
 import seqio
 import tensorflow as tf
 
+from decal_jax import settings
 from decal_jax.data import corpus, span_corruption, vocabularies
 
 BUILTIN_TASK = "decal_builtin_span_corruption"
@@ -38,7 +38,7 @@ class PreparedTfdsSource(seqio.TfdsDataSource):
 
   @property
   def tfds_dataset(self) -> seqio.utils.LazyTfdsLoader:
-    data_dir = os.environ.get("DECAL_TFDS_DATA_DIR") or None
+    data_dir = settings.get("DECAL_TFDS_DATA_DIR")
     if data_dir not in self._loaders:
       self._loaders[data_dir] = seqio.utils.LazyTfdsLoader(
           self._tfds_dataset.name, data_dir=data_dir, split_map=self._split_map,

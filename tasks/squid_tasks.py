@@ -175,7 +175,7 @@ def register_squid_qa_task(name: str, source: seqio.DataSource,
   _replace(name)
   return seqio.TaskRegistry.add(
       name, source=source,
-      output_features=_features(vocabulary or vocabularies.DeferredVocabulary(),
+      output_features=_features(vocabulary or vocabularies.deferred_vocabulary(),
                                 targets_eos=True),
       preprocessors=[qa_fields, seqio.preprocessors.tokenize, drop_empty_contexts,
                      functools.partial(text_to_text.trim_and_count, task_name=name),
@@ -201,11 +201,11 @@ def _squad_dataset() -> downstream_tasks.Dataset:
 def register_all() -> None:
   register_stream_tasks("decal_builtin", corpus.data_source, vocabularies.builtin_vocabulary())
   register_stream_tasks("decal_c4", lambda: PreparedTfdsSource(C4_TFDS_NAME),
-                        vocabularies.DeferredVocabulary())
+                        vocabularies.deferred_vocabulary())
   for stage in ("restore", "continue"):
     name = f"decal_text_squid_{stage}"
     source = autoencoding_tasks.LocalTextSource(autoencoding_tasks.TEXT_AUTOENCODE_FOLDER, name)
-    _register_stream_task(name, source, vocabularies.DeferredVocabulary(), stage)
+    _register_stream_task(name, source, vocabularies.deferred_vocabulary(), stage)
   builtin_qa_records = downstream_tasks._builtin_qa_dataset  # pylint: disable=protected-access
   builtin_qa = seqio.FunctionDataSource(builtin_qa_records, splits=corpus.SPLITS)
   register_squid_qa_task("decal_builtin_squid_qa", builtin_qa, vocabularies.builtin_vocabulary())

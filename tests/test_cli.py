@@ -45,9 +45,9 @@ class Result:
     self.report = json.loads(report)
 
 
-def _cli(module, *args, cwd=REPO):
+def _cli(module, *args, cwd=REPO, **settings):
   env = {k: v for k, v in os.environ.items() if not k.startswith("DECAL_") or k.endswith("DIR")}
-  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  env.update(settings, TF_CPP_MIN_LOG_LEVEL="3")
   start = time.monotonic()
   proc = subprocess.run([sys.executable, "-c", WRAPPER, f"decal_jax.{module}", *args], cwd=cwd,
                         env=env, capture_output=True, text=True, timeout=600)
@@ -106,6 +106,26 @@ def test_help_lists_what_the_bindings_leave_required(tmp_path):
 def test_flag_errors_come_before_the_heavy_imports(args, fragments):
   _early_error(_cli("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='m'",
                     *args), "error: ", *fragments)
+
+
+@pytest.mark.parametrize("settings,fragments", [
+    ({"DECAL_NUM_PROCESSES": "abc"},
+     ["error: DECAL_NUM_PROCESSES='abc' is not allowed (not a whole number)",
+      "must be a whole number >= 1", "e.g. DECAL_NUM_PROCESSES=4"]),
+    ({"DECAL_BAD_LINES": "maybe"},
+     ["error: DECAL_BAD_LINES='maybe' is not allowed", "must be one of fail, skip"]),
+])
+def test_a_bad_decal_variable_is_refused_before_the_heavy_imports(settings, fragments):
+  _early_error(_cli("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='m'",
+                    **settings), *fragments)
+
+
+def test_a_bad_flag_value_for_a_setting_is_refused_before_the_heavy_imports():
+  _early_error(_cli("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='m'",
+                    "--multiprocess_gpu", "--coordinator_address=no-port", "--process_count=2",
+                    "--process_index=0"),
+               "error: DECAL_COORDINATOR_ADDRESS='no-port' is not allowed",
+               "host:port, the port a whole number in 1..65535")
 
 
 def test_gin_file_errors_come_before_the_heavy_imports(tmp_path):

@@ -319,7 +319,7 @@ def test_mesh_shape_and_distributed_settings_errors():
   assert settings("h:1", 2, 0, None, False, env)["num_processes"] == 2  # gin wins
   with pytest.raises(ValueError, match="process_id missing"):
     settings("h:1", 2, None, None, False, {})
-  with pytest.raises(ValueError, match="DECAL_NUM_PROCESSES='two' is not an integer"):
+  with pytest.raises(ValueError, match="DECAL_NUM_PROCESSES='two' is not allowed .not a whole number"):
     settings(None, None, None, None, False, dict(env, DECAL_NUM_PROCESSES="two"))
 
 

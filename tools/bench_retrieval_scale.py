@@ -53,9 +53,10 @@ import numpy as np
 from tools import benchmarking, results_files
 from decal_jax.retrieval import beir, bm25, index, ir_metrics, msmarco, residual
 from decal_jax.retrieval import residual_search
+from decal_jax import settings
 from decal_jax.retrieval import codec as codec_lib
 
-DATA = os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))  # from a checkout
+DATA = settings.get("DECAL_DATA_DIR")  # ../shared/data from a checkout
 
 
 @dataclasses.dataclass

@@ -7,7 +7,7 @@ import os
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
-from decal_jax import fileio
+from decal_jax import fileio, settings
 
 # What a GPU image may lack that the library's data path needs (the workplace's own image has
 # jax, flax, optax and orbax but none of these, and TensorFlow is too large to carry there).
@@ -162,7 +162,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
 def data_dir() -> pathlib.Path:
   """$DECAL_DATA_DIR (from the repository, where the parts run), default ../shared/data."""
   repo = pathlib.Path(__file__).resolve().parents[1]
-  return repo / os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data"))
+  return repo / settings.get("DECAL_DATA_DIR")
 
 
 def lease_scale(beir_folder: Optional[str]) -> Scale:

@@ -10,6 +10,7 @@ report a missing file only when first used: gin files parse and models build wit
 """
 import hashlib
 import json
+import operator
 import os
 import pathlib
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -19,14 +20,33 @@ import seqio
 import tensorflow as tf
 import tokenizers
 
-from decal_jax.data import vocabularies
-from decal_jax.interop.hf_import import checked_zero_id_to
+from decal_jax import settings
+from decal_jax.data import seqio_vocabularies
 
 SENTENCEPIECE_ENV = "DECAL_LLAMA_TOKENIZER"  # a tokenizer.model (LLaMA: SentencePiece)
 TOKENIZER_JSON_ENV = "DECAL_HF_TOKENIZER"    # a tokenizer.json (Qwen2: byte-level BPE)
 
 
-class HfSentencePieceVocabulary(vocabularies.NamedSentencePieceVocabulary):
+def checked_zero_id_to(zero_id_to) -> Optional[int]:
+  """`zero_id_to` as an int (None stays None); refuses ids that cannot stand for token 0
+  (`HfTokenizerVocabulary`; `hf_import` checks the weights' side with it too)."""
+  if zero_id_to is None:
+    return None
+  if isinstance(zero_id_to, bool):
+    raise ValueError(f"zero_id_to={zero_id_to!r} is not a token id: give an int, e.g. 151935 "
+                     "for Qwen2, or None for no remapping.")
+  try:
+    zero_id_to = operator.index(zero_id_to)
+  except TypeError:
+    raise ValueError(f"zero_id_to={zero_id_to!r} is not a token id: give an int, e.g. 151935 "
+                     "for Qwen2, or None for no remapping.") from None
+  if zero_id_to <= 0:
+    raise ValueError(f"zero_id_to={zero_id_to} must be a positive id (id 0 is what it "
+                     "replaces, and is padding): give an id the tokenizer never produces.")
+  return zero_id_to
+
+
+class HfSentencePieceVocabulary(seqio_vocabularies.NamedSentencePieceVocabulary):
   """A checkpoint's SentencePiece `tokenizer.model`, with extra_ids=0: its ids are the
   model's.
 
@@ -39,7 +59,7 @@ class HfSentencePieceVocabulary(vocabularies.NamedSentencePieceVocabulary):
          "(HfTokenizerVocabulary) instead")
 
   def __init__(self, path: Optional[str] = None):
-    super().__init__(path or os.environ.get(SENTENCEPIECE_ENV, ""), extra_ids=0)
+    super().__init__(path or settings.get(SENTENCEPIECE_ENV) or "", extra_ids=0)
 
   def _model_context(self):
     if not self._model:
@@ -93,7 +113,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
 
   def __init__(self, path: Optional[str] = None, eos_token: Optional[str] = None,
                zero_id_to: Optional[int] = None):
-    self._path = str(path or os.environ.get(TOKENIZER_JSON_ENV, ""))
+    self._path = str(path or settings.get(TOKENIZER_JSON_ENV) or "")
     self._eos_token = eos_token
     self._zero_id_to = checked_zero_id_to(zero_id_to)
     self._loaded = None  # (tokenizer, {token: id}, tokenizer_config dict)

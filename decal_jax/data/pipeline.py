@@ -11,7 +11,7 @@ checkpoint left it.
 import contextlib
 import difflib
 import logging
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import jax
 from jax.experimental import multihost_utils
@@ -20,10 +20,16 @@ import seqio
 import tensorflow as tf
 
 from decal_jax import partitioning
-from decal_jax.runtime import checkpoints
 from decal_jax.data import autoencoding, batch_iterator, sentences, span_corruption, text_to_text
-# The settings and the batches' placement on the mesh, which need no data (pipeline.X as before).
-from decal_jax.data.batches import Batch, DatasetConfig, check_count, to_global  # noqa: F401
+# DatasetConfig (gin files and saved config.gin files bind `pipeline.DatasetConfig`) and
+# to_global (the trainer calls `pipeline.to_global`) are this module's API; they live in
+# batches.py, which needs neither seqio nor TensorFlow.
+from decal_jax.data.batches import Batch, DatasetConfig, to_global  # noqa: F401
+
+# `restore_dataset(step, batches)`: moves `batches` to the input position saved at `step`;
+# False when that checkpoint holds none for this process (runtime: the Checkpointer's).
+RestoreDataset = Callable[[int, batch_iterator.BatchIterator], bool]
+
 
 def get_task(name: str):
   """The registered seqio task or mixture `name`; an unknown name is refused with the
@@ -123,21 +129,21 @@ def _without_uncached_dataset_advice():
 
 
 def resume_batches(cfg: DatasetConfig, model, partitioner: partitioning.Partitioner,
-                   ckpt: checkpoints.Checkpointer, position: Dict[str, Any]
-                   ) -> batch_iterator.BatchIterator:
-  """The training batches from where the latest checkpoint left them: its saved iterator
-  state when it has one for this process, else by reading the consumed batches again.
-  After a change of data seed the stream starts over in the new order."""
+                   step: Optional[int], restore_dataset: RestoreDataset,
+                   position: Dict[str, Any]) -> batch_iterator.BatchIterator:
+  """The training batches from where the checkpoint at `step` (None: none yet) left them:
+  its saved iterator state when `restore_dataset` finds one for this process, else by
+  reading the consumed batches again. After a change of data seed the stream starts over
+  in the new order."""
   def from_the_start():
     with _without_uncached_dataset_advice():
       return train_batches(cfg, model, 0, partitioner)
 
   batches = from_the_start()
-  step = ckpt.latest_step()
   if step is None or position.get("seed_changed"):
     return batches
   try:
-    if ckpt.restore_dataset(step, batches):
+    if restore_dataset(step, batches):
       return batches
     why = (f"holds no input position for process {jax.process_index()} of "
            f"{jax.process_count()} (its input pipeline cannot be saved, or it was written by "

@@ -29,7 +29,8 @@ from typing import Dict, List, Optional
 import seqio
 import tensorflow as tf
 
-from decal_jax.data import corpus, vocabularies
+from decal_jax import settings
+from decal_jax.data import corpus, seqio_vocabularies, vocabularies
 
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 5
@@ -42,7 +43,7 @@ _ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")  # ' = Title = ', not ' = = Secti
 
 def data_dir() -> pathlib.Path:
   """`$DECAL_DATA_DIR`, default `../shared/data`."""
-  return pathlib.Path(os.environ.get("DECAL_DATA_DIR", os.path.join("..", "shared", "data")))
+  return pathlib.Path(settings.get("DECAL_DATA_DIR"))
 
 
 def _path(source: str, folder: pathlib.Path) -> pathlib.Path:
@@ -133,7 +134,7 @@ def vocabulary_path(vocab_size: int = VOCAB_SIZE, build: bool = True) -> str:
   return str(path)
 
 
-class RealTextVocabulary(vocabularies.NamedSentencePieceVocabulary):
+class RealTextVocabulary(seqio_vocabularies.NamedSentencePieceVocabulary):
   """The real text's SentencePiece vocabulary; its file is named at creation (the documents
   are read then) and trained on first use."""
 

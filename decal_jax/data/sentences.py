@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import gin
 import numpy as np
 
-from decal_jax.data import vocabularies
+from decal_jax.data import corpus, language_modelling, vocabularies
 
 if TYPE_CHECKING:  # the preprocessor's types; splitting and prompts need neither package
   import seqio
@@ -227,8 +227,9 @@ def sentences_lm(dataset: "tf.data.Dataset", sequence_length: Optional[Mapping[s
   `sentences_lm.max_sentence_length`) must equal the network's
   `GpthfConfig.max_sentence_length`.
   """
+  # TensorFlow and seqio only here: splitting and prompts need neither.
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from decal_jax.tasks import lm_tasks  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import seqio_vocabularies  # pylint: disable=import-outside-toplevel
   if max_sentence_length < 2:
     raise ValueError(f"max_sentence_length must be >= 2 (one token and the end token), "
                      f"got {max_sentence_length}.")
@@ -236,7 +237,7 @@ def sentences_lm(dataset: "tf.data.Dataset", sequence_length: Optional[Mapping[s
     raise ValueError("sentences_lm cuts chunks of sequence_length['targets'] tokens: pass "
                      "sequence_length={'targets': n} (TASK_FEATURE_LENGTHS) to get_dataset.")
   vocabulary = output_features["targets"].vocabulary
-  if isinstance(vocabulary, vocabularies.DeferredVocabulary):
+  if isinstance(vocabulary, seqio_vocabularies.DeferredVocabulary):
     vocabulary = vocabulary.target  # resolve once, not once per sentence
   end_id = sentence_end_id(vocabulary)
 
@@ -251,7 +252,7 @@ def sentences_lm(dataset: "tf.data.Dataset", sequence_length: Optional[Mapping[s
     return {"targets": ids}
 
   documents = dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)  # order kept
-  chunks = lm_tasks.lm_chunks(documents, sequence_length)
+  chunks = language_modelling.lm_chunks(documents, sequence_length)
   return chunks.map(lambda ex: {"targets": ex["targets"],
                                 "sentence_ids": sentence_index_tf(ex["targets"], end_id)})
 
@@ -260,7 +261,6 @@ def sentences_lm(dataset: "tf.data.Dataset", sequence_length: Optional[Mapping[s
 def _builtin_document_ids(max_sentence_length: int) -> Tuple[List[int], ...]:
   """Every built-in corpus paragraph as token ids with the end id after each sentence
   (`encode_sentences`: long sentences cut at the bound, as in GPTHF's training data)."""
-  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
   vocabulary = vocabularies.builtin_plain_vocabulary()  # the built-in one's ids, seqio-free
   end_id = sentence_end_id(vocabulary)
   documents = corpus.documents()

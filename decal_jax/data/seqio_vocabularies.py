@@ -1,18 +1,18 @@
-"""The seqio vocabulary classes that `vocabularies`' factories make (and `vocabularies`
-names): SentencePiece vocabularies that name a bad file, the built-in and the T5 one, the
-deferred task vocabulary, and the identity a run records. Kept apart so that `vocabularies`
-(which every model gin file imports) needs neither seqio nor TensorFlow until a vocabulary
-is made."""
+"""The seqio vocabulary classes that `vocabularies`' factories make: SentencePiece
+vocabularies that name a bad file, the built-in and the T5 one, the deferred task
+vocabulary, and the identity a run records. Kept apart so that `vocabularies` (which every
+model gin file imports) needs neither seqio nor TensorFlow until a vocabulary is made.
+
+The imports go one way: `vocabularies` imports this module (when a vocabulary is made),
+never the reverse; what a class needs from there (the built-in file's builder, the T5
+file's check, the task vocabulary) its factory passes in."""
 import hashlib
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict
 
 import seqio
 import tensorflow as tf
 from google.protobuf import message as protobuf_message
-
-from decal_jax.data import vocabularies
-from decal_jax.data.vocabularies import BUILTIN_VOCAB_SIZE, EXTRA_IDS
 
 
 class NotSentencePieceError(ValueError):
@@ -39,29 +39,37 @@ class NamedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
 
 
 class BuiltinVocabulary(NamedSentencePieceVocabulary):
-  """The built-in-corpus SentencePiece vocabulary; trained on first use, not at creation."""
+  """The built-in-corpus SentencePiece vocabulary at `path` (`vocabularies.
+  builtin_vocabulary` makes it); `build(vocab_size, recipe)` trains the file on first use
+  if it is missing, not at creation. seqio compares vocabularies by their attributes, so
+  `build` is a module function (equal in every instance), not a closure."""
 
-  def __init__(self, vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EXTRA_IDS,
-               recipe: Optional[str] = None):
-    self._builtin_size, self.recipe = vocab_size, vocabularies.builtin_recipe(recipe)
-    path = vocabularies.builtin_vocabulary_path(vocab_size, build=False, recipe=self.recipe)
+  def __init__(self, path: str, vocab_size: int, recipe: str,
+               build: Callable[[int, str], Any], extra_ids: int):
+    self._builtin_size, self.recipe, self._build = vocab_size, recipe, build
     super().__init__(path, extra_ids=extra_ids)
 
   def _model_context(self):
     if not self._model and not os.path.exists(self._sentencepiece_model_file):
-      vocabularies.builtin_vocabulary_path(self._builtin_size, build=True, recipe=self.recipe)
+      self._build(self._builtin_size, self.recipe)
     return super()._model_context()
 
 
 class T5Vocabulary(NamedSentencePieceVocabulary):
-  """The T5 vocabulary; a missing local file is reported clearly when first used."""
+  """The T5 vocabulary (`vocabularies.t5_vocabulary` makes it); `check_file(path)` reports
+  a missing local file clearly when the vocabulary is first used."""
 
   FIX = ("Point DECAL_T5_VOCAB (or gin `vocabularies.t5_vocabulary.path`) at a binary "
-         "SentencePiece model, e.g. T5's spiece.model or one written by decal_jax/commands/make_vocab.py")
+         "SentencePiece model, e.g. T5's spiece.model or one written by "
+         "decal_jax/commands/make_vocab.py")
+
+  def __init__(self, path: str, check_file: Callable[[str], None], extra_ids: int):
+    self._check_file = check_file
+    super().__init__(path, extra_ids=extra_ids)
 
   def _model_context(self):
     if not self._model:
-      vocabularies._check_t5_vocab(self._sentencepiece_model_file)  # pylint: disable=protected-access
+      self._check_file(self._sentencepiece_model_file)
     return super()._model_context()
 
 
@@ -96,11 +104,12 @@ class DeferredVocabulary(seqio.Vocabulary):
   """A vocabulary chosen when first used rather than when a task is registered.
 
   seqio tasks are registered on import, before gin has parsed the model's config; the
-  downstream tasks hold this and so tokenize with whatever `task_vocabulary()` returns at
-  that point (the model's VOCABULARY under our gin files).
+  downstream tasks hold one (`vocabularies.deferred_vocabulary()`, whose `resolve` is
+  `vocabularies.task_vocabulary`) and so tokenize with whatever it returns at that point
+  (the model's VOCABULARY under our gin files).
   """
 
-  def __init__(self, resolve: Callable[[], seqio.Vocabulary] = vocabularies.task_vocabulary):
+  def __init__(self, resolve: Callable[[], seqio.Vocabulary]):
     self._resolve = resolve
     super().__init__(extra_ids=0)
 

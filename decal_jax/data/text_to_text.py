@@ -21,6 +21,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from decal_jax.data import local_files
+
 log = logging.getLogger(__name__)  # decal_jax.* warnings: console.py routes them in the CLI
 
 SUMMARIZATION = {"document": "text", "summary": "text"}
@@ -33,7 +35,6 @@ INPUT_FORMAT = {"summarization": [("summarize: ", "document")],
 
 def input_schema(kind: str):
   """The fields an input of `kind` needs (for inference, where there is no target)."""
-  from decal_jax.data import local_files  # pylint: disable=import-outside-toplevel
   return local_files.Schema({field: "text" for _, field in INPUT_FORMAT[kind]})
 
 

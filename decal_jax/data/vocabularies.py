@@ -20,11 +20,12 @@ All vocabularies follow T5: pad 0, eos 1, unk 2, no bos, and `extra_ids` sentine
 top of the id range (`vocab_size - 1` is the first sentinel).
 
 The vocabulary classes are seqio's (`seqio_vocabularies.py`: NamedSentencePieceVocabulary,
-BuiltinVocabulary, T5Vocabulary, DeferredVocabulary, vocabulary_identity), and so is the
-built-in corpus; this module imports them when a vocabulary is made, and names them here
-on first access. Parsing a model's gin file (which imports this module) thus needs neither
-seqio nor TensorFlow: `bench_train` builds a model with `VOCABULARY = None` on a GPU image
-that has neither (docs/performance.md). `PlainSentencePieceVocabulary` (and
+BuiltinVocabulary, T5Vocabulary, DeferredVocabulary, vocabulary_identity; name them from
+there), and so is the built-in corpus; this module imports them when a vocabulary is made
+(the imports go one way: seqio_vocabularies imports nothing from here). Parsing a model's
+gin file (which imports this module) thus needs neither seqio nor TensorFlow:
+`bench_train` builds a model with `VOCABULARY = None` on a GPU image that has neither
+(docs/performance.md). `PlainSentencePieceVocabulary` (and
 `builtin_plain_vocabulary`) give the same ids from SentencePiece alone, for the benchmarks
 that tokenize real text there (`bench_gpthf`).
 """
@@ -38,12 +39,13 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 import gin
 import sentencepiece as spm
 
-from decal_jax import fileio
+from decal_jax import fileio, settings
+from decal_jax.data import corpus
 
 if TYPE_CHECKING:
   import seqio
+  from decal_jax.data import seqio_vocabularies
 
-T5_PUBLIC_VOCAB = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
 BUILTIN_VOCAB_SIZE = 4000  # an upper bound: 256 byte pieces + Python 3.11 docs' pieces
 EXTRA_IDS = 100
 # SentencePiece trainer options that differ between the recipes of the built-in vocabulary.
@@ -58,7 +60,7 @@ except ImportError:  # pragma: no cover  (Windows: atomic writes alone keep file
 
 def cache_dir() -> pathlib.Path:
   """`$DECAL_CACHE_DIR`, default `~/.cache/decal_jax`."""
-  return pathlib.Path(os.environ.get("DECAL_CACHE_DIR", "~/.cache/decal_jax")).expanduser()
+  return pathlib.Path(settings.get("DECAL_CACHE_DIR")).expanduser()
 
 
 def train_sentencepiece(texts: Iterable[str], path: pathlib.Path, vocab_size: int,
@@ -94,11 +96,11 @@ def _exclusive_lock(path: pathlib.Path) -> Iterator[None]:
 
 
 def builtin_recipe(recipe: Optional[str] = None) -> str:
-  """The recipe given, else `$DECAL_BUILTIN_VOCAB`, else DEFAULT_RECIPE (checked)."""
-  recipe = recipe or os.environ.get("DECAL_BUILTIN_VOCAB") or DEFAULT_RECIPE
+  """The recipe given, else `$DECAL_BUILTIN_VOCAB` (default DEFAULT_RECIPE; checked)."""
+  recipe = recipe or settings.get("DECAL_BUILTIN_VOCAB")
   if recipe not in BUILTIN_RECIPES:
-    raise ValueError(f"Unknown built-in vocabulary recipe {recipe!r} (DECAL_BUILTIN_VOCAB); "
-                     f"choose one of {sorted(BUILTIN_RECIPES)}.")
+    raise ValueError(f"Unknown built-in vocabulary recipe {recipe!r}; choose one of "
+                     f"{sorted(BUILTIN_RECIPES)}.")
   return recipe
 
 
@@ -106,7 +108,6 @@ def builtin_vocabulary_path(vocab_size: int = BUILTIN_VOCAB_SIZE, build: bool = 
                             recipe: Optional[str] = None) -> str:
   """Path of the cached built-in vocabulary of `recipe` (default: `builtin_recipe()`),
   training it first if missing (and `build`)."""
-  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
   recipe = builtin_recipe(recipe)
   tag = "" if recipe == "chars" else f"{recipe}_"  # 'chars' files predate the recipe tag
   path = cache_dir() / f"builtin_spm_{vocab_size}_{tag}{corpus.corpus_fingerprint()}.model"
@@ -129,7 +130,15 @@ def builtin_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: int = EX
   """SentencePiece vocabulary of the built-in corpus (at most `vocab_size` pieces) plus
   `extra_ids` sentinels, trained with `recipe` (default `$DECAL_BUILTIN_VOCAB` or 'bytes').
   Creating it is cheap; the model is built on first use."""
-  return _classes().BuiltinVocabulary(vocab_size, extra_ids, recipe)
+  recipe = builtin_recipe(recipe)
+  path = builtin_vocabulary_path(vocab_size, build=False, recipe=recipe)
+  return _seqio_classes().BuiltinVocabulary(path, vocab_size, recipe, _build_builtin,
+                                            extra_ids)
+
+
+def _build_builtin(vocab_size: int, recipe: str) -> str:
+  """The built-in vocabulary's file, trained if missing (BuiltinVocabulary's first use)."""
+  return builtin_vocabulary_path(vocab_size, build=True, recipe=recipe)
 
 
 class PlainSentencePieceVocabulary:
@@ -174,7 +183,7 @@ def builtin_plain_vocabulary(vocab_size: int = BUILTIN_VOCAB_SIZE, extra_ids: in
 
 
 def _t5_vocab_path(path: Optional[str]) -> str:
-  return path or os.environ.get("DECAL_T5_VOCAB") or T5_PUBLIC_VOCAB
+  return path or settings.get("DECAL_T5_VOCAB")
 
 
 def _check_t5_vocab(path: str) -> None:
@@ -209,7 +218,7 @@ def t5_vocabulary(path: Optional[str] = None, extra_ids: int = EXTRA_IDS,
   path = _t5_vocab_path(path)
   if check:
     _check_t5_vocab(path)
-  return _classes().T5Vocabulary(path, extra_ids=extra_ids)
+  return _seqio_classes().T5Vocabulary(path, _check_t5_vocab, extra_ids)
 
 
 @gin.configurable
@@ -219,17 +228,14 @@ def task_vocabulary(vocabulary: Optional["seqio.Vocabulary"] = None) -> "seqio.V
   return vocabulary if vocabulary is not None else t5_vocabulary(check=False)
 
 
-# The seqio classes, named here as before (vocabularies.BuiltinVocabulary, ...).
-_SEQIO_NAMES = ("NotSentencePieceError", "NamedSentencePieceVocabulary", "BuiltinVocabulary",
-                "T5Vocabulary", "DeferredVocabulary", "vocabulary_identity")
+def deferred_vocabulary() -> "seqio_vocabularies.DeferredVocabulary":
+  """The tasks' vocabulary, chosen when first used: `task_vocabulary()` at that point (the
+  model's VOCABULARY once gin has parsed its config)."""
+  return _seqio_classes().DeferredVocabulary(task_vocabulary)
 
 
-def _classes():
+def _seqio_classes():
+  """seqio_vocabularies, imported when a vocabulary is made (it imports seqio and
+  TensorFlow, which parsing a gin file must not need)."""
   from decal_jax.data import seqio_vocabularies  # pylint: disable=import-outside-toplevel
   return seqio_vocabularies
-
-
-def __getattr__(name: str):
-  if name in _SEQIO_NAMES:
-    return getattr(_classes(), name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

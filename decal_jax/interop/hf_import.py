@@ -23,7 +23,6 @@ Both use the "rotate half" RoPE layout, so q/k need no permutation.
 """
 import dataclasses
 import json
-import operator
 import pathlib
 import re
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
@@ -35,6 +34,7 @@ import numpy as np
 import tqdm
 from safetensors import safe_open
 
+from decal_jax.data.hf_vocabularies import checked_zero_id_to
 from decal_jax.networks.decoder import Decoder, DecoderConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
@@ -343,24 +343,6 @@ def _check_tree(params: Dict[str, Any], config: DecoderConfig) -> None:
 
 
 # ------------------------------------------------------------------------------ id 0
-def checked_zero_id_to(zero_id_to) -> Optional[int]:
-  """`zero_id_to` as an int (None stays None); refuses ids that cannot stand for token 0."""
-  if zero_id_to is None:
-    return None
-  if isinstance(zero_id_to, bool):
-    raise ValueError(f"zero_id_to={zero_id_to!r} is not a token id: give an int, e.g. 151935 "
-                     "for Qwen2, or None for no remapping.")
-  try:
-    zero_id_to = operator.index(zero_id_to)
-  except TypeError:
-    raise ValueError(f"zero_id_to={zero_id_to!r} is not a token id: give an int, e.g. 151935 "
-                     "for Qwen2, or None for no remapping.") from None
-  if zero_id_to <= 0:
-    raise ValueError(f"zero_id_to={zero_id_to} must be a positive id (id 0 is what it "
-                     "replaces, and is padding): give an id the tokenizer never produces.")
-  return zero_id_to
-
-
 def check_zero_id_in_table(zero_id_to: int, rows: int, what: str = "the embedding table") -> None:
   """Refuses an R outside a vocab table of `rows` rows (R must index both Squid tables)."""
   if checked_zero_id_to(zero_id_to) >= rows:

@@ -8,16 +8,17 @@ JAX or TensorFlow is imported.
 They map onto the DECAL_* settings (environment variables, which still work on their own):
 `--tfds_data_dir` sets DECAL_TFDS_DATA_DIR; `--multiprocess_gpu` sets DECAL_DISTRIBUTED=auto,
 or with the three process flags DECAL_COORDINATOR_ADDRESS / DECAL_NUM_PROCESSES /
-DECAL_PROCESS_ID. Flag errors, missing or malformed gin files and macros left
-`%gin.REQUIRED` are reported before the heavy imports, in well under a second of work.
+DECAL_PROCESS_ID. Flag errors, DECAL_* variables that hold a bad value
+(`decal_jax.settings`), missing or malformed gin files and macros left `%gin.REQUIRED` are
+reported before the heavy imports, in well under a second of work.
 """
 import importlib
-import os
 import sys
 from typing import Optional, Sequence
 
 from absl import flags
 
+from decal_jax import settings
 from decal_jax.runtime import console, gin_utils
 
 FLAGS = flags.FlagValues()  # our own, so a host program's absl flags are left alone
@@ -110,15 +111,25 @@ def parse_flags(argv: Sequence[str], prog: str) -> None:
 
 
 def apply_settings() -> None:
-  """The flags as the DECAL_* environment variables the library reads."""
+  """The flags as the DECAL_* environment variables the library reads (`settings`)."""
   if FLAGS.tfds_data_dir:
-    os.environ["DECAL_TFDS_DATA_DIR"] = FLAGS.tfds_data_dir
+    settings.put("DECAL_TFDS_DATA_DIR", FLAGS.tfds_data_dir)
   if FLAGS.multiprocess_gpu and FLAGS.coordinator_address is None:
-    os.environ["DECAL_DISTRIBUTED"] = "auto"
+    settings.put("DECAL_DISTRIBUTED", "auto")
   elif FLAGS.multiprocess_gpu:
-    os.environ.update(DECAL_COORDINATOR_ADDRESS=FLAGS.coordinator_address,
-                      DECAL_NUM_PROCESSES=str(FLAGS.process_count),
-                      DECAL_PROCESS_ID=str(FLAGS.process_index))
+    settings.put("DECAL_COORDINATOR_ADDRESS", FLAGS.coordinator_address)
+    settings.put("DECAL_NUM_PROCESSES", FLAGS.process_count)
+    settings.put("DECAL_PROCESS_ID", FLAGS.process_index)
+
+
+def check_settings(prog: str) -> None:
+  """Every DECAL_* variable that is set, checked now (before the heavy imports): a bad one
+  (or a bad flag value for one) stops the command, naming it and the fix."""
+  try:
+    apply_settings()
+    settings.check_all()
+  except settings.SettingError as e:
+    raise UsageError(str(e), prog) from None
 
 
 def _seqio_settings() -> None:
@@ -175,7 +186,7 @@ def main(target: str, argv: Optional[Sequence[str]], *, prog: str, about: str,
     raise gin_utils.GinConfigError(
         f"error: the gin files leave {', '.join(required)} %gin.REQUIRED: bind each with "
         f"--gin.NAME=VALUE (e.g. --gin.{required[0]}=...; strings in inner quotes).")
-  apply_settings()
+  check_settings(prog)
   console.import_tensorflow_quietly()  # TF is only the input pipeline: off the accelerators
   module_name, fn_name = target.split(":")
   fn = getattr(importlib.import_module(module_name), fn_name)

@@ -24,8 +24,8 @@ import tqdm
 
 from decal_jax import fileio, metrics, partitioning
 from decal_jax.runtime import inference_eval, train_state
-from decal_jax.data import local_files, pipeline, text_to_text
-from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.data import batches, local_files, pipeline, text_to_text
+from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: st
   train_state.check_model_dir(model_dir, "evaluation.evaluate.model_dir")
   output_dir = output_dir or model_dir
   check_writable(output_dir, model_dir)
-  pipeline.check_count("EVAL_BATCHES (evaluation.evaluate.eval_batches)", eval_batches)
+  batches.check_count("EVAL_BATCHES (evaluation.evaluate.eval_batches)", eval_batches)
   partitioner = partitioner or partitioning.Partitioner()
   pipeline.check_feature_lengths(eval_dataset_cfg, model)
   params, step = train_state.restore_params(model, model_dir, eval_dataset_cfg, partitioner,

@@ -25,7 +25,7 @@ import tensorflow as tf
 import tqdm
 
 from decal_jax.data import pipeline
-from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 
 DIRECTORY = "inference_eval"

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from decal_jax import fileio
-from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 
 FILE_NAME = "model-info.txt"

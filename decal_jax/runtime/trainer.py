@@ -1,5 +1,5 @@
 """The gin-configurable training loop (T5X's `trainer.py`): `train`, around the jitted step
-of `train_step.py` (also named `trainer.make_train_step`).
+of `train_step.make_train_step`.
 
 `train(...)` builds the model's variables sharded over the partitioner's mesh
 (`train_state`), restores the latest checkpoint in MODEL_DIR if there is one (params,
@@ -19,10 +19,11 @@ import tqdm
 from decal_jax import metrics, partitioning
 from decal_jax.runtime import (checkpoints, evaluation, model_info, optimizers, resilience,
                                run_lock, train_state, vocabulary_record)
+from decal_jax.data import batches as data_batches
 from decal_jax.data import pipeline
-from decal_jax.data.pipeline import DatasetConfig
+from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
-from decal_jax.runtime.train_step import make_train_step  # noqa: F401  (trainer.make_train_step, as before)
+from decal_jax.runtime.train_step import make_train_step
 
 
 # ------------------------------------------------------------------------------ train
@@ -37,7 +38,7 @@ def check_run_settings(model_dir: str, **settings: int) -> None:
   checkpoint_-5), naming the gin binding, before any start-up work."""
   train_state.check_model_dir(model_dir, "trainer.train.model_dir")
   for name, value in settings.items():
-    pipeline.check_count(f"{RUN_SETTING_MACROS[name]} (trainer.train.{name})", value)
+    data_batches.check_count(f"{RUN_SETTING_MACROS[name]} (trainer.train.{name})", value)
 
 
 def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
@@ -115,7 +116,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
                         metrics.run_hparams(model, train_dataset_cfg, total_steps, seed))
     model_info.write(model_dir, model, train_dataset_cfg, partitioner)  # T5X's model-info.txt
     schedule = optimizers.schedule_of(optimizer)
-    batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt, position)
+    batches = pipeline.resume_batches(train_dataset_cfg, model, partitioner, ckpt.latest_step(),
+                                      ckpt.restore_dataset, position)
     position.pop("seed_changed", None)  # not part of what a checkpoint stores
     rng = jnp.asarray(position["rng"], jnp.uint32)
     window = metrics.Window(model.summarize)

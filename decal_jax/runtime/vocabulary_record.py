@@ -3,7 +3,7 @@
 A checkpoint holds ids, and the embedding table has the same shape under any vocabulary of
 the same size (the built-in recipes 'chars' and 'bytes' both give 4224 rows), so a run read
 with another vocabulary decodes wrong text without any error. The trainer records the
-identity of the model's input and output vocabularies (`vocabularies.vocabulary_identity`:
+identity of the model's input and output vocabularies (`seqio_vocabularies.vocabulary_identity`:
 class, file, sha256 of the SentencePiece model, size, built-in recipe) before its first
 checkpoint; resume, eval, infer, `gin_utils.load_model` and a run started from it
 (INITIAL_CHECKPOINT_PATH, `check_initial`) compare the vocabulary they are
@@ -20,7 +20,6 @@ from typing import Any, Dict, Optional
 import jax
 
 from decal_jax import fileio
-from decal_jax.data import vocabularies
 
 FILENAME = "vocabulary.json"
 
@@ -31,8 +30,11 @@ class VocabularyMismatchError(ValueError):
 
 def model_record(model) -> Dict[str, Any]:
   """The record of `model`'s vocabularies: {'features': {'inputs': identity, 'targets': ...}}."""
-  return {"features": {"inputs": vocabularies.vocabulary_identity(model.input_vocabulary),
-                       "targets": vocabularies.vocabulary_identity(model.output_vocabulary)}}
+  # seqio / TensorFlow only now: train_state imports this module on images without them.
+  from decal_jax.data import seqio_vocabularies  # pylint: disable=import-outside-toplevel
+  identity = seqio_vocabularies.vocabulary_identity
+  return {"features": {"inputs": identity(model.input_vocabulary),
+                       "targets": identity(model.output_vocabulary)}}
 
 
 def _has_checkpoints(model_dir: pathlib.Path) -> bool:

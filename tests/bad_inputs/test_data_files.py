@@ -9,7 +9,7 @@ import seqio
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import fileio
 from decal_jax.runtime import evaluation
-from decal_jax.data import convert, hf_vocabularies, local_files, vocabularies
+from decal_jax.data import convert, hf_vocabularies, local_files, seqio_vocabularies, vocabularies
 
 
 from bad_input_helpers import _load_tool, _files_under, _write, _examples
@@ -175,7 +175,7 @@ def test_prepare_jsonl_names_the_line_of_a_non_utf8_release(tmp_path, capsys):
 def test_a_vocabulary_file_that_is_not_sentencepiece_is_named(tmp_path, make, content):
   path = tmp_path / "tokenizer.model"
   path.write_bytes(content)
-  with pytest.raises(vocabularies.NotSentencePieceError) as err:
+  with pytest.raises(seqio_vocabularies.NotSentencePieceError) as err:
     make(str(path)).encode("hello")
   message = str(err.value)
   assert message.startswith(f"{path} is not a SentencePiece model")

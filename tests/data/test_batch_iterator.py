@@ -91,8 +91,9 @@ def test_resume_falls_back_to_rereading_when_the_saved_position_does_not_fit(cap
   cfg = pipeline.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
                                batch_size=4, shuffle=True, seed=3)
   position = {"batches_consumed": 3, "seed": 3, "rng": [0, 1]}
-  batches = pipeline.resume_batches(cfg, _EncDec(), None, _CheckpointOfAnotherPipeline(),
-                                    position)
+  checkpoint = _CheckpointOfAnotherPipeline()
+  batches = pipeline.resume_batches(cfg, _EncDec(), None, checkpoint.latest_step(),
+                                    checkpoint.restore_dataset, position)
   assert "cannot take (Failed to restore dataset iterator" in capsys.readouterr().out
   straight = _span_corruption_batches()
   want = [next(straight) for _ in range(4)][-1]
@@ -103,7 +104,8 @@ def test_after_a_change_of_data_seed_the_new_order_starts_from_its_beginning(cap
   cfg = pipeline.DatasetConfig("decal_builtin_span_corruption", {"inputs": 32, "targets": 12},
                                batch_size=4, shuffle=True, seed=3)
   position = {"batches_consumed": 3, "seed": 3, "rng": [0, 1], "seed_changed": True}
-  batches = pipeline.resume_batches(cfg, _EncDec(), None, _CheckpointOfAnotherPipeline(),
-                                    position)
+  checkpoint = _CheckpointOfAnotherPipeline()
+  batches = pipeline.resume_batches(cfg, _EncDec(), None, checkpoint.latest_step(),
+                                    checkpoint.restore_dataset, position)
   assert "note" not in capsys.readouterr().out  # neither restored nor re-read
   _assert_same_batches([next(batches)], [next(_span_corruption_batches())])

@@ -11,7 +11,7 @@ import tensorflow as tf
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import models
 from decal_jax.tasks import text_metrics
-from decal_jax.data import corpus, text_to_text, vocabularies
+from decal_jax.data import corpus, seqio_vocabularies, text_to_text, vocabularies
 from decal_jax.tasks import downstream_tasks, squid_tasks
 
 LENGTHS = {"inputs": 64, "query": 16, "targets": 80}
@@ -62,7 +62,8 @@ def test_every_task_has_the_squid_features(name):
   assert len({id(f.vocabulary) for f in features.values()}) == 1  # one vocabulary
   builtin = name.startswith("decal_builtin")
   assert isinstance(features["targets"].vocabulary,
-                    vocabularies.BuiltinVocabulary if builtin else vocabularies.DeferredVocabulary)
+                    seqio_vocabularies.BuiltinVocabulary if builtin
+                    else seqio_vocabularies.DeferredVocabulary)
   want_metrics = {"restore": [text_metrics.bleu], "continue": [], "qa": [text_metrics.squad]}
   assert task.predict_metric_fns == want_metrics[stage]
 

@@ -10,6 +10,7 @@ import unicodedata
 import pytest
 import sentencepiece
 
+from decal_jax import settings
 from decal_jax.data import corpus, vocabularies
 
 import paths
@@ -105,8 +106,11 @@ def test_each_recipe_has_its_own_file_and_chars_keeps_the_name_before_byte_fallb
 
 def test_an_unknown_recipe_names_the_choices(monkeypatch):
   monkeypatch.setenv("DECAL_BUILTIN_VOCAB", "bites")
-  with pytest.raises(ValueError, match=r"'bites' \(DECAL_BUILTIN_VOCAB\).*\['bytes', 'chars'\]"):
+  with pytest.raises(settings.SettingError,
+                     match=r"DECAL_BUILTIN_VOCAB='bites' is not allowed.*one of bytes, chars"):
     vocabularies.builtin_vocabulary()
+  with pytest.raises(ValueError, match=r"recipe 'bites'; choose one of \['bytes', 'chars'\]"):
+    vocabularies.builtin_vocabulary(recipe="bites")
 
 
 def test_a_different_corpus_builds_a_different_file(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 
-from decal_jax.data import hf_vocabularies
+from decal_jax.data import hf_vocabularies, seqio_vocabularies
 from hf_import_helpers import TEXTS, _write_tokenizer
 
 
@@ -54,7 +54,7 @@ def test_tokenizer_vocabulary_is_recorded_by_its_file_contents(hf_tokenizer, tmp
   from decal_jax.runtime import vocabulary_record  # pylint: disable=g-import-not-at-top
   from decal_jax.data import vocabularies  # pylint: disable=g-import-not-at-top
   tokenizer, path = hf_tokenizer
-  identity = vocabularies.vocabulary_identity(hf_vocabularies.HfTokenizerVocabulary(str(path)))
+  identity = seqio_vocabularies.vocabulary_identity(hf_vocabularies.HfTokenizerVocabulary(str(path)))
   assert identity == {"class": "HfTokenizerVocabulary", "vocab_size": tokenizer.get_vocab_size(),
                       "file": "tokenizer.json",
                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
