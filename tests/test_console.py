@@ -28,7 +28,7 @@ def test_library_warnings_go_through_tqdm_write_only_inside_the_block(monkeypatc
 
 def test_native_stderr_is_hidden_only_inside_the_block():
   code = ("import os, sys\n"
-          "from decal_jax import console\n"
+          "from decal_jax.runtime import console\n"
           "with console.native_stderr_hidden():\n"
           "  os.write(2, b'native inside\\n')\n"
           "os.write(2, b'native after\\n')\n"

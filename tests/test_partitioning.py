@@ -51,7 +51,7 @@ RUN_ARGS = ["--gin_file=models/decal_tiny.gin", "--gin_file=runs/pretrain.gin",
 SETUP = textwrap.dedent('''
     import gin
     import decal_jax.tasks
-    from decal_jax import gin_utils
+    from decal_jax.runtime import gin_utils
     gin_utils.parse(*gin_utils.split_args(RUN_ARGS + ["--gin.MODEL_DIR='unused'"]))
     model = gin.query_parameter("%MODEL").scoped_configurable_fn()
     data = gin.query_parameter("decal_jax.runtime.trainer.train.train_dataset_cfg").scoped_configurable_fn()
@@ -76,7 +76,8 @@ MESH_SCRIPT = textwrap.dedent("""
     RUN_ARGS, CKPT_DIR, REFERENCE = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     STEPS = int(sys.argv[4])
 """) + SETUP + textwrap.dedent("""
-    from decal_jax import checkpoints, partitioning, train_state, trainer
+    from decal_jax import partitioning
+    from decal_jax.runtime import checkpoints, train_state, trainer
     from decal_jax.data import pipeline
     batches = list(global_batches(STEPS))
     flat = lambda t: flax.traverse_util.flatten_dict(flax.core.unfreeze(t), sep="/")

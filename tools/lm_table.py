@@ -35,15 +35,15 @@ VARIANTS = {
     # diagnostics: the scorer frozen at initialisation; the scorer at the LM's learning rate
     "dodo-random-scorer": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
                            "from __gin__ import dynamic_registration",
-                           "from decal_jax import optimizers",
-                           "from decal_jax import trainer",
+                           "from decal_jax.runtime import optimizers",
+                           "from decal_jax.runtime import trainer",
                            "trainer.train.optimizer = @optimizers.partially_frozen()",
                            "optimizers.partially_frozen.optimizer = @optimizers.adamw()",
                            "optimizers.partially_frozen.trainable = ('stack',)"],
     "dodo-scorer-lr-x1": ["SELECTION = 'nuggets'", f"WINDOW = {WINDOW}",
                           "from __gin__ import dynamic_registration",
-                          "from decal_jax import optimizers",
-                          "from decal_jax import trainer",
+                          "from decal_jax.runtime import optimizers",
+                          "from decal_jax.runtime import trainer",
                           "trainer.train.optimizer = @optimizers.adamw()"],
     "full": None,  # the plain decoder
 }

@@ -48,7 +48,7 @@ def test_a_second_trainer_on_a_model_dir_in_use_is_refused_naming_the_first(
   `trainer.train` does for its whole run."""
   model_dir = _copy(two_checkpoints, tmp_path)
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time\nfrom decal_jax import run_lock\n"
+      [sys.executable, "-c", "import sys, time\nfrom decal_jax.runtime import run_lock\n"
        f"with run_lock.hold({str(model_dir)!r}, command='first trainer'):\n"
        "  print('held', flush=True)\n  time.sleep(600)"],
       env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
@@ -203,7 +203,7 @@ def test_eval_output_dir_gets_the_results_of_a_read_only_model_dir(
 TWO_PROCESS_HOLD = """
 import sys
 import jax
-from decal_jax import run_lock
+from decal_jax.runtime import run_lock
 jax.distributed.initialize(f"localhost:{sys.argv[1]}", num_processes=2,
                            process_id=int(sys.argv[2]))
 try:
