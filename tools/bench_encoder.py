@@ -78,6 +78,12 @@ def plot(rows, path: str, title: str) -> None:
   results_files.save_figure(fig, path)
 
 
+def _init_params(cfg: T5Config):
+  model, ones = Transformer(cfg), jnp.ones((1, 8), jnp.int32)
+  return jax.jit(lambda r: model.init(r, ones, ones[:, :4], ones[:, :4],
+                                      enable_dropout=False)["params"])(jax.random.PRNGKey(0))
+
+
 def run(args) -> str:
   base = T5Config(vocab_size=32128, **SIZES[args.size])
   rows = []
@@ -85,14 +91,10 @@ def run(args) -> str:
     baseline = None
     for ratio in args.ratios:
       cfg = dataclasses.replace(base, compression_ratio=ratio)
-      model = Transformer(cfg)
-      ones = jnp.ones((1, 8), jnp.int32)
-      params = jax.jit(lambda r: model.init(r, ones, ones[:, :4], ones[:, :4],
-                                            enable_dropout=False)["params"])(jax.random.PRNGKey(0))
-      result = measure(cfg, args.batch, n, args.decode_len, args.repeats, params)
+      result = measure(cfg, args.batch, n, args.decode_len, args.repeats, _init_params(cfg))
       baseline = baseline or result
       rel = [r / b for r, b in zip(result, baseline)]
-      rows.append((n, ratio, -(-n // ratio), *result, *rel))
+      rows.append((n, ratio, cfg.compression.output_length(n), *result, *rel))
       print(f"n={n:5d} C={ratio}: encoder {result[0] * 1e3:9.2f} ms ({rel[0]:.2f}x)  "
             f"{result[1] / 1e9:9.2f} GFLOP ({rel[1]:.2f}x) | decoder step "
             f"{result[2] * 1e3:7.3f} ms ({rel[2]:.2f}x) {result[3] / 1e6:9.2f} MFLOP "

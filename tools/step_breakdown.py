@@ -1,5 +1,6 @@
 """The parts of a T5 (DeCAL) train step timed on their own, each compiled alone: an encoder
-and a decoder attention layer, the MLP, the latents, the relative-position biases, the
+and a decoder attention layer, the MLP, the compressor's own parts (`Compressor.cost_parts`:
+DeCAL's latents, AttnPool's layer, CCProxy's memory), the relative-position biases, the
 embedding + logits + loss head, and the optimizer update; for
 
   python -m tools.bench_train --breakdown ...
@@ -16,7 +17,6 @@ import optax
 from decal_jax import losses
 from decal_jax.runtime import optimizers, train_state
 from tools.benchmarking import median_seconds, xla_cost
-from decal_jax.compress.latents import DecalLatents
 from decal_jax.data import batches
 from decal_jax.layers import attention as attn
 from decal_jax.layers.core import DenseGeneral, Embed, MlpBlock, RMSNorm
@@ -45,16 +45,6 @@ class _MlpPart(nn.Module):
     cfg = self.cfg
     return x + MlpBlock(cfg.mlp_dim, cfg.mlp_activations, 0.0, cfg.dtype)(
         RMSNorm(dtype=cfg.dtype)(x))
-
-
-class _LatentsPart(nn.Module):
-  """DeCAL: pooled latents, prepended to the token embeddings."""
-  cfg: T5Config
-
-  @nn.compact
-  def __call__(self, x, tokens, positions):
-    lat = DecalLatents(self.cfg.latent_config(), self.cfg.dtype)(x, tokens, positions)
-    return jnp.concatenate([lat.embeddings, x], axis=1)  # [batch, m + n, embed]
 
 
 class _RelposPart(nn.Module):
@@ -89,8 +79,7 @@ def _part_specs(setup, rng: np.random.RandomState):
   """(name, calls per step, module, inputs) of every part of this T5 step."""
   cfg = setup.model.module.config
   b, n, t = setup.batch_size, setup.lengths["inputs"], setup.lengths["targets"]
-  m = -(-n // cfg.compression_ratio) if cfg.compressed else n
-  length = n + m if cfg.compressed and cfg.compressor in ("latents", "memory_tokens") else n
+  m, length = cfg.compression.output_length(n), cfg.compression.encoder_length(n)
   floats = lambda *shape: jnp.asarray(rng.randn(*shape), cfg.dtype)  # noqa: E731
   tokens = lambda k: jnp.asarray(rng.randint(2, cfg.vocab_size, (b, k)), jnp.int32)  # noqa: E731
   ones = lambda q, k: jnp.ones((b, 1, q, k), jnp.float32)  # noqa: E731
@@ -115,9 +104,8 @@ def _part_specs(setup, rng: np.random.RandomState):
       ("relative position biases", 1, _RelposPart(cfg), (positions(length), positions(t))),
       ("embeddings, logits, loss", 1, _HeadPart(cfg),
        (floats(b, t, cfg.emb_dim), tokens(n), tokens(t)))]
-  if cfg.compressed and cfg.compressor == "latents":
-    specs.insert(2, ("DeCAL pooling + concat", 1, _LatentsPart(cfg),
-                     (floats(b, n, cfg.emb_dim), tokens(n), positions(n))))
+  specs[2:2] = [tuple(part) for part in cfg.compression.cost_parts(
+      cfg, floats(b, n, cfg.emb_dim), tokens(n), positions(n))]
   return specs
 
 

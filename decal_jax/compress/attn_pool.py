@@ -9,13 +9,18 @@ its final states `h` `[batch, n, embed]` down to m = ceil(n / C) vectors:
 Pooled query j attends to every real token of its own packed segment, not only to its own
 window. Windows are the same fixed windows DeCAL uses (`latents.latent_layout`), so the
 decoder's mask over the m outputs is DeCAL's.
+
+`AttnPoolCompressor` is the method's compressor config ('attn_pool' in compress/registry.py).
 """
-from typing import NamedTuple, Optional
+import dataclasses
+from typing import ClassVar, NamedTuple, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from decal_jax.compress.latents import LatentConfig, latent_layout, masked_mean_pool
+from decal_jax.compress.base import Compressor, CostPart, OutputsPart
+from decal_jax.compress.latents import (LatentConfig, latent_layout, masked_mean_pool,
+                                        window_validity)
 from decal_jax.layers import attention as attn
 from decal_jax.layers.core import Array, DType, RMSNorm
 
@@ -53,3 +58,28 @@ class AttnPool(nn.Module):
                                 name="pool_attention")(h, encoded, attn.mask_to_bias(mask))
     pooled = RMSNorm(dtype=self.dtype, name="pool_norm")(queries + h)  # [batch, m, embed]
     return Pooled(pooled, layout.valid)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnPoolCompressor(Compressor):
+  """AttnPool (`T5Config.compressor = 'attn_pool'`): the encoder runs uncompressed over the
+  n tokens, then one `AttnPool` layer reduces its final states to m = ceil(n / C)."""
+  label: ClassVar[str] = "AttnPool"
+
+  def module(self, cfg) -> AttnPool:
+    return AttnPool(self.ratio, cfg.num_heads, cfg.head_dim, cfg.dtype, name="attn_pool")
+
+  def encoder_outputs(self, cfg, states, stream, tokens, positions, segment_ids):
+    pooled = self.module(cfg)(states, tokens, positions, segment_ids)
+    return pooled.embeddings, pooled.valid  # [batch, m, embed], [batch, m]
+
+  def encoded_validity(self, tokens, segment_ids=None):
+    return window_validity(LatentConfig(self.ratio), tokens, segment_ids)
+
+  def own_flops(self, n: int, count) -> float:
+    m = self.output_length(n)
+    return count.mean_pool(n, m) + count.attention(m, n)  # the queries, then the layer
+
+  def cost_parts(self, cfg, embeddings, tokens, positions):
+    return [CostPart("AttnPool layer", 1, OutputsPart(self, cfg),
+                     (embeddings, tokens, positions))]

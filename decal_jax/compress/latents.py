@@ -10,15 +10,20 @@ the tokens assigned to each latent (fixed windows of C tokens, or variable windo
 end at boundary tokens such as sentence punctuation). The encoder then runs unchanged over
 [l; x] and only the m latent states leave it. Latent j sits at the integer mean of its
 tokens' positions, which is what the T5 relative position bias sees.
+
+`DecalCompressor` is the method's compressor config for the T5 encoder ('latents' in
+`compress/registry.py`; `compress/base.py` says what a compressor answers).
 """
 import dataclasses
 import math
-from typing import NamedTuple, Optional, Sequence
+from typing import ClassVar, NamedTuple, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from decal_jax.compress.base import (Compressor, CostPart, EncoderStream, InputsPart,
+                                     check_ratio, fixed_window_validity)
 from decal_jax.layers.core import Array, DType, RMSNorm, param_with_axes
 
 
@@ -40,10 +45,7 @@ class LatentConfig:
   max_window: Optional[int] = None
 
   def __post_init__(self):
-    if isinstance(self.ratio, bool) or not isinstance(self.ratio, int) or self.ratio < 1:
-      raise ValueError(
-          f"The compression ratio C must be an integer >= 1, got {self.ratio!r}. Set e.g. "
-          "`T5Config.compression_ratio = 4` (C = 1 is the uncompressed T5 encoder).")
+    check_ratio(self.ratio)
     if self.max_window is not None and self.max_window < 1:
       raise ValueError(f"max_window must be >= 1, got {self.max_window}.")
 
@@ -129,13 +131,16 @@ def latent_layout(config: LatentConfig, tokens: Array, positions: Array,
                       jnp.where(valid, seg, 0).astype(jnp.int32))
 
 
-def fixed_window_validity(tokens: Array, ratio: int) -> Array:
-  """Which of the ceil(n / C) fixed windows hold a real token: `[batch, n]` -> `[batch, m]`.
-  The cheap path for unpacked inputs (what the decoder needs at every decoding step)."""
-  batch, n = tokens.shape
-  m = -(-n // ratio)
-  padded = jnp.pad(tokens > 0, ((0, 0), (0, m * ratio - n)))  # [batch, m * C]
-  return jnp.any(padded.reshape(batch, m, ratio), axis=-1)
+def window_validity(config: LatentConfig, tokens: Array, segment_ids: Optional[Array] = None
+                    ) -> Tuple[Array, Optional[Array]]:
+  """(valid `[batch, m]`, segment ids `[batch, m]` or None) of the windows from the raw tokens
+  `[batch, n]`: the cheap fixed-window path for unpacked inputs without boundary tokens,
+  else the full layout."""
+  if segment_ids is None and not config.boundary_token_ids:
+    return fixed_window_validity(tokens, config.ratio), None
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  layout = latent_layout(config, tokens, positions, segment_ids)
+  return layout.valid, (layout.segment_ids if segment_ids is not None else None)
 
 
 def masked_mean_pool(x: Array, layout: LatentLayout) -> Array:
@@ -163,3 +168,74 @@ class DecalLatents(nn.Module):
     latents = RMSNorm(dtype=self.dtype, name="latent_norm")(seed)  # [batch, m, embed]
     return Latents(latents, layout.valid, layout.positions, layout.segment_ids,
                    layout.assignment)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecalCompressor(Compressor):
+  """DeCAL (`T5Config.compressor = 'latents'`): m = ceil(n / C) latents prepended, the
+  encoder runs over [latents; tokens] and only the latent states leave it.
+
+  Attributes (`T5Config` fields in brackets): use_pooling [use_pooling], separate_params
+  [separate_latent_params]: the latents get their own layer parameters (attention still
+  joint), boundary_token_ids [latent_boundary_token_ids], max_window [latent_max_window]:
+  see `LatentConfig`.
+  """
+  use_pooling: bool = True
+  separate_params: bool = False
+  boundary_token_ids: Tuple[int, ...] = ()
+  max_window: Optional[int] = None
+  label: ClassVar[str] = "DeCAL latents"
+  exclusive_options: ClassVar[Tuple[str, ...]] = ("use_pooling", "separate_latent_params",
+                                                  "latent_boundary_token_ids")
+
+  def __post_init__(self):
+    object.__setattr__(self, "boundary_token_ids", tuple(self.boundary_token_ids))
+    self.latent_config()  # validates, with LatentConfig's messages
+
+  @classmethod
+  def from_t5(cls, cfg) -> "DecalCompressor":
+    return cls(ratio=cfg.compression_ratio, use_pooling=cfg.use_pooling,
+               separate_params=cfg.separate_latent_params,
+               boundary_token_ids=tuple(cfg.latent_boundary_token_ids),
+               max_window=cfg.latent_max_window)
+
+  def latent_config(self) -> LatentConfig:
+    return LatentConfig(ratio=self.ratio, use_pooling=self.use_pooling,
+                        boundary_token_ids=self.boundary_token_ids, max_window=self.max_window)
+
+  @property
+  def compresses(self) -> bool:
+    return self.ratio > 1 or bool(self.boundary_token_ids)
+
+  def module(self, cfg) -> DecalLatents:
+    return DecalLatents(self.latent_config(), cfg.dtype, name="latents")
+
+  def encoder_length(self, n: int) -> int:
+    return self.output_length(n) + n
+
+  def encoder_inputs(self, cfg, x, tokens, positions, segment_ids) -> EncoderStream:
+    """[latents; tokens]: x `[batch, m + n, embed]` and its valid / positions / segments."""
+    lat = self.module(cfg)(x, tokens, positions, segment_ids)
+    m = lat.embeddings.shape[1]
+    seg = None
+    if segment_ids is not None:
+      seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)  # [batch, m + n]
+    return EncoderStream(jnp.concatenate([lat.embeddings, x], axis=1),  # [batch, m + n, embed]
+                         jnp.concatenate([lat.valid, tokens > 0], axis=1),
+                         jnp.concatenate([lat.positions, positions], axis=1), seg,
+                         separate_prefix=m if self.separate_params else 0)
+
+  def encoder_outputs(self, cfg, states, stream, tokens, positions, segment_ids):
+    m = states.shape[1] - tokens.shape[1]
+    return states[:, :m], stream.valid[:, :m]  # only the latents leave the encoder
+
+  def encoded_validity(self, tokens, segment_ids=None):
+    return window_validity(self.latent_config(), tokens, segment_ids)
+
+  def own_flops(self, n: int, count) -> float:
+    m = self.output_length(n)
+    return count.mean_pool(n, m) + 2 * n * m  # + the latent positions, [n] x [n, m]
+
+  def cost_parts(self, cfg, embeddings, tokens, positions):
+    return [CostPart("DeCAL pooling + concat", 1, InputsPart(self, cfg),
+                     (embeddings, tokens, positions))]

@@ -6,12 +6,15 @@ spends its compute; norms, softmax and activations add a few percent at realisti
 
     encoder          every layer over L positions: QKV + scores + weighted sum + output
                      projection + gated MLP; L = n (plain, AttnPool), m + n (DeCAL latents),
-                     n + m (CCProxy memory); plus DeCAL's pooling or AttnPool's layer
+                     n + m (CCProxy memory); plus DeCAL's pooling or AttnPool's layer.
+                     The compressor counts its part (`Compressor.encoder_flops`, given
+                     `EncoderCounts`, the T5 pieces), so a new one brings its own count.
     cross_attention  decoder queries / outputs over t targets, keys / values over m encodings
     decoder          the rest of the decoder: self-attention, MLP, logits
 
-where m = ceil(n / C). Decoding one token at a time with a cache costs about the same
-per token; these are teacher-forced numbers.
+where m = `cfg.compression.output_length(n)` (ceil(n / C); n uncompressed). Decoding one
+token at a time with a cache costs about the same per token; these are teacher-forced
+numbers.
 
 Decoder-only models (`networks/decoder.py`) and Squid (`networks/squid.py`) are counted per
 example by `decoder_flops` (a LLaMA-style decoder over new positions, GQA-aware, SwiGLU, LM
@@ -28,7 +31,6 @@ GPTHF (`networks/gpthf.py`) and its GPT baselines are counted per example by
 `generate_uncached`): see their docstrings for exactly which keys each counts.
 """
 import dataclasses
-import math
 import numbers
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -64,23 +66,33 @@ def _encoder_layer(cfg: T5Config, length: int) -> float:
   return _attention(cfg, length, length) + _mlp(cfg, length)
 
 
+@dataclasses.dataclass(frozen=True)
+class EncoderCounts:
+  """The T5 pieces a compressor's `encoder_flops` / `own_flops` counts with, at `cfg`."""
+  cfg: T5Config
+
+  def attention(self, queries: int, keys: int) -> float:
+    """One attention layer (projections, scores, weighted sum) of queries over keys."""
+    return _attention(self.cfg, queries, keys)
+
+  def layers(self, length: int) -> float:
+    """The whole encoder stack over `length` positions."""
+    return self.cfg.num_encoder_layers * _encoder_layer(self.cfg, length)
+
+  def mean_pool(self, n: int, m: int) -> float:
+    """A masked mean of n token vectors into m: a [m, n] x [n, embed] product."""
+    return 2 * n * m * self.cfg.emb_dim
+
+
 def encoder_flops(cfg: T5Config, inputs_length: int) -> float:
-  n = inputs_length
-  if not cfg.compressed:
-    return cfg.num_encoder_layers * _encoder_layer(cfg, n)
-  m = math.ceil(n / cfg.compression_ratio)
-  pool = 2 * n * m * cfg.emb_dim  # masked mean pool, a [m, n] x [n, embed] product
-  if cfg.compressor == "latents":
-    return cfg.num_encoder_layers * _encoder_layer(cfg, m + n) + pool + 2 * n * m
-  if cfg.compressor == "memory_tokens":
-    return cfg.num_encoder_layers * _encoder_layer(cfg, n + m)
-  return cfg.num_encoder_layers * _encoder_layer(cfg, n) + pool + _attention(cfg, m, n)
+  """The encoder of one example of n tokens, its compressor's own work included."""
+  return cfg.compression.encoder_flops(inputs_length, EncoderCounts(cfg))
 
 
 def forward_flops(cfg: T5Config, inputs_length: int, targets_length: int) -> Flops:
   """Teacher-forced forward FLOPs of one example (n input tokens, t target tokens)."""
   t = targets_length
-  m = math.ceil(inputs_length / cfg.compression_ratio) if cfg.compressed else inputs_length
+  m = cfg.compression.output_length(inputs_length)
   layers = cfg.num_decoder_layers
   cross = layers * _attention(cfg, t, m)
   decoder = layers * (_attention(cfg, t, t) + _mlp(cfg, t)) + 2 * t * cfg.emb_dim * cfg.vocab_size

@@ -1,7 +1,9 @@
 """T5.1.1 encoder-decoder with an optional compressive encoder.
 
 With `compression_ratio = 1` the encoder is the plain T5.1.1 encoder. With C > 1 it outputs
-m = ceil(n / C) vectors for n tokens, made by one of three compressors (`T5Config.compressor`):
+m = ceil(n / C) vectors for n tokens, made by the compressor `T5Config.compressor` names (a
+key of `compress/registry.REGISTRY`; `T5Config.compression` is its typed config, which the
+encoder asks, `compress/base.py`):
 
 - 'latents' (DeCAL, `compress/latents.py`): m latents are prepended to the input, the
   encoder runs unchanged over [latents; tokens], only the latent states leave it.
@@ -9,6 +11,8 @@ m = ceil(n / C) vectors for n tokens, made by one of three compressors (`T5Confi
   attention-pooling layer with stride-C mean-pooled queries reduces its output.
 - 'memory_tokens' (CCProxy, `compress/memory.py`): m learned memory tokens are appended,
   the encoder attends causally, only the memory states leave it.
+
+A new compressor is one file in compress/ plus its registration; nothing here names one.
 
 The decoder cross-attends to the m vectors with the window padding mask.
 
@@ -27,10 +31,9 @@ import jax
 import jax.numpy as jnp
 from flax.linen import partitioning as nn_partitioning
 
-from decal_jax.compress.attn_pool import AttnPool
-from decal_jax.compress.latents import (DecalLatents, LatentConfig, fixed_window_validity,
-                                        latent_layout)
-from decal_jax.compress.memory import MemoryTokens
+from decal_jax.compress import registry
+from decal_jax.compress.base import Compressor, check_ratio
+from decal_jax.compress.latents import LatentConfig
 from decal_jax.layers import attention as attn
 from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
@@ -64,7 +67,8 @@ class T5Config:
   dtype: Any = jnp.float32
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
-  # Compression: C and the compressor ('latents' = DeCAL, 'attn_pool', 'memory_tokens').
+  # Compression: C and the compressor, a name in compress/registry.REGISTRY ('latents' =
+  # DeCAL, 'attn_pool', 'memory_tokens' = CCProxy), resolved to `self.compression`.
   compression_ratio: int = 1
   compressor: str = "latents"
   max_memory_tokens: int = 512  # 'memory_tokens': rows of the memory table (>= ceil(n / C))
@@ -82,18 +86,9 @@ class T5Config:
   #                                   / 'auto' (layers/attention.py)
 
   def __post_init__(self):
-    self.latent_config()  # validates the compression settings early, with a clear message
+    check_ratio(self.compression_ratio)  # early, with a clear message
+    registry.resolve(self)  # the compressor's name and options: checked now, clearly
     self._check_performance_options()
-    if self.compressor not in COMPRESSORS:
-      raise ValueError(f"Unknown T5Config.compressor {self.compressor!r}; choose one of "
-                       f"{COMPRESSORS}.")
-    latent_only = {"use_pooling": not self.use_pooling,
-                   "separate_latent_params": self.separate_latent_params,
-                   "latent_boundary_token_ids": bool(self.latent_boundary_token_ids)}
-    for name, changed in latent_only.items():
-      if changed and self.compressor != "latents":
-        raise ValueError(f"T5Config.{name} is a DeCAL latents option but compressor is "
-                         f"{self.compressor!r}; leave {name} at its default.")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) < 1:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}.")
@@ -119,16 +114,21 @@ class T5Config:
                        "ATTENTION_KERNEL = 'einsum'.")
 
   def latent_config(self) -> LatentConfig:
+    """The DeCAL latent settings of this config (whatever its compressor)."""
     return LatentConfig(ratio=self.compression_ratio, use_pooling=self.use_pooling,
                         boundary_token_ids=tuple(self.latent_boundary_token_ids),
                         max_window=self.latent_max_window)
 
   @property
+  def compression(self) -> Compressor:
+    """The compressor config (`compress/base.Compressor`) built from the fields:
+    `NoCompressor` when C = 1. Derived, not stored: equality, hashing, `vars()` and gin see
+    the name and the options only."""
+    return registry.resolve(self)
+
+  @property
   def compressed(self) -> bool:
-    return self.compression_ratio > 1 or bool(self.latent_boundary_token_ids)
-
-
-COMPRESSORS = ("latents", "attn_pool", "memory_tokens")
+    return self.compression.compresses
 
 
 def _positions_or_default(tokens: Array, positions: Optional[Array]) -> Array:
@@ -179,10 +179,10 @@ def _layer_output(x: Array, scanned: bool):
 
 # ------------------------------------------------------------------------------ encoder
 class EncoderLayer(nn.Module):
-  """Pre-norm self-attention + gated MLP. With `separate_latent_params`, the first
-  `num_latents` positions (the DeCAL latents) use their own norms, projections and MLP,
-  while attention still runs jointly over latents and tokens. `scanned`: called by
-  `nn.scan`, so it returns (x, None)."""
+  """Pre-norm self-attention + gated MLP. The first `num_latents` positions (a compressor's
+  `EncoderStream.separate_prefix`: DeCAL latents with `separate_latent_params`) use their
+  own norms, projections and MLP, while attention still runs jointly over them and the
+  tokens. `scanned`: called by `nn.scan`, so it returns (x, None)."""
   config: T5Config
   num_latents: int = 0
   deterministic: bool = True
@@ -204,7 +204,7 @@ class EncoderLayer(nn.Module):
     """x `[batch, length, embed]`; bias `[batch, heads, length, length]` and mask `[batch, 1,
     length, length]` as `attn.split_bias_and_mask` gives them for the attention kernel."""
     cfg, deterministic = self.config, self.deterministic
-    split = self.num_latents if cfg.separate_latent_params else 0
+    split = self.num_latents
     groups = [self._params("")] if split == 0 else [self._params("latent_"), self._params("")]
     parts = [x] if split == 0 else [x[:, :split], x[:, split:]]
     dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -226,7 +226,7 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-  """T5.1.1 encoder; with C > 1 it outputs the m vectors of `config.compressor`."""
+  """T5.1.1 encoder; with C > 1 it outputs the m vectors of `config.compression`."""
   config: T5Config
   shared_embedding: nn.Module
 
@@ -242,62 +242,27 @@ class Encoder(nn.Module):
     if compression_ratio is not None:
       cfg = dataclasses.replace(cfg, compression_ratio=compression_ratio)
     positions = _positions_or_default(tokens, positions)
-    valid = tokens > 0  # [batch, n]
     x = self.shared_embedding(tokens.astype(jnp.int32))  # [batch, n, embed]
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
-    n, num_latents, causal = tokens.shape[1], 0, False
-    seg = segment_ids
-    if cfg.compressed and cfg.compressor == "latents":
-      x, valid, positions, seg, num_latents = self._prepend_latents(cfg, x, tokens, positions,
-                                                                    segment_ids)
-    elif cfg.compressed and cfg.compressor == "memory_tokens":
-      x, valid, positions = self._append_memory(cfg, x, tokens, positions, segment_ids)
-      causal = True
-    x = with_sharding_constraint(x, ("batch", "length", "embed"))
+    # The compressor builds its modules here, in this scope (encoder/latents, ...).
+    stream = cfg.compression.encoder_inputs(cfg, x, tokens, positions, segment_ids)
+    x = with_sharding_constraint(stream.x, ("batch", "length", "embed"))  # [batch, L, embed]
 
-    mask = attn.combine_masks(attn.make_attention_mask(valid, valid), _segment_mask(seg, seg),
-                              attn.make_causal_mask(positions) if causal else None)
+    mask = attn.combine_masks(
+        attn.make_attention_mask(stream.valid, stream.valid),
+        _segment_mask(stream.segment_ids, stream.segment_ids),
+        attn.make_causal_mask(stream.positions) if stream.causal else None)
     relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
                                          cfg.relative_attention_max_distance, cfg.num_heads,
                                          cfg.dtype, name="relpos_bias")
-    bias, mask = attn.split_bias_and_mask(relpos(positions, positions, bidirectional=True),
-                                          mask, cfg.attention_kernel, cfg.dtype)
+    bias, mask = attn.split_bias_and_mask(
+        relpos(stream.positions, stream.positions, bidirectional=True), mask,
+        cfg.attention_kernel, cfg.dtype)
     x = layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, bias, mask,
-                    num_latents=num_latents, deterministic=deterministic)
+                    num_latents=stream.separate_prefix, deterministic=deterministic)
     x = RMSNorm(dtype=cfg.dtype, name="encoder_norm")(x)
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic)
-    if not cfg.compressed:
-      return x, valid
-    if cfg.compressor == "latents":
-      return x[:, :num_latents], valid[:, :num_latents]  # only latents leave the encoder
-    if cfg.compressor == "memory_tokens":
-      return x[:, n:], valid[:, n:]  # only the memory tokens leave the encoder
-    pooled = AttnPool(cfg.compression_ratio, cfg.num_heads, cfg.head_dim, cfg.dtype,
-                      name="attn_pool")(x, tokens, positions, segment_ids)
-    return pooled.embeddings, pooled.valid
-
-  def _prepend_latents(self, cfg, x, tokens, positions, segment_ids):
-    """DeCAL: [latents; tokens] -> (x `[batch, m + n, embed]`, valid, positions, segment ids,
-    m)."""
-    lat = DecalLatents(cfg.latent_config(), cfg.dtype, name="latents")(
-        x, tokens, positions, segment_ids)
-    seg = None
-    if segment_ids is not None:
-      seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)
-    return (jnp.concatenate([lat.embeddings, x], axis=1),  # [batch, m + n, embed]
-            jnp.concatenate([lat.valid, tokens > 0], axis=1),
-            jnp.concatenate([lat.positions, positions], axis=1), seg, lat.embeddings.shape[1])
-
-  def _append_memory(self, cfg, x, tokens, positions, segment_ids):
-    """CCProxy: [tokens; memory] -> (x `[batch, n + m, embed]`, valid, positions)."""
-    if segment_ids is not None:
-      raise ValueError("CCProxy memory tokens need unpacked, right-padded inputs; set "
-                       "DatasetConfig.pack = False.")
-    mem = MemoryTokens(cfg.compression_ratio, cfg.max_memory_tokens, cfg.dtype,
-                       name="memory")(tokens, x.shape[-1])
-    return (jnp.concatenate([x, mem.embeddings], axis=1),  # [batch, n + m, embed]
-            jnp.concatenate([tokens > 0, mem.valid], axis=1),
-            jnp.concatenate([positions, mem.positions], axis=1))
+    return cfg.compression.encoder_outputs(cfg, x, stream, tokens, positions, segment_ids)
 
 
 def encoded_validity(config: T5Config, encoder_input_tokens: Array,
@@ -307,14 +272,7 @@ def encoded_validity(config: T5Config, encoder_input_tokens: Array,
   Returns (valid `[batch, m]`, segment ids `[batch, m]` or None). The decoder needs this
   because T5X hands `decode` the raw encoder tokens, not the encoder's own mask.
   """
-  valid = encoder_input_tokens > 0
-  if not config.compressed:
-    return valid, encoder_segment_ids
-  if encoder_segment_ids is None and not config.latent_boundary_token_ids:
-    return fixed_window_validity(encoder_input_tokens, config.compression_ratio), None
-  layout = latent_layout(config.latent_config(), encoder_input_tokens,
-                         _positions_or_default(encoder_input_tokens, None), encoder_segment_ids)
-  return layout.valid, (layout.segment_ids if encoder_segment_ids is not None else None)
+  return config.compression.encoded_validity(encoder_input_tokens, encoder_segment_ids)
 
 
 # ------------------------------------------------------------------------------ decoder
