@@ -19,11 +19,11 @@ def test_run_gin_files_bind_every_argument(run_file, fn_name):
               "INITIAL_CHECKPOINT_PATH = '/tmp/pretrained'"]
   _parse(run_file, bindings=bindings)
   module_name, name_in_module = fn_name.split(".")
-  fn = getattr(importlib.import_module(f"decal_jax.{module_name}"), name_in_module)
+  fn = getattr(importlib.import_module(f"decal_jax.runtime.{module_name}"), name_in_module)
   required = [name for name, p in inspect.signature(fn).parameters.items()
               if p.default is inspect.Parameter.empty and name != "gin_config_text"]
   for name in required:
-    value = gin.query_parameter(f"decal_jax.{fn_name}.{name}")
+    value = gin.query_parameter(f"decal_jax.runtime.{fn_name}.{name}")
     assert value is not None, name
   model = _build_model()
   assert model.module.config.compression_ratio == 4
