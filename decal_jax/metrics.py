@@ -68,7 +68,7 @@ class MetricsWriter:
 
   def _writer(self, folder: str):
     if folder not in self._writers:
-      from clu import metric_writers  # pylint: disable=import-outside-toplevel
+      from clu import metric_writers
       self._writers[folder] = metric_writers.SummaryWriter(os.path.join(self.model_dir, folder))
     return self._writers[folder]
 

@@ -333,7 +333,7 @@ def distributed_settings(coordinator_address, num_processes, process_id, local_d
   """`jax.distributed.initialize` keyword arguments, {} for JAX's auto-detection, or None
   for a single-process run. Arguments win; the DECAL_* variables in `environ` fill the rest
   (read and checked by decal_jax.settings)."""
-  env = lambda name: settings.get(name, environ)  # noqa: E731  (a short local reader)
+  env = lambda name: settings.get(name, environ)
   coordinator_address = coordinator_address or env(ENV_COORDINATOR_ADDRESS)
   num_processes = int(num_processes) if num_processes is not None else env(ENV_NUM_PROCESSES)
   process_id = int(process_id) if process_id is not None else env(ENV_PROCESS_ID)

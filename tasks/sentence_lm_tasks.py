@@ -44,7 +44,7 @@ def register_text_sentence_lm_task(name: str, split_files: Mapping[str, str],
   """Sentence LM task over your plain-text files, {split: path or glob}; tokenized with
   `vocabulary`, default the model's (`vocabularies.task_vocabulary()` when read). A line
   that is not UTF-8 stops with its file and line, or is left out with bad_lines='skip'."""
-  source = lm_tasks._text_source(split_files, bad_lines)  # pylint: disable=protected-access
+  source = lm_tasks._text_source(split_files, bad_lines)
   return _register(name, source, vocabulary or vocabularies.deferred_vocabulary(), lines=True)
 
 
@@ -53,5 +53,5 @@ _register("decal_c4_sentence_lm", PreparedTfdsSource(C4_TFDS_NAME),
           vocabularies.deferred_vocabulary())
 _register("decal_real_text_sentence_lm", real_text.data_source(),
           vocabularies.deferred_vocabulary())
-_register(TEXT_SENTENCE_LM_TASK, lm_tasks._LocalTextLines(),  # pylint: disable=protected-access
+_register(TEXT_SENTENCE_LM_TASK, lm_tasks._LocalTextLines(),
           vocabularies.deferred_vocabulary(), lines=True)

@@ -206,7 +206,7 @@ def register_all() -> None:
     name = f"decal_text_squid_{stage}"
     source = autoencoding_tasks.LocalTextSource(autoencoding_tasks.TEXT_AUTOENCODE_FOLDER, name)
     _register_stream_task(name, source, vocabularies.deferred_vocabulary(), stage)
-  builtin_qa_records = downstream_tasks._builtin_qa_dataset  # pylint: disable=protected-access
+  builtin_qa_records = downstream_tasks._builtin_qa_dataset
   builtin_qa = seqio.FunctionDataSource(builtin_qa_records, splits=corpus.SPLITS)
   register_squid_qa_task("decal_builtin_squid_qa", builtin_qa, vocabularies.builtin_vocabulary())
   register_squid_qa_task("decal_squad_squid",

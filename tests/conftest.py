@@ -55,8 +55,8 @@ def builtin_vocabulary(monkeypatch):
   """Tasks of 'the model's' vocabulary tokenize with the built-in one (as a tiny model's gin
   binds it); no local data folder and the default bad-line mode unless a test sets them;
   gin cleared afterwards."""
-  import gin  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS above)
-  from decal_jax.data import vocabularies  # pylint: disable=import-outside-toplevel
+  import gin  # after XLA_FLAGS above
+  from decal_jax.data import vocabularies
   monkeypatch.delenv("DECAL_LOCAL_DATA_DIR", raising=False)
   monkeypatch.delenv("DECAL_BAD_LINES", raising=False)
   vocab = vocabularies.builtin_vocabulary()
@@ -76,6 +76,6 @@ def pytest_runtest_logreport(report):
     return
   longrepr = report.longrepr
   reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-  import json  # pylint: disable=import-outside-toplevel
+  import json
   with open(path, "a") as f:
     f.write(json.dumps({"nodeid": report.nodeid, "reason": reason}) + "\n")

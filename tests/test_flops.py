@@ -50,7 +50,7 @@ def test_compression_scales_the_encoder_and_cross_attention_as_derived():
   base = flops.forward_flops(CFG, N, T)
   decal = flops.forward_flops(dataclasses.replace(CFG, compression_ratio=2), N, T)
   inner, d = CFG.num_heads * CFG.head_dim, CFG.emb_dim
-  kv_and_scores = lambda keys: 2 * keys * d * inner * 2 + 4 * T * keys * inner  # noqa: E731
+  kv_and_scores = lambda keys: 2 * keys * d * inner * 2 + 4 * T * keys * inner
   assert (base.cross_attention - decal.cross_attention ==
           CFG.num_decoder_layers * (kv_and_scores(N) - kv_and_scores(N // 2)))
   assert decal.decoder == base.decoder
@@ -82,10 +82,10 @@ def _decoder_variables(cfg, cache_length):
 def test_decoder_flops_match_xla_forward_prefill_and_step(cfg):
   model, params, cache = _decoder_variables(cfg, SLOTS)
   prompt = jnp.ones((BATCH, PROMPT), jnp.int32)
-  forward = lambda p, t: model.apply({"params": p}, t, enable_dropout=False)  # noqa: E731
-  prefill = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,  # noqa: E731
+  forward = lambda p, t: model.apply({"params": p}, t, enable_dropout=False)
+  prefill = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,
                                         prefill=True, enable_dropout=False, mutable=["cache"])
-  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,  # noqa: E731
+  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,
                                      enable_dropout=False, mutable=["cache"])
   assert flops.decoder_flops(cfg, PROMPT) == pytest.approx(
       _xla_flops(forward, params, prompt) / BATCH, rel=0.10)
@@ -122,9 +122,9 @@ def test_squid_flops_match_xla_for_compress_read_and_a_decode_step():
   cache = jax.eval_shape(lambda p, pre: model.apply(
       {"params": p}, pre, None, answer, decode=True, enable_dropout=False, mutable=["cache"],
       method=Squid.decode)[1]["cache"], params, prefix)
-  compress = lambda p, t: model.apply({"params": p}, t, method=Squid.compress)  # noqa: E731
-  read = lambda p, c, q: model.apply({"params": p}, c, q, method=Squid.read)  # noqa: E731
-  step = lambda p, c, pre, t: model.apply(  # noqa: E731
+  compress = lambda p, t: model.apply({"params": p}, t, method=Squid.compress)
+  read = lambda p, c, q: model.apply({"params": p}, c, q, method=Squid.read)
+  step = lambda p, c, pre, t: model.apply(
       {"params": p, "cache": c}, pre, None, t, decode=True, enable_dropout=False,
       mutable=["cache"], method=Squid.decode)
   want = flops.squid_flops(SQUID, CONTEXT, QUERY, ANSWER)
@@ -195,10 +195,10 @@ def test_gpthf_flops_match_xla_for_cached_steps_and_a_parallel_pass():
   cache = jax.eval_shape(lambda p: model.apply(
       {"params": p}, tokens[:, :8], decode=True, enable_dropout=False,
       mutable=["cache"])[1]["cache"], params)
-  forward = lambda p, t: model.apply({"params": p}, t, enable_dropout=False)  # noqa: E731
-  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,  # noqa: E731
+  forward = lambda p, t: model.apply({"params": p}, t, enable_dropout=False)
+  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,
                                      enable_dropout=False, mutable=["cache"])
-  prompt_step = lambda p, c, t: step(p, c, t)[1]  # noqa: E731  (logits unread)
+  prompt_step = lambda p, c, t: step(p, c, t)[1]
   # One step scores all 64 sentence slots and all SLOTS body slots + its own row, densely.
   assert flops.gpthf_step_flops(GPTHF) == pytest.approx(
       _xla_flops(step, params, cache, tokens[:, :1]) / BATCH, rel=0.10)
@@ -213,9 +213,9 @@ def test_gpt_generation_steps_match_xla_as_generate_and_generate_uncached_run_th
   (the whole buffer, one position's logits read): what `gpt_generation_flops` sums."""
   model, params, cache = _decoder_variables(DEC, SLOTS)
   tokens = jnp.ones((BATCH, SLOTS), jnp.int32)
-  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,  # noqa: E731
+  step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True,
                                      enable_dropout=False, mutable=["cache"])
-  prompt_step = lambda p, c, t: step(p, c, t)[1]  # noqa: E731
+  prompt_step = lambda p, c, t: step(p, c, t)[1]
   prompt, new = SLOTS - 20, 20
   want = flops.gpt_generation_flops(DEC, prompt, new, cached=True)
   assert want.prompt / prompt == pytest.approx(
@@ -226,7 +226,7 @@ def test_gpt_generation_steps_match_xla_as_generate_and_generate_uncached_run_th
   # large, counting only that one would fall a third short.
   wide = dataclasses.replace(DEC, vocab_size=4096)
   wide_model, params, _ = _decoder_variables(wide, SLOTS)
-  uncached_step = lambda p, t, i: jnp.argmax(  # noqa: E731
+  uncached_step = lambda p, t, i: jnp.argmax(
       wide_model.apply({"params": p}, t, enable_dropout=False)[:, i], axis=-1)
   uncached = flops.gpt_generation_flops(wide, prompt, new, cached=False)
   assert uncached.prompt == 0

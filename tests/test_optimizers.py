@@ -153,7 +153,7 @@ def numpy_adafactor_step(param, grad, v_row, v_col, step, lr, rows, cols, batch=
   factored into row statistics (averaged over `cols`) and column statistics (over `rows`);
   the clipping and parameter RMS taken per slice of the `batch` axes."""
   over = tuple(i for i in range(param.ndim) if i not in batch)
-  rms = lambda x: np.sqrt(np.mean(x ** 2, axis=over, keepdims=True))  # noqa: E731
+  rms = lambda x: np.sqrt(np.mean(x ** 2, axis=over, keepdims=True))
   decay = 1.0 - (step + 1.0) ** -0.8
   g2 = grad ** 2 + 1e-30
   v_row = decay * v_row + (1 - decay) * g2.mean(axis=cols)

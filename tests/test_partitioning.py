@@ -375,7 +375,7 @@ def test_two_processes_match_one(tmp_path, eight):
   from decal_jax.runtime import checkpoints, train_state
   scope = {"np": np, "RUN_ARGS": RUN_ARGS}
   try:
-    exec(SETUP, scope)  # pylint: disable=exec-used  (the same model, in this process)
+    exec(SETUP, scope)  # the same model, in this process
   finally:
     import gin
     gin.clear_config()

@@ -104,7 +104,7 @@ ENTRY %main (p0: bf16[8,4], p1: bf16[4,2]) -> f32[8,2] {
   %get-tuple-element.4 = f32[8,2]{1,0} get-tuple-element(%fusion.2), index=0
   ROOT %copy.3 = f32[8,2]{1,0} copy(%get-tuple-element.4)
 }
-"""  # noqa: E501  (HLO lines as XLA prints them)
+"""
 
 
 def test_traffic_by_part_hand_worked():

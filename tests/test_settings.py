@@ -193,7 +193,7 @@ def test_the_table_lists_every_variable_with_its_default():
 
 
 def test_the_choices_are_the_librarys():
-  from decal_jax.data import local_files, vocabularies  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import local_files, vocabularies
   assert settings.setting("DECAL_BUILTIN_VOCAB").choices == tuple(vocabularies.BUILTIN_RECIPES)
   assert settings.setting("DECAL_BUILTIN_VOCAB").default == vocabularies.DEFAULT_RECIPE
   assert set(settings.setting("DECAL_BAD_LINES").choices) == set(local_files.BAD_LINE_POLICIES)

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import paths
 from decal_jax import train
 from decal_jax.runtime import checkpoints, gin_utils
 from decal_jax.networks.squid import Squid

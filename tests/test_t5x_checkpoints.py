@@ -186,7 +186,7 @@ def test_export_tool_writes_what_restore_reads_back(tmp_path):
   ckpt.save(5, {"params": params}, {}, force=True)
   ckpt.close()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(paths.REPO))
-  run = lambda *args: subprocess.run(  # noqa: E731
+  run = lambda *args: subprocess.run(
       [sys.executable, "-m", "decal_jax.commands.export_t5x", *args], env=env,
       capture_output=True, text=True, timeout=300)
   done = run("--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "t5x"),

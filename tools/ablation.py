@@ -342,9 +342,9 @@ def table(budget: Budget, results: Sequence[Mapping[str, object]]) -> str:
     acc = [g["pretrain_accuracy"] for g in group if g.get("pretrain_accuracy") is not None]
     pre = {"span_corruption": "span corruption", "autoencode": "autoencode + continuation",
            None: f"none (uses {r.get('finetune_from')}'s)"}[r["pretrain_objective"]]
-    rel = lambda k: (f"{r['flops'][k] / base['flops'][k]:.2f}x" if base else  # noqa: E731
+    rel = lambda k: (f"{r['flops'][k] / base['flops'][k]:.2f}x" if base else
                      f"{r['flops'][k]:.3g}")
-    metric = lambda k: _cell([g["metrics"].get(k, float("nan")) for g in group],  # noqa: E731
+    metric = lambda k: _cell([g["metrics"].get(k, float("nan")) for g in group],
                              ".1f")
     wall = sum(sum(g["seconds"].values()) for g in group) / len(group)
     lines.append(f"| {r['label']} | {pre} | {_cell(acc, '.3f') if acc else '-'} | "

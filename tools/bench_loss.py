@@ -15,13 +15,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from decal_jax import losses  # noqa: E402
-from tools.benchmarking import machine_record, median_seconds, xla_cost  # noqa: E402
-from tools.results_files import write_jsonl  # noqa: E402
+from decal_jax import losses
+from tools.benchmarking import machine_record, median_seconds, xla_cost
+from tools.results_files import write_jsonl
 
 
 def onehot_loss(logits, targets, weights, label_smoothing: float, z_loss: float):

@@ -63,7 +63,7 @@ def load_model(args) -> Tuple[Any, dict, str]:
   """(model, params, where they come from): the dual encoder that the size's gin files (plus
   --gin_bindings) configure, its passages at the largest ratio so that the weights include
   DeCAL's latent parameters; the latest checkpoint in --model_dir, else random weights."""
-  import gin  # pylint: disable=import-outside-toplevel
+  import gin
   files = [f"models/t5_1_1_{args.size}.gin", "models/decal.gin", "models/dual_encoder.gin"]
   bindings = [f"COMPRESSION_RATIO = {max(args.ratios)}",
               f"PROJECTION_DIM = {args.projection_dim}", *args.gin_bindings]
@@ -167,7 +167,7 @@ def build(model, params, ratio: int, corpus: Corpus, directory: str,
   """Encodes the corpus at passage ratio `ratio` into an index at `directory`; returns
   what it measured, the opened index and the (compiled) encoder."""
   model_c = with_passage_ratio(model, ratio)
-  encode = pipeline._padded_to(  # pylint: disable=protected-access
+  encode = pipeline._padded_to(
       args.batch_size, pipeline.encoder_fn(model_c, params, "passage"))
   compile_s = _first_call_per_width(encode, corpus.batches)
   inside = []
@@ -217,7 +217,7 @@ def computed_pairs(opened: index.Index, num_queries: int, query_width: int,
   query_rows = -(-num_queries // query_batch) * query_batch
   chunk = min(doc_batch_size, opened.num_docs)
   counts = np.diff(opened.offsets)  # [docs] stored vectors per doc
-  bucket = index._bucket  # pylint: disable=protected-access  (the padding rule search uses)
+  bucket = index._bucket  # the padding rule search uses
   doc_slots = sum(chunk * bucket(counts[start:start + chunk].max())
                   for start in range(0, opened.num_docs, chunk))
   return query_rows * query_width * doc_slots

@@ -104,7 +104,7 @@ def _qwen2_preset() -> Preset:
     try:
       small, large = decoders_from_gin(path)
       return Preset(small, large, "bfloat16", f"gin/{QWEN2_GIN}")
-    except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+    except (Exception, SystemExit) as e:
       tqdm.tqdm.write(f"could not read {path} ({e}); using the hard-coded Qwen2 shapes")
   small, large = _qwen2_hard_coded()
   return Preset(small, large, "bfloat16", "Qwen2-0.5B / Qwen2-7B config.json values "
@@ -388,7 +388,7 @@ def size_ratio(small: DecoderConfig, large: DecoderConfig, length: int) -> float
 def markdown(args, rows: Sequence[Row]) -> str:
   config = squid_config(args)
   qwen_small, qwen_large = _qwen2_hard_coded()
-  size_ratios = lambda small, large: " / ".join(  # noqa: E731
+  size_ratios = lambda small, large: " / ".join(
       f"{size_ratio(small, large, n):.1f}" for n in args.contexts)
   lines = benchmarking.header(
       "Squid vs the large decoder reading the whole context: latency and FLOPs", args.command,

@@ -53,20 +53,20 @@ from typing import Any, Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import gin  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import gin
+import jax
+import numpy as np
 
 from decal_jax import partitioning
 from decal_jax.networks import flops
 from decal_jax.runtime import gin_utils, optimizers, train_state, train_step
 from tools import step_breakdown
-from decal_jax.data import batches  # noqa: E402
-from tools.benchmarking import device_peak, machine_record, xla_cost  # noqa: E402
-from tools.profiles import (hlo_ops, op_parts, profile_ops, top_ops,  # noqa: E402
+from decal_jax.data import batches
+from tools.benchmarking import device_peak, machine_record, xla_cost
+from tools.profiles import (hlo_ops, op_parts, profile_ops, top_ops,
                                 traffic_parts)
-from tools.results_files import write_jsonl  # noqa: E402
-from decal_jax.networks.t5 import T5Config  # noqa: E402
+from tools.results_files import write_jsonl
+from decal_jax.networks.t5 import T5Config
 
 SYNTHETIC = ("synthetic batches: random ids, exact shapes, no padding or packing, on the "
              "mesh before timing (no input-pipeline cost)")
@@ -137,7 +137,7 @@ def synthetic_batch(setup: Setup, seed: int) -> Dict[str, np.ndarray]:
   """Random full-length examples of the configured shape (ids 2 .. vocab - 1)."""
   rng = np.random.RandomState(seed)
   vocab = getattr(getattr(setup.model.module, "config", None), "vocab_size", 1000)
-  shape = lambda key: (setup.batch_size, setup.lengths[key])  # noqa: E731
+  shape = lambda key: (setup.batch_size, setup.lengths[key])
   targets = rng.randint(2, vocab, shape("targets")).astype(np.int32)
   batch = {"decoder_target_tokens": targets,
            "decoder_input_tokens": np.pad(targets, ((0, 0), (1, 0)))[:, :-1],

@@ -24,11 +24,11 @@ from typing import Dict, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from tools.benchmarking import device_peak, machine_record  # noqa: E402
-from tools.results_files import write_jsonl  # noqa: E402
+from tools.benchmarking import device_peak, machine_record
+from tools.results_files import write_jsonl
 
 EMB, HEADS, HEAD_DIM, MLP = 512, 6, 64, 1024  # T5.1.1-small
 

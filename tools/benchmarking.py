@@ -50,7 +50,7 @@ def alternating(items: Sequence, repeat: int) -> List:
 def measure_sides(sides: Sequence, warmup: int, repeats: int, desc: str = "measure") -> None:
   """Runs every side (an object with `runner()` and a list `runs`) warmup + repeats times,
   the order reversed every repeat; the runs after the warm-up are appended to `runs`."""
-  import tqdm  # pylint: disable=import-outside-toplevel
+  import tqdm
   for repeat in tqdm.trange(warmup + repeats, desc=desc, leave=False, dynamic_ncols=True):
     for side in alternating(sides, repeat):
       result = side.runner()

@@ -79,7 +79,7 @@ network.T5Config:
 
 def t5x_site() -> str:
   """The folder T5X is imported from (its gin files live under it: t5x/configs, t5x/examples)."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
+  import importlib.util
   spec = importlib.util.find_spec("t5x.train") if importlib.util.find_spec("t5x") else None
   if spec is None or spec.origin is None:
     sys.exit("T5X is not importable: put its install on PYTHONPATH (docs/t5x.md), or run "
@@ -128,7 +128,7 @@ def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str
 
 def read_scalars(model_dir: str, tag: str) -> List[float]:
   """The values of `tag` in MODEL_DIR/train's TensorBoard events, in step order."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   points = {}
   for path in glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*")):
     for event in tf.compat.v1.train.summary_iterator(path):
@@ -197,7 +197,6 @@ def print_summary(summary: Sequence[Dict]) -> None:
 # ----------------------------------------------------------------------------- XLA costs
 def xla_costs(args, ratio: int = 1, dtype: str = "float32") -> Dict[str, Dict[str, float]]:
   """XLA cost analysis of decal_jax's and T5X's train steps (and their parts) on one network."""
-  # pylint: disable=import-outside-toplevel
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -284,8 +283,8 @@ def time_programs(compiled: Dict[str, Any], inputs: Dict[str, tuple], calls: int
                   ) -> Dict[str, float]:
   """Median wall seconds per program, each called `calls` times after 2 warm-up calls, the
   programs taking turns; a train step (its first input donated) is fed its own output state."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
   inputs = {name: (jax.tree_util.tree_map(jax.numpy.copy, args[0]), *args[1:]) if
             name.endswith("train step") else args for name, args in inputs.items()}
   times: Dict[str, List[float]] = {name: [] for name in compiled}

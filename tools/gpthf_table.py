@@ -103,7 +103,7 @@ def by_place(files, binds, model_dir: pathlib.Path) -> Dict[str, List[float]]:
 
   @jax.jit
   def nll(batch):  # [b, t] negative log-likelihood of each target token
-    logits = model._compute_logits(params, batch)  # pylint: disable=protected-access
+    logits = model._compute_logits(params, batch)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, t, vocab]
     return -jnp.take_along_axis(logp, batch["decoder_target_tokens"][..., None], -1)[..., 0]
 

@@ -69,7 +69,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 REPO = pathlib.Path.cwd()  # run from the repository root: docs/results/, runs/, ../shared/data
 from decal_jax import fileio  # noqa: E402  (light: the suite itself never touches the GPU)
 
-from tools.gpu_suite_scales import (  # noqa: E402  (re-exported: tests read them here)
+# F401: CUDNN, RATIOS and RETENTION_STEPS are re-exported (tests read them as gpu_suite.*).
+from tools.gpu_suite_scales import (  # noqa: E402, F401
     CUDNN, DEVICE_IMAGE_LACKS, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS,
     PROFILE_XLA_FLAGS, PROFILED_RATIO, RATIOS, REFUSE_IMPORTS, RETENTION_STEPS, XLA_FLAG_SETS,
     Scale, choose_xla_flags, data_dir, dry_run_scale, gpu_scale, lease_scale)
@@ -396,7 +397,7 @@ def run_part(suite: Suite, part: Part, device: str) -> dict:
     note += f"; not written: {', '.join(stale)}" if stale else ""
   except PartFailed as e:
     status, note = e.status, str(e)
-  except Exception as e:  # pylint: disable=broad-except  (recorded; the next part runs)
+  except Exception as e:  # recorded; the next part runs
     status, note = "failed", f"{type(e).__name__}: {e}"
   row.update(status=status, wall_s=round(time.time() - start, 1), note=note,
              commands=suite.commands.get(part.name, []))

@@ -37,9 +37,9 @@ def write_jsonl(path: str, rows: Sequence[Dict[str, Any]]) -> None:
 def pyplot():
   """matplotlib.pyplot on the file-only Agg backend (a clear error without matplotlib)."""
   try:
-    import matplotlib  # pylint: disable=import-outside-toplevel
+    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import matplotlib.pyplot as plt
   except ImportError as e:
     raise SystemExit("plots need matplotlib: pip install -e '.[plot]'") from e
   return plt

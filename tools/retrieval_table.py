@@ -54,8 +54,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF only reads the task dat
 
 from decal_jax import fileio
 from tools import benchmarking
-from tools.benchmarking import run_entry_point as run  # noqa: E402  (python -m decal_jax.X)
-from tools.retrieval_quality_report import (  # noqa: E402
+from tools.benchmarking import run_entry_point as run
+from tools.retrieval_quality_report import (
     base_row, grouped, run_of, spread_note, table)
 
 
@@ -78,7 +78,7 @@ def variants(a):
 def resolve_splits(a) -> None:
   """Checks that --task is a registered BEIR task whose folder has --eval_split, and picks
   the fine-tune's held-out split: 'validation' where the folder has one, else --eval_split."""
-  from decal_jax.retrieval import beir  # pylint: disable=import-outside-toplevel
+  from decal_jax.retrieval import beir
   from decal_jax.tasks import retrieval_tasks  # registers the built-in and local tasks
   try:
     folder = retrieval_tasks.beir_folder(a.task)
@@ -184,7 +184,7 @@ def one_variant(label: str, ratio: int, pooling: str, init: str, seed: int, a,
 
 def per_query_ndcg(run_file: pathlib.Path, a):
   """{qid: NDCG@10} of a TREC run over the scored split's queries with a relevant doc."""
-  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  from decal_jax.retrieval import beir, ir_metrics
   qrels = beir.load_beir(a.folder, a.eval_split).qrels
   return ir_metrics.ndcg_at_k(ir_metrics.read_trec_run(str(run_file)), qrels, 10)[1]
 
@@ -213,8 +213,8 @@ def paired_to_base(rows, a, work: pathlib.Path) -> None:
 
 def random_floor(a, repeats: int = 20, seed: int = 0) -> dict:
   """NDCG@10 and Recall@100 of random rankings of the whole corpus (mean of `repeats`)."""
-  import random  # pylint: disable=import-outside-toplevel
-  from decal_jax.retrieval import beir, ir_metrics  # pylint: disable=import-outside-toplevel
+  import random
+  from decal_jax.retrieval import beir, ir_metrics
   data = beir.load_beir(a.folder, a.eval_split)
   docs, rng, totals = list(data.corpus), random.Random(seed), {"ndcg@10": 0.0, "recall@100": 0.0}
   for _ in range(repeats):
@@ -229,7 +229,7 @@ def random_floor(a, repeats: int = 20, seed: int = 0) -> dict:
 def bm25_reference(a) -> dict:
   """NDCG@10 and Recall@100 of BM25 on the scored split (a lexical reference, no training;
   `bm25.reference_run`: bm25s with BEIR's settings when installed), and its name."""
-  from decal_jax.retrieval import beir, bm25, ir_metrics  # pylint: disable=import-outside-toplevel
+  from decal_jax.retrieval import beir, bm25, ir_metrics
   data = beir.load_beir(a.folder, a.eval_split)
   ranked, name = bm25.reference_run({d: p.full_text for d, p in data.corpus.items()},
                                      data.queries)

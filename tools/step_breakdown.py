@@ -54,7 +54,7 @@ class _RelposPart(nn.Module):
   @nn.compact
   def __call__(self, enc_positions, dec_positions):
     cfg = self.cfg
-    make = lambda: attn.RelativePositionBiases(  # noqa: E731
+    make = lambda: attn.RelativePositionBiases(
         cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance,
         cfg.num_heads, cfg.dtype)
     return (make()(enc_positions, enc_positions, bidirectional=True),
@@ -80,9 +80,9 @@ def _part_specs(setup, rng: np.random.RandomState):
   cfg = setup.model.module.config
   b, n, t = setup.batch_size, setup.lengths["inputs"], setup.lengths["targets"]
   m, length = cfg.compression.output_length(n), cfg.compression.encoder_length(n)
-  floats = lambda *shape: jnp.asarray(rng.randn(*shape), cfg.dtype)  # noqa: E731
-  tokens = lambda k: jnp.asarray(rng.randint(2, cfg.vocab_size, (b, k)), jnp.int32)  # noqa: E731
-  ones = lambda q, k: jnp.ones((b, 1, q, k), jnp.float32)  # noqa: E731
+  floats = lambda *shape: jnp.asarray(rng.randn(*shape), cfg.dtype)
+  tokens = lambda k: jnp.asarray(rng.randint(2, cfg.vocab_size, (b, k)), jnp.int32)
+  ones = lambda q, k: jnp.ones((b, 1, q, k), jnp.float32)
   causal = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.float32)), (b, 1, t, t))
   enc_bias, enc_mask = attn.split_bias_and_mask(floats(b, cfg.num_heads, length, length),
                                                 ones(length, length), cfg.attention_kernel,
@@ -91,7 +91,7 @@ def _part_specs(setup, rng: np.random.RandomState):
                                                 cfg.attention_kernel, cfg.dtype)
   cross_bias, cross_mask = attn.split_bias_and_mask(None, ones(t, m), cfg.attention_kernel,
                                                     cfg.dtype)
-  positions = lambda k: jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))  # noqa: E731
+  positions = lambda k: jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
   specs = [
       ("encoder self-attention", cfg.num_encoder_layers, _AttentionPart(cfg),
        (floats(b, length, cfg.emb_dim), None, enc_bias, enc_mask)),

@@ -92,7 +92,7 @@ def _dataset_fn(split: str, shuffle_files: bool,
   per element downstream) on every pass, instead of seqio's `repeat()` replaying the first
   pass's examples verbatim.
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   if split not in SPLITS:
     raise ValueError(f"The built-in corpus has splits {SPLITS}, not {split!r}.")
   docs = documents()[split]
@@ -105,7 +105,7 @@ def _dataset_fn(split: str, shuffle_files: bool,
 def reshuffled_passes(ds: "tf.data.Dataset", n: int, seed: int,
                       passes: int = TRAIN_PASSES) -> "tf.data.Dataset":
   """`passes` passes over the `n` elements of `ds`, pass i ordered by seed (seed, i)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   def one_pass(i):  # i: scalar int64 pass index
     return ds.shuffle(n, seed=seed * 100_003 + i, reshuffle_each_iteration=False)
   return tf.data.Dataset.range(passes).flat_map(one_pass)
@@ -114,7 +114,7 @@ def reshuffled_passes(ds: "tf.data.Dataset", n: int, seed: int,
 @functools.lru_cache(maxsize=None)
 def _streaming_source_class() -> type:
   """`StreamingSource`, defined on first use (its base class is seqio's)."""
-  import seqio  # pylint: disable=import-outside-toplevel
+  import seqio
 
   class StreamingSource(seqio.FunctionDataSource):
     """FunctionDataSource whose shuffled training stream is not cached in memory.

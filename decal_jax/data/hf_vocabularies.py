@@ -277,7 +277,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
 
   def __eq__(self, other):  # the same file, EOS and remap: gin builds one per reference
     return (isinstance(other, HfTokenizerVocabulary) and
-            other._key() == self._key())  # pylint: disable=protected-access
+            other._key() == self._key())
 
   def __hash__(self):
     return hash(self._key())

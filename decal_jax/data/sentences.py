@@ -152,7 +152,7 @@ def sentence_index(tokens: np.ndarray, end_id: int) -> np.ndarray:
 
 def sentence_index_tf(tokens: "tf.Tensor", end_id: int) -> "tf.Tensor":
   """TensorFlow twin of `sentence_index` for a 1-D int tensor."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   ends = tf.cast(tf.equal(tokens, end_id), tf.int32)  # [n]
   before = tf.cumsum(ends, exclusive=True)  # [n]
   return tf.where(tf.equal(tokens, 0), -tf.ones_like(before), before)
@@ -228,8 +228,8 @@ def sentences_lm(dataset: "tf.data.Dataset", sequence_length: Optional[Mapping[s
   `GpthfConfig.max_sentence_length`.
   """
   # TensorFlow and seqio only here: splitting and prompts need neither.
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from decal_jax.data import seqio_vocabularies  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  from decal_jax.data import seqio_vocabularies
   if max_sentence_length < 2:
     raise ValueError(f"max_sentence_length must be >= 2 (one token and the end token), "
                      f"got {max_sentence_length}.")

@@ -124,7 +124,7 @@ class DeferredVocabulary(seqio.Vocabulary):
   bos_id = property(lambda self: self.target.bos_id)
   extra_ids = property(lambda self: self.target.extra_ids)
   vocab_size = property(lambda self: self.target.vocab_size)
-  _base_vocab_size = property(lambda self: self.target._base_vocab_size)  # pylint: disable=protected-access
+  _base_vocab_size = property(lambda self: self.target._base_vocab_size)
 
   def encode(self, s):
     return self.target.encode(s)

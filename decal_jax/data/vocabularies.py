@@ -150,7 +150,7 @@ class PlainSentencePieceVocabulary:
   pad_id, eos_id, unk_id = 0, 1, 2
 
   def __init__(self, path: str, extra_ids: int = EXTRA_IDS):
-    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
+    from sentencepiece import sentencepiece_model_pb2
     with open(path, "rb") as f:
       model = sentencepiece_model_pb2.ModelProto.FromString(f.read())
     user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
@@ -237,5 +237,5 @@ def deferred_vocabulary() -> "seqio_vocabularies.DeferredVocabulary":
 def _seqio_classes():
   """seqio_vocabularies, imported when a vocabulary is made (it imports seqio and
   TensorFlow, which parsing a gin file must not need)."""
-  from decal_jax.data import seqio_vocabularies  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import seqio_vocabularies
   return seqio_vocabularies

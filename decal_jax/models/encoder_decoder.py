@@ -109,7 +109,6 @@ class EncoderDecoderModel(base.TokenModel):
   def predict_batch_uncached(self, params, batch: Batch) -> Array:
     """Greedy decoding that reruns the whole decoder each step (no cache): the reference
     that cached decoding must match token for token."""
-    inputs = batch["encoder_input_tokens"]
     batch_size, length = batch["decoder_input_tokens"].shape
     eos = self.output_vocabulary.eos_id
 

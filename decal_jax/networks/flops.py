@@ -372,7 +372,7 @@ def gpt_generation_flops(cfg: DecoderConfig, prompt_length: int, new_tokens: int
       raise ValueError("prefill fills a KV cache: pass cached=True with prefill=True.")
     return AnswerFlops(0.0, new_tokens * decoder_flops(cfg, total, causal=causal))
   layers = cfg.num_layers
-  keys = lambda step: step + 1 if causal else total  # noqa: E731  (step: 0-based fed index)
+  keys = lambda step: step + 1 if causal else total
   if prefill:
     prompt = decoder_flops(cfg, prompt_length, logits_positions=0, causal=causal,
                            keys_values_only=True) if prompt_length else 0.0

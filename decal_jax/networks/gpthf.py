@@ -106,7 +106,7 @@ class SentencePosition(nn.Module):
   @nn.compact
   def __call__(self, batch: int, closes: Optional[Array] = None):
     """-> (place, sentence) before this token; with `closes` `[b]`, advances past it."""
-    zeros = lambda: jnp.zeros((batch,), jnp.int32)  # noqa: E731
+    zeros = lambda: jnp.zeros((batch,), jnp.int32)
     place, sentence = self.variable("cache", "place", zeros), self.variable(
         "cache", "sentence", zeros)
     current = place.value, sentence.value

@@ -139,7 +139,7 @@ def _leading_size(tree) -> int:
 def fuse_qkv(qkv: Tree, cross: bool) -> Tree:
   """One attention's `{query, key, value}` kernels -> `{qkv_fused}` (self-attention) or
   `{query, kv_fused}` (cross-attention); kernels `[embed, heads, kv]` stack on axis 1."""
-  kernel = lambda name: jnp.asarray(qkv[name]["kernel"])  # noqa: E731
+  kernel = lambda name: jnp.asarray(qkv[name]["kernel"])
   if cross:
     return {"query": qkv["query"],
             "kv_fused": {"kernel": jnp.stack([kernel("key"), kernel("value")], axis=1)}}

@@ -53,10 +53,10 @@ def run_bm25s(corpus: Mapping[str, str], queries: Mapping[str, str], k1: float =
   or digits, k1 = 1.2, b = 0.75, Lucene's idf. bm25s scores tf / (tf + k1 * norm), without
   the constant factor (k1 + 1) of `run`: the same ranking, scores smaller by k1 + 1.
   """
-  import bm25s  # pylint: disable=import-outside-toplevel
+  import bm25s
   stemmer = None
   if stem:
-    import Stemmer  # pylint: disable=import-outside-toplevel  (PyStemmer, bm25s's stemmer)
+    import Stemmer  # PyStemmer, bm25s's stemmer
     stemmer = Stemmer.Stemmer("english")
   doc_ids = list(corpus)
   tokenize = functools.partial(bm25s.tokenize, stopwords=stopwords, stemmer=stemmer,

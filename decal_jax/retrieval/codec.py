@@ -65,7 +65,7 @@ def default_num_centroids(num_vectors: int) -> int:
 
 def on_accelerator() -> bool:
   """Whether jax computes on a GPU / TPU here (then the centroid search runs there)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   return jax.default_backend() != "cpu"
 
 
@@ -115,7 +115,7 @@ def nearest_centroids(vectors: np.ndarray, centroids: np.ndarray, chunk: int = 8
 
 def _faiss():
   try:
-    import faiss  # pylint: disable=import-outside-toplevel
+    import faiss
     return faiss
   except ImportError:
     return None
@@ -141,7 +141,7 @@ def probed_search_index(dim: int, k: int, probe: int, train: np.ndarray, seed: i
 def _nearest_on_device(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
   """nearest_centroids on jax's default device, in chunks of a fixed row count (one
   compilation; about 256 MiB of scores each), the last one padded."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp
   c = jnp.asarray(centroids)  # [k, d]
   squared = jnp.sum(c * c, axis=1)  # [k]
   rows = max(256, min(65536, (1 << 26) // len(centroids)))
@@ -157,8 +157,8 @@ def _nearest_on_device(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray
 def _nearest_chunk():
   """The jitted chunk search (compiled once per shape, across k-means iterations):
   `[rows, d]`, `[k, d]`, `[k]` -> `[rows]`."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
 
   def nearest(x, c, squared):
     scores = squared[None, :] - 2 * jnp.dot(x, c.T, precision=jax.lax.Precision.HIGHEST)

@@ -142,7 +142,7 @@ def _without_identical_ids(run: Mapping[str, Mapping[str, float]]) -> Run:
 
 def _pytrec_per_query(run: Run, qrels: Mapping[str, Mapping[str, int]],
                       k_values: Tuple[int, ...]) -> Dict[str, Dict[str, float]]:
-  import pytrec_eval  # pylint: disable=import-outside-toplevel
+  import pytrec_eval
   cuts = ",".join(str(k) for k in k_values)
   wanted = {f"{name}.{cuts}" for name, _ in _MEASURES.values()}
   qrels = {q: dict(g) for q, g in qrels.items()}

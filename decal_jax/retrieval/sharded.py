@@ -92,7 +92,7 @@ def shard_name(j: int) -> str:
 def _barrier(name: str) -> None:
   """Waits for every process of a multi-process run (nothing to wait for in one process)."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
 
 

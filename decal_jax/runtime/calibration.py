@@ -15,7 +15,7 @@ from decal_jax import fileio
 
 def token_batches(dataset_cfg, model, count: int) -> Iterator[np.ndarray]:
   """The first `count` batches of `decoder_input_tokens` [batch, n] of a split, in order."""
-  from decal_jax.data import pipeline  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import pipeline
   ds = pipeline.get_dataset(dataclasses.replace(dataset_cfg, shuffle=False), model, num_epochs=1)
   for i, batch in enumerate(ds.as_numpy_iterator()):
     if i >= count:
@@ -27,7 +27,7 @@ def calibrate(model, params, train_cfg, eval_cfg, batches: int = 8) -> Dict[str,
   """Λ from `batches` training batches, and the share of nuggets it gives there and on the
   validation split: {'threshold', 'train_fraction', 'validation_fraction',
   'target_fraction'}."""
-  from decal_jax.networks import dodo_lm  # pylint: disable=import-outside-toplevel
+  from decal_jax.networks import dodo_lm
   module = model.module
   if not isinstance(module, dodo_lm.DodoLM) or module.config.selection != "nuggets":
     raise ValueError("Calibration is for Dodo's compressed-history LM with "

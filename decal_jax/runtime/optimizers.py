@@ -128,8 +128,8 @@ class _ParamAxes:
     self.was_set = True
     if not self.enabled:
       return
-    from decal_jax import partitioning  # pylint: disable=import-outside-toplevel
-    self.names = partitioning._flat_axes(params_axes)  # pylint: disable=protected-access
+    from decal_jax import partitioning
+    self.names = partitioning._flat_axes(params_axes)
     if self.rules is None:
       self.rules = partitioning.adafactor_factor_rules()
 
@@ -256,7 +256,7 @@ def _is_result(x) -> bool:
 
 
 def _factored_state(count, triples):
-  pick = lambda i: jax.tree_util.tree_map(  # noqa: E731
+  pick = lambda i: jax.tree_util.tree_map(
       lambda t: t[i], triples, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 3)
   return optax.FactoredState(count=count, v_row=pick(0), v_col=pick(1), v=pick(2))
 
@@ -280,7 +280,7 @@ def _adafactor_one(g, p, v_row, v_col, v, decay, rate, dims, batch, clipping_thr
     row_factor = (v_row / jnp.mean(v_row, axis=rows_left, keepdims=True)) ** -0.5
     y = g * jnp.expand_dims(row_factor, cols) * jnp.expand_dims(v_col ** -0.5, rows)
   over = tuple(i for i in range(g.ndim) if i not in batch)  # one RMS per batch slice
-  rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x), axis=over, keepdims=True))  # noqa: E731
+  rms = lambda x: jnp.sqrt(jnp.mean(jnp.square(x), axis=over, keepdims=True))
   if clipping_threshold is not None:
     y = y / jnp.maximum(1.0, rms(y) / clipping_threshold)
   y = jnp.asarray(rate, y.dtype) * y

@@ -87,7 +87,7 @@ class PreemptionWatcher:
     self.signal_name = "SIGTERM"
     self._previous = {}
 
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+  def _handle(self, signum, frame):
     if signum == signal.SIGINT:
       if self._flag:  # the second Ctrl-C: stop now
         raise KeyboardInterrupt
@@ -113,7 +113,7 @@ class PreemptionWatcher:
     so all processes must call it at the same step)."""
     if jax.process_count() == 1:
       return self._flag
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
     flags = multihost_utils.process_allgather(np.asarray(int(self._flag), np.int32))
     return bool(np.any(flags))
 

@@ -170,7 +170,7 @@ def _stop_all_if_refused(refusal: Optional[ModelDirLockedError], model_dir: str)
   """Raises process 0's refusal there, and a pointer to it on the other processes (which
   would otherwise wait for process 0 in the first collective)."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
     refused = multihost_utils.process_allgather(np.asarray(int(refusal is not None), np.int32))
     if refusal is None and np.any(refused):
       raise ModelDirLockedError(f"Process 0 could not lock MODEL_DIR {model_dir} (its message "

@@ -31,7 +31,7 @@ class VocabularyMismatchError(ValueError):
 def model_record(model) -> Dict[str, Any]:
   """The record of `model`'s vocabularies: {'features': {'inputs': identity, 'targets': ...}}."""
   # seqio / TensorFlow only now: train_state imports this module on images without them.
-  from decal_jax.data import seqio_vocabularies  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import seqio_vocabularies
   identity = seqio_vocabularies.vocabulary_identity
   return {"features": {"inputs": identity(model.input_vocabulary),
                        "targets": identity(model.output_vocabulary)}}

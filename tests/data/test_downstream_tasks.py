@@ -65,7 +65,7 @@ def _fill(spec, given):
 
 
 def _mock(records):
-  def as_dataset(self, split, **kwargs):  # pylint: disable=unused-argument
+  def as_dataset(self, split, **kwargs):
     spec = self.info.features.get_tensor_spec()
     return tf.data.Dataset.from_generator(lambda: (_fill(spec, r) for r in records),
                                           output_signature=spec)

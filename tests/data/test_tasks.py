@@ -12,7 +12,7 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-import decal_jax.tasks  # noqa: F401  (registers the tasks)
+import decal_jax.tasks
 from decal_jax.data import corpus, span_corruption, vocabularies
 from decal_jax.tasks import span_corruption_tasks
 

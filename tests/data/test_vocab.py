@@ -26,7 +26,7 @@ def cache(tmp_path_factory):
     mp.setenv("DECAL_CACHE_DIR", str(path))
     vocab = vocabularies.builtin_vocabulary(SMALL)
     assert not list(path.glob("*.model")), "creating the vocabulary must not train it"
-    vocab.vocab_size  # first use: trains
+    assert vocab.vocab_size > 0  # first use: trains
     yield path, vocab
 
 
@@ -211,7 +211,7 @@ def test_the_plain_vocabulary_gives_seqios_ids_on_the_t5_vocabulary():
   spiece = data / "vocab" / "t5_spiece.model"
   if not spiece.exists():
     pytest.skip(f"the T5 vocabulary is not at {spiece} (../shared/data)")
-  import seqio  # pylint: disable=import-outside-toplevel
+  import seqio
   plain = vocabularies.t5_plain_vocabulary(str(spiece))
   assert plain.vocab_size == 32_100
   with pytest.raises(ValueError, match="DECAL_T5_VOCAB"):

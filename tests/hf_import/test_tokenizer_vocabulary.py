@@ -50,9 +50,8 @@ def test_tokenizer_vocabulary_encodes_and_decodes_as_the_tokenizer_does(hf_token
 def test_tokenizer_vocabulary_is_recorded_by_its_file_contents(hf_tokenizer, tmp_path):
   """MODEL_DIR/vocabulary.json names a tokenizer.json by sha256, so a run read with another
   tokenizer of the same size is refused, and the same file elsewhere is accepted."""
-  import hashlib  # pylint: disable=g-import-not-at-top
-  from decal_jax.runtime import vocabulary_record  # pylint: disable=g-import-not-at-top
-  from decal_jax.data import vocabularies  # pylint: disable=g-import-not-at-top
+  import hashlib
+  from decal_jax.runtime import vocabulary_record
   tokenizer, path = hf_tokenizer
   identity = seqio_vocabularies.vocabulary_identity(hf_vocabularies.HfTokenizerVocabulary(str(path)))
   assert identity == {"class": "HfTokenizerVocabulary", "vocab_size": tokenizer.get_vocab_size(),
@@ -67,7 +66,7 @@ def test_tokenizer_vocabulary_is_recorded_by_its_file_contents(hf_tokenizer, tmp
   vocab = spec["model"]["vocab"]
   vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # two ids swapped: same size, other text
   other.write_text(json.dumps(spec))
-  model = lambda p: types.SimpleNamespace(  # noqa: E731  (what the record reads of a model)
+  model = lambda p: types.SimpleNamespace(
       input_vocabulary=hf_vocabularies.HfTokenizerVocabulary(str(p)),
       output_vocabulary=hf_vocabularies.HfTokenizerVocabulary(str(p)))
   run = tmp_path / "run"

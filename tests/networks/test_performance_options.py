@@ -84,7 +84,7 @@ def _run(cfg, params, steps=0):
 
   def run(params):
     loss, grads = loss_and_grads(params)
-    logits = model._compute_logits(params, batch)  # pylint: disable=protected-access
+    logits = model._compute_logits(params, batch)
     out = {"logits": logits, "loss": loss, "grads": grads}
     if steps:
       (out["trained"], _), out["losses"] = jax.lax.scan(
@@ -293,7 +293,7 @@ def test_cudnn_kernel_and_dropout_are_refused_clearly():
   if jax.default_backend() != "gpu":
     cfg = dataclasses.replace(PLAIN, attention_kernel="cudnn", dtype="bfloat16")
     with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
-      jax.eval_shape(_model(cfg)._compute_logits, _plain_params(), _batch())  # pylint: disable=protected-access
+      jax.eval_shape(_model(cfg)._compute_logits, _plain_params(), _batch())
 
 
 # ----------------------------------------------------------------------------- fused q/k/v
@@ -331,7 +331,7 @@ def test_all_options_keep_decal_and_cached_decoding_equal_full_forward():
   model, batch = Transformer(every), _batch()
   mapped = param_layout.convert_params(_plain_params(), PLAIN, every)
   enc, dec_in = batch["encoder_input_tokens"], batch["decoder_input_tokens"]
-  full = _compiled(_model(every)._compute_logits, mapped, batch)  # pylint: disable=protected-access
+  full = _compiled(_model(every)._compute_logits, mapped, batch)
   _assert_close_up_to_reordering(full, _plain_run()["logits"], "logits")
   _, variables = _compiled(functools.partial(model.apply, decode=True, enable_dropout=False,
                                              mutable=["cache"]), {"params": mapped},
@@ -360,7 +360,7 @@ SCANNED_FUSED = dataclasses.replace(PLAIN, scan_layers=True, fused_qkv=True)
 
 
 def _logits(cfg, params):
-  logits = _model(cfg)._compute_logits  # pylint: disable=protected-access
+  logits = _model(cfg)._compute_logits
   return np.asarray(_compiled(logits, params, _batch()))  # [batch, targets, vocab]
 
 
@@ -385,7 +385,7 @@ def test_checkpoints_load_converted_into_the_other_layout(tmp_path, capsys, src,
   assert report["initialised"] == [] and report["unused"] == []
   assert report["converted"] == (f"scan_layers: {src.scan_layers} -> {dst.scan_layers}, "
                                  f"fused_qkv: {src.fused_qkv} -> {dst.fused_qkv}")
-  train_state.start_from(str(tmp_path), fresh)  # pylint: disable=protected-access
+  train_state.start_from(str(tmp_path), fresh)
   assert f"converted the checkpoint's layout: {report['converted']}" in capsys.readouterr().out
   ckpt = checkpoints.Checkpointer(str(tmp_path))
   evaluated = ckpt.restore_params(3, checkpoints.abstract_like(fresh))

@@ -165,7 +165,7 @@ def test_relative_bias_gradient_has_no_scatter_off_the_cpu():
   module = attn.RelativePositionBiases(8, 20, 2, dtype=jnp.bfloat16)
   pos = jnp.zeros((2, 16), jnp.int32)
   params = module.init(jax.random.PRNGKey(0), pos, pos, True)
-  loss = lambda p, pos: jnp.sum(module.apply(p, pos, pos, True).astype(jnp.float32))  # noqa
+  loss = lambda p, pos: jnp.sum(module.apply(p, pos, pos, True).astype(jnp.float32))
   step = jax.jit(jax.grad(loss)).trace(params, pos)
   for platform, scatters in (("cpu", True), ("cuda", False), ("tpu", False)):
     text = step.lower(lowering_platforms=(platform,)).as_text()

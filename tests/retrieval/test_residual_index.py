@@ -141,7 +141,7 @@ def test_rotation_and_lloyd_max_lower_the_error_on_anisotropic_vectors():
 
   def mse(table):
     cutoffs, weights = table
-    buckets = codec_lib._buckets(cutoffs, residuals)  # pylint: disable=protected-access
+    buckets = codec_lib._buckets(cutoffs, residuals)
     return np.mean((np.take_along_axis(weights.T, buckets.astype(np.int64), 0) - residuals) ** 2)
   assert mse(refined) < mse(plain)
   assert errors["rotated-lloyd"] < 0.9 * errors["quantile"], errors

@@ -380,7 +380,7 @@ def test_msmarco_pairs_fall_back_to_tfds(builtin_vocabulary):
   records = [{"query": "what is tall", "passage": "Mountains are tall.", "score": 1.0},
              {"query": "what is tall", "passage": "A lake is still.", "score": 0.0}]
 
-  def as_dataset(self, split, **kwargs):  # pylint: disable=unused-argument
+  def as_dataset(self, split, **kwargs):
     spec = self.info.features.get_tensor_spec()
     full = [dict({k: "" for k in spec if k != "score"}, **r) for r in records]
     return tf.data.Dataset.from_generator(lambda: iter(full), output_signature=spec)

@@ -154,7 +154,7 @@ def _saved_params():
 
 def _two_processes(*args: str):
   """Runs this file as processes 0 and 1 (with `args`); their RESULT records, stdouts."""
-  import processes  # pylint: disable=import-outside-toplevel  (tests/: not on a worker's path)
+  import processes  # tests/: not on a worker's path
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
   port = processes.free_port()

@@ -12,11 +12,11 @@ import pytest
 # `t5x.adafactor`, not `t5x`: without T5X, this tests/t5x folder imports as `t5x`.
 pytest.importorskip("t5x.adafactor", reason="the real T5X is not importable: put a T5X "
                     "install on PYTHONPATH (docs/t5x.md) to run tests/t5x/")
-from flax import traverse_util  # noqa: E402
-from flax.linen import partitioning as flax_partitioning  # noqa: E402
-from t5x import adafactor  # noqa: E402
+from flax import traverse_util
+from flax.linen import partitioning as flax_partitioning
+from t5x import adafactor
 
-from decal_jax.runtime import optimizers  # noqa: E402
+from decal_jax.runtime import optimizers
 
 # name: (shape, logical axis names)
 PARAMS = {
@@ -45,7 +45,7 @@ def _case():
   apart, so that clipping and parameter scale per 'stack' / 'layers' slice matter; the
   second gradient is 21x the others, so that clipping acts."""
   rng = np.random.RandomState(0)
-  draw = lambda shape, flip: rng.randn(*shape) * _slice_scales(shape, flip)  # noqa: E731
+  draw = lambda shape, flip: rng.randn(*shape) * _slice_scales(shape, flip)
   params = {k: draw(shape, False) for k, (shape, _) in PARAMS.items()}
   grads = [{k: draw(shape, True) * (1 + 20 * (step == 1)) for k, (shape, _) in PARAMS.items()}
            for step in range(3)]
@@ -73,7 +73,7 @@ def test_three_steps_equal_t5x_adafactor_with_axis_names():
     p_theirs, s_theirs = theirs.apply_gradient(theirs.hyper_params, p_theirs, s_theirs, g)
     updates, s_ours = ours.update(g, s_ours, p_ours)
     p_ours = optax.apply_updates(p_ours, updates)
-  flat = lambda tree: dict(jax.tree_util.tree_flatten_with_path(tree)[0])  # noqa: E731
+  flat = lambda tree: dict(jax.tree_util.tree_flatten_with_path(tree)[0])
   start, flat_ours = flat(params), flat(p_ours)
   for path, want in flat(p_theirs).items():
     got = flat_ours[path]

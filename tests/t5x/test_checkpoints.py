@@ -15,23 +15,22 @@ import dataclasses
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 # `t5x.checkpoints`, not `t5x`: without T5X, this tests/t5x folder imports as `t5x`.
 pytest.importorskip("t5x.checkpoints", reason="the real T5X is not importable: put a T5X "
                     "install on PYTHONPATH (docs/t5x.md) to run tests/t5x/")
-import seqio  # noqa: E402
-from t5x import checkpoints as t5x_checkpointing  # noqa: E402
-from t5x import adafactor, models, partitioning, utils  # noqa: E402
-from t5x import train_state as t5x_train_state  # noqa: E402
-from t5x.examples.t5 import network  # noqa: E402
+import seqio
+from t5x import checkpoints as t5x_checkpointing
+from t5x import adafactor, models, partitioning, utils
+from t5x import train_state as t5x_train_state
+from t5x.examples.t5 import network
 
 from decal_jax.interop import t5x_checkpoints
 from decal_jax.runtime import checkpoints
-from decal_jax.networks.t5 import T5Config, Transformer  # noqa: E402
-import tolerances  # noqa: E402
+from decal_jax.networks.t5 import T5Config, Transformer
+import tolerances
 
 SIZES = dict(vocab_size=40, emb_dim=24, num_heads=3, num_encoder_layers=2,
              num_decoder_layers=3, head_dim=8, mlp_dim=40, mlp_activations=("gelu", "linear"),

@@ -27,12 +27,12 @@ except ImportError as error:
   pytest.skip(f"the real T5X is not importable ({error}); docs/t5x.md installs it",
               allow_module_level=True)
 
-import gin  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import paths  # noqa: E402
+import paths
 
 REPO = paths.REPO
 TINY_T5 = [f"--gin.t5.T5Config.{k}={v}" for k, v in dict(

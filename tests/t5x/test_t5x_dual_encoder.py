@@ -26,15 +26,15 @@ except ImportError as error:
   pytest.skip(f"the real T5X is not importable ({error}); docs/t5x.md installs it",
               allow_module_level=True)
 
-import gin  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import paths  # noqa: E402
-from decal_jax import models as our_models  # noqa: E402
-from decal_jax.models import t5x_dual_encoder  # noqa: E402
-from decal_jax.retrieval import beir  # noqa: E402
+import paths
+from decal_jax import models as our_models
+from decal_jax.models import t5x_dual_encoder
+from decal_jax.retrieval import beir
 
 REPO = paths.REPO
 DROP_IN = "t5x/de_decal_t5_1_1_tiny.gin"

@@ -20,12 +20,12 @@ import pytest
 # `t5x.optimizers`, not `t5x`: without T5X, this tests/t5x folder imports as `t5x`.
 pytest.importorskip("t5x.optimizers", reason="the real T5X is not importable: put a T5X "
                     "install on PYTHONPATH (docs/t5x.md) to run tests/t5x/")
-import flax  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 
-from test_real_t5x import _run  # noqa: E402  (t5x.<entry> with the tiny Squid drop-in)
+from test_real_t5x import _run
 
 TRAINED = ("small_decoder", "memory_tokens", "projector")
 COMMON = ["--gin.MIXTURE_OR_TASK_NAME='decal_builtin_squid_restore'",

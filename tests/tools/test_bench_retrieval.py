@@ -179,7 +179,7 @@ def test_results_are_rewritten_partial_after_each_build_and_repeat(result):
     size, scoring = _table(text, "Index size"), _table(text, "Query scoring")
     assert sorted(size) == sorted(_table(text, "Corpus encoding")) == list(built)
     assert sorted(scoring) == (list(RATIOS) if step == 5 else [])
-    for ratio, row in zip(built, rows):
+    for ratio, _row in zip(built, rows):
       expected = sum(math.ceil(n / ratio) for n in lengths) / lengths.sum()
       assert float(size[ratio][3]) == pytest.approx(expected, abs=5e-4)
     records = _records(text)

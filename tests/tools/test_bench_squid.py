@@ -225,7 +225,7 @@ def test_weights_that_do_not_fit_stop_before_initialising(monkeypatch):
 
 def test_qwen2_shapes_are_qwen2s(monkeypatch):
   monkeypatch.setattr(bench, "QWEN2_GIN", REPO / "no_such.gin")  # the hard-coded shapes
-  small, large = bench._qwen2_hard_coded()  # pylint: disable=protected-access
+  small, large = bench._qwen2_hard_coded()
   ratio = flops.decoder_flops(large, 1) / flops.decoder_flops(small, 1)
   assert 14 < ratio < 17  # 7B / 0.5B: about 2 * 7.6e9 / (2 * 0.49e9) per token
   config = bench.squid_config(bench.parse_args(["--preset", "qwen2", "--contexts", "8192"]))

@@ -126,7 +126,7 @@ def test_html_marks_the_kept_tokens_and_escapes_the_text(shown, reference):
   blocks = re.findall(r'<div class="example">(.*?)</div>', page, re.S)
   refs = reference
   assert len(blocks) == len(TEXTS)
-  for block, (ids, pieces, _, mask) in zip(blocks, refs):
+  for block, (_ids, pieces, _, mask) in zip(blocks, refs):
     spans = re.findall(r'<span class="tok( sel)?"[^>]*>(.*?)</span>', block)
     assert [bool(s) for s, _ in spans] == list(mask)
     contents = [c for _, c in spans]
