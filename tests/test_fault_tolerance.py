@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import decal_jax.tasks  # noqa: F401
+import decal_jax.tasks  # noqa: F401  (registers the seqio tasks)
 from decal_jax import models, partitioning
 from decal_jax.runtime import checkpoints, optimizers, resilience, train_state, trainer
 from decal_jax.data import pipeline

@@ -58,8 +58,8 @@ def test_compression_scales_the_encoder_and_cross_attention_as_derived():
 
 
 # ----------------------------------------------------------------------------- decoder-only
-from decal_jax.networks.decoder import Decoder, DecoderConfig  # noqa: E402
-from decal_jax.networks.squid import Compressed, Prefix, Squid, SquidConfig  # noqa: E402
+from decal_jax.networks.decoder import Decoder, DecoderConfig  # noqa: E402  (imported by section)
+from decal_jax.networks.squid import Compressed, Prefix, Squid, SquidConfig  # noqa: E402  (imported by section)
 
 # Matmul-dominated sizes again; GQA (4 query heads share 2 key/value heads), Qwen2's q/k/v bias.
 DEC = DecoderConfig(vocab_size=512, emb_dim=256, num_heads=4, num_kv_heads=2, head_dim=64,
@@ -180,7 +180,7 @@ def test_answer_and_squid_flops_add_up_as_derived():
 
 
 # ----------------------------------------------------------------------------- GPTHF
-from decal_jax.networks.gpthf import Gpthf, GpthfConfig  # noqa: E402
+from decal_jax.networks.gpthf import Gpthf, GpthfConfig  # noqa: E402  (imported by section)
 
 # 2 word-level + 1 sentence-level block of DEC's sizes; a body cache of SLOTS slots.
 GPTHF = GpthfConfig(decoder=dataclasses.replace(DEC, num_layers=3, max_length=SLOTS),

@@ -74,7 +74,7 @@ from tools.gpu_suite_scales import (  # noqa: E402, F401
     CUDNN, DEVICE_IMAGE_LACKS, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS,
     PROFILE_XLA_FLAGS, PROFILED_RATIO, RATIOS, REFUSE_IMPORTS, RETENTION_STEPS, XLA_FLAG_SETS,
     Scale, choose_xla_flags, data_dir, dry_run_scale, gpu_scale, lease_scale)
-from tools.gpu_suite_report import render  # noqa: E402
+from tools.gpu_suite_report import render  # noqa: E402  (after REPO, as above)
 
 
 class PartFailed(Exception):

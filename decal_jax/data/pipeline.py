@@ -24,7 +24,7 @@ from decal_jax.data import autoencoding, batch_iterator, sentences, span_corrupt
 # DatasetConfig (gin files and saved config.gin files bind `pipeline.DatasetConfig`) and
 # to_global (the trainer calls `pipeline.to_global`) are this module's API; they live in
 # batches.py, which needs neither seqio nor TensorFlow.
-from decal_jax.data.batches import Batch, DatasetConfig, to_global  # noqa: F401
+from decal_jax.data.batches import Batch, DatasetConfig, to_global  # noqa: F401  (pipeline's API)
 
 # `restore_dataset(step, batches)`: moves `batches` to the input position saved at `step`;
 # False when that checkpoint holds none for this process (runtime: the Checkpointer's).

@@ -4,7 +4,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import decal_jax.tasks  # noqa: F401
+import decal_jax.tasks  # noqa: F401  (registers the seqio tasks)
 from decal_jax import models
 from decal_jax.data import pipeline
 from decal_jax.data import autoencoding, vocabularies

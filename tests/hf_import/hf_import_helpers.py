@@ -19,11 +19,11 @@ torch = pytest.importorskip("torch", reason=NEEDS_HF)
 transformers = pytest.importorskip("transformers", reason=NEEDS_HF)
 safetensors_torch = pytest.importorskip("safetensors.torch", reason=NEEDS_HF)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax  # noqa: E402  (after the skips above)
+import jax.numpy as jnp  # noqa: E402  (after the skips above)
 
-from decal_jax.networks.decoder import Decoder  # noqa: E402
-import paths  # noqa: E402
+from decal_jax.networks.decoder import Decoder  # noqa: E402  (after the skips above)
+import paths  # noqa: E402  (after the skips above)
 
 REPO = paths.REPO
 VOCAB = 101

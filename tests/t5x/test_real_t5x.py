@@ -21,7 +21,7 @@ import sys
 import pytest
 
 try:
-  import t5x  # noqa: F401
+  import t5x  # noqa: F401  (only whether T5X imports)
   import fiddle  # noqa: F401  (t5x.train's flags need it)
 except ImportError as error:
   pytest.skip(f"the real T5X is not importable ({error}); docs/t5x.md installs it",
