@@ -23,7 +23,13 @@ Attention kernels (`kernel=` below, `T5Config.attention_kernel` in the T5 networ
 ('auto' = implementation None, JAX's own choice), the relative-position bias as `bias` and
 the masks as a boolean `mask`. cuDNN needs an NVIDIA GPU and bf16 / fp16 activations, and
 none of the fused kernels has attention-weight dropout: each refuses with a clear error.
+'blockwise' (`layers/blockwise_attention.py`, any device and dtype, no dropout either) loops
+over blocks of `block_size` keys with an online softmax and never builds the `[b, h, q, k]`
+scores, in the forward or the backward pass; its bias and mask may also be given per key
+block (`RelativePositionBiases(..., blocks=True)`, `blockwise_attention.block_mask`), so
+that neither is built whole.
 """
+import dataclasses
 import functools
 import math
 from typing import Optional, Tuple
@@ -32,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from decal_jax.layers.blockwise_attention import BlockBias, BlockMask, blockwise_attention
 from decal_jax.layers.caches import KVCache
 from decal_jax.layers.core import (Array, DenseGeneral, DType, default_kernel_init,
                                    param_with_axes, with_sharding_constraint)
@@ -116,15 +123,40 @@ class RelativePositionBiases(nn.Module):
   dtype: DType = jnp.float32
 
   @nn.compact
-  def __call__(self, query_positions: Array, key_positions: Array, bidirectional: bool) -> Array:
-    """`[batch, q]`, `[batch, k]` int positions -> bias `[batch, heads, q, k]`."""
-    relative = key_positions[:, None, :] - query_positions[:, :, None]  # [batch, q, k]
-    buckets = relative_position_bucket(relative.astype(jnp.int32), bidirectional,
-                                       self.num_buckets, self.max_distance)
+  def __call__(self, query_positions: Array, key_positions: Array, bidirectional: bool,
+               blocks: bool = False):
+    """`[batch, q]`, `[batch, k]` int positions -> bias `[batch, heads, q, k]`; with
+    `blocks`, the same bias as a `BlockBias` for kernel 'blockwise' (built per key block)."""
     table = param_with_axes("rel_embedding", nn.initializers.variance_scaling(
         1.0, "fan_avg", "uniform"), (self.num_heads, self.num_buckets), jnp.float32,
                             axes=("heads", "relpos_buckets"))
-    return bucket_bias(table, buckets, jnp.dtype(self.dtype))  # [batch, heads, q, k]
+    of_keys = RelativeBiasOfKeys(bidirectional, self.num_buckets, self.max_distance,
+                                 jnp.dtype(self.dtype))
+    positions = (query_positions.astype(jnp.int32), key_positions.astype(jnp.int32))
+    if blocks:
+      return BlockBias(table, positions, of_keys)
+    return of_keys(table, positions, None)  # [batch, heads, q, k]
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativeBiasOfKeys:
+  """T5's relative position bias of some keys (a `BlockBias` function; hashable, so
+  equal settings trace alike): (table `[heads, num_buckets]`, (query positions `[batch,
+  q]`, key positions `[batch, k]`), key_index `[block]` or None for all keys) -> bias
+  `[batch, heads, q, block or k]`."""
+  bidirectional: bool
+  num_buckets: int
+  max_distance: int
+  dtype: jnp.dtype
+
+  def __call__(self, table: Array, positions, key_index: Optional[Array]) -> Array:
+    query_positions, key_positions = positions
+    if key_index is not None:
+      key_positions = key_positions[:, key_index]  # [batch, block]
+    relative = key_positions[:, None, :] - query_positions[:, :, None]  # [batch, q, keys]
+    buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets,
+                                       self.max_distance)
+    return bucket_bias(table, buckets, self.dtype)  # [batch, heads, q, keys]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -193,7 +225,8 @@ def bucket_sums(grad: Array, buckets: Array, num_buckets: int, method: str = "au
 
 
 # -------------------------------------------------------------------------- attention
-ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "auto")
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "auto", "blockwise")
+DEFAULT_BLOCK_SIZE = 512  # keys per block of kernel 'blockwise'
 
 
 def check_attention_kernel(kernel: str, dtype: DType = jnp.float32) -> None:
@@ -210,18 +243,34 @@ def check_attention_kernel(kernel: str, dtype: DType = jnp.float32) -> None:
 def split_bias_and_mask(bias: Optional[Array], mask: Optional[Array], kernel: str,
                         dtype: DType = jnp.float32):
   """(bias, mask) as `kernel` takes them: the einsum path folds the mask into the bias once
-  (the reference numerics); the fused kernels get the bias alone and a boolean mask."""
+  (the reference numerics); the fused kernels get the bias alone and a boolean mask, and
+  'blockwise' also takes a `BlockBias` / `BlockMask` as they are."""
+  blocks = isinstance(bias, BlockBias) or isinstance(mask, BlockMask)
+  if blocks and kernel != "blockwise":
+    raise ValueError(f"a BlockBias / BlockMask needs attention kernel 'blockwise', not "
+                     f"{kernel!r}.")
   if kernel == "einsum":
     return combine_biases(bias, mask_to_bias(mask, dtype)), None
-  return bias, None if mask is None else mask > 0
+  if mask is None or isinstance(mask, BlockMask):
+    return bias, mask
+  return bias, mask > 0
 
 
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
                           dropout_rng=None, dropout_rate: float = 0.0,
                           deterministic: bool = True, dtype: DType = jnp.float32,
-                          mask: Optional[Array] = None, kernel: str = "einsum") -> Array:
+                          mask: Optional[Array] = None, kernel: str = "einsum",
+                          block_size: int = DEFAULT_BLOCK_SIZE) -> Array:
   """softmax(q k^T + bias, where mask) v, per head; q `[b, q, h, d]`, k/v `[b, k, h, d]`,
-  bias `[b | 1, h | 1, q, k]`, mask `[b | 1, 1, q, k]` (1 = attend) -> `[b, q, h, d]`."""
+  bias `[b | 1, h | 1, q, k]`, mask `[b | 1, 1, q, k]` (1 = attend) -> `[b, q, h, d]`.
+  `block_size`: keys per block of kernel 'blockwise' (which also takes a `BlockBias` /
+  `BlockMask`)."""
+  if kernel == "blockwise":
+    if not deterministic and dropout_rate > 0.0:
+      raise ValueError(f"attention kernel 'blockwise' has no attention dropout, but dropout "
+                       f"is {dropout_rate}: set DROPOUT_RATE = 0 or use attention kernel "
+                       "'einsum'.")
+    return blockwise_attention(query, key, value, bias, mask, block_size, dtype)
   if kernel != "einsum":
     return _fused_attention(query, key, value, bias, mask, kernel,
                             dropout_rate if not deterministic else 0.0).astype(dtype)
@@ -328,8 +377,8 @@ class MultiHeadAttention(nn.Module):
   call (when the cache does not exist yet) only creates it, from full-length inputs, as
   T5X's decoding does; every later call takes one new token, writes it at the index and
   attends over the cached prefix. `bias` / `mask` must then be the rows of that position.
-  `kernel` picks the attention implementation (see `dot_product_attention`), `fused_qkv`
-  the projection layout (see `QKVProjection`).
+  `kernel` picks the attention implementation (see `dot_product_attention`; `block_size`
+  is kernel 'blockwise''s), `fused_qkv` the projection layout (see `QKVProjection`).
   """
   num_heads: int
   head_dim: int
@@ -337,6 +386,7 @@ class MultiHeadAttention(nn.Module):
   dtype: DType = jnp.float32
   kernel: str = "einsum"
   fused_qkv: bool = False
+  block_size: int = DEFAULT_BLOCK_SIZE
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Optional[Array] = None, *,
@@ -350,7 +400,8 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None if deterministic or self.dropout_rate == 0 else self.make_rng("dropout")
     bias, mask = split_bias_and_mask(bias, mask, self.kernel, self.dtype)
     out = dot_product_attention(q, k, v, bias, dropout_rng, self.dropout_rate, deterministic,
-                                self.dtype, mask=mask, kernel=self.kernel)  # [b, q, h, d]
+                                self.dtype, mask=mask, kernel=self.kernel,
+                                block_size=self.block_size)  # [b, q, h, d]
     return output_projection(inputs_q.shape[-1], self.dtype, "out")(out)
 
 
