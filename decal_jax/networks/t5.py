@@ -35,6 +35,7 @@ from decal_jax.compress import registry
 from decal_jax.compress.base import Compressor, check_ratio
 from decal_jax.compress.latents import LatentConfig
 from decal_jax.layers import attention as attn
+from decal_jax.layers import blockwise_attention
 from decal_jax.layers.caches import StepCounter
 from decal_jax.layers.core import (Array, DenseGeneral, Embed, MlpBlock, RMSNorm,
                                    with_sharding_constraint)
@@ -83,7 +84,8 @@ class T5Config:
   remat_policy: str = "none"        # nn.remat of each layer: a key of REMAT_POLICIES
   fused_qkv: bool = False           # one q/k/v (self) or k/v (cross) kernel: other layout
   attention_kernel: str = "einsum"  # 'einsum' or jax.nn.dot_product_attention 'xla' / 'cudnn'
-  #                                   / 'auto' (layers/attention.py)
+  #                                   / 'auto', or 'blockwise' (layers/blockwise_attention.py)
+  attention_block_size: int = 512   # keys per block of attention_kernel 'blockwise'
 
   def __post_init__(self):
     check_ratio(self.compression_ratio)  # early, with a clear message
@@ -109,7 +111,7 @@ class T5Config:
     attn.check_attention_kernel(self.attention_kernel, dtype)
     if self.attention_kernel != "einsum" and self.dropout_rate > 0:
       raise ValueError(f"attention_kernel {self.attention_kernel!r} "
-                       "(jax.nn.dot_product_attention) has no attention dropout but "
+                       "has no attention dropout but "
                        f"dropout_rate is {self.dropout_rate}: set DROPOUT_RATE = 0 or "
                        "ATTENTION_KERNEL = 'einsum'.")
 
@@ -214,8 +216,8 @@ class EncoderLayer(nn.Module):
     q, k, v = (jnp.concatenate([t[i] for t in qkvs], axis=1) for i in range(3))
     dropout_rng = None if deterministic or cfg.dropout_rate == 0 else self.make_rng("dropout")
     y = attn.dot_product_attention(q, k, v, bias, dropout_rng, cfg.dropout_rate, deterministic,
-                                   cfg.dtype, mask=mask,
-                                   kernel=cfg.attention_kernel)  # [batch, length, heads, kv]
+                                   cfg.dtype, mask=mask, kernel=cfg.attention_kernel,
+                                   block_size=cfg.attention_block_size)  # [b, L, heads, kv]
     y_parts = [y] if split == 0 else [y[:, :split], y[:, split:]]
     parts = [p + dropout(g["out"](yp), deterministic)
              for g, p, yp in zip(groups, parts, y_parts)]
@@ -223,6 +225,20 @@ class EncoderLayer(nn.Module):
              for g, p in zip(groups, parts)]
     x = parts[0] if split == 0 else jnp.concatenate(parts, axis=1)
     return _layer_output(x, self.scanned)
+
+
+def _encoder_mask(stream, blocks: bool):
+  """The encoder's self-attention mask (valid tokens, same segment, causal when the stream
+  says so): `[batch, 1, L, L]`, or for the blockwise kernel a `BlockMask` that makes each
+  key block's part when it is needed."""
+  causal = stream.positions if stream.causal else None
+  if blocks:
+    return blockwise_attention.block_mask(stream.valid, stream.valid, stream.segment_ids,
+                                          stream.segment_ids, causal, causal)
+  return attn.combine_masks(
+      attn.make_attention_mask(stream.valid, stream.valid),
+      _segment_mask(stream.segment_ids, stream.segment_ids),
+      attn.make_causal_mask(stream.positions) if stream.causal else None)
 
 
 class Encoder(nn.Module):
@@ -248,15 +264,13 @@ class Encoder(nn.Module):
     stream = cfg.compression.encoder_inputs(cfg, x, tokens, positions, segment_ids)
     x = with_sharding_constraint(stream.x, ("batch", "length", "embed"))  # [batch, L, embed]
 
-    mask = attn.combine_masks(
-        attn.make_attention_mask(stream.valid, stream.valid),
-        _segment_mask(stream.segment_ids, stream.segment_ids),
-        attn.make_causal_mask(stream.positions) if stream.causal else None)
+    blocks = cfg.attention_kernel == "blockwise"  # bias and mask made per key block
+    mask = _encoder_mask(stream, blocks)
     relpos = attn.RelativePositionBiases(cfg.relative_attention_num_buckets,
                                          cfg.relative_attention_max_distance, cfg.num_heads,
                                          cfg.dtype, name="relpos_bias")
     bias, mask = attn.split_bias_and_mask(
-        relpos(stream.positions, stream.positions, bidirectional=True), mask,
+        relpos(stream.positions, stream.positions, bidirectional=True, blocks=blocks), mask,
         cfg.attention_kernel, cfg.dtype)
     x = layer_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, bias, mask,
                     num_latents=stream.separate_prefix, deterministic=deterministic)
@@ -287,7 +301,8 @@ class DecoderLayer(nn.Module):
   def _attention(self, name: str) -> attn.MultiHeadAttention:
     cfg = self.config
     return attn.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, cfg.dtype,
-                                   cfg.attention_kernel, cfg.fused_qkv, name=name)
+                                   cfg.attention_kernel, cfg.fused_qkv,
+                                   block_size=cfg.attention_block_size, name=name)
 
   @nn.compact
   def __call__(self, y: Array, encoded: Array, self_attention: Tuple[Any, Any],

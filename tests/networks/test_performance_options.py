@@ -279,6 +279,19 @@ def test_attention_kernels_agree_with_relative_bias_padding_and_causal_masks():
     _assert_trees_close(grads, ref_grads)
 
 
+def test_blockwise_kernel_equals_einsum_logits_loss_and_grads():
+  """attention_kernel='blockwise' with blocks of 4 keys (several per row, a ragged last one
+  over the 11-token inputs): the encoder's relative bias and its mask (DeCAL latents,
+  padding, an empty window) are made per key block, never whole; logits, loss and every
+  gradient (the relative bias tables' included) equal the einsum path's up to reordering."""
+  plain = _plain_run()
+  cfg = dataclasses.replace(PLAIN, attention_kernel="blockwise", attention_block_size=4)
+  out = _run(cfg, _plain_params())
+  _assert_close_up_to_reordering(out["logits"], plain["logits"], "blockwise logits")
+  _assert_close_up_to_reordering(out["loss"], plain["loss"], "blockwise loss")
+  _assert_trees_close(out["grads"], plain["grads"])
+
+
 def test_cudnn_kernel_and_dropout_are_refused_clearly():
   with pytest.raises(ValueError, match="'cudnn' runs bf16 / fp16 only"):
     dataclasses.replace(PLAIN, attention_kernel="cudnn")
