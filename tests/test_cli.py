@@ -3,7 +3,8 @@
 
 "Before the heavy imports" is checked as a property rather than a wall-clock race: each
 command runs in a subprocess whose exit hook reports which of jax / tensorflow / seqio were
-imported, and what the flags set (the DECAL_* variables, seqio's TFDS and cache settings).
+imported, and what the flags set (the DECAL_* variables, seqio's TFDS and cache settings,
+absl's logging flags, JAX's configuration).
 """
 import json
 import os
@@ -25,12 +26,16 @@ ENTRY_POINTS = {"train": "runs/pretrain_builtin.gin", "eval": "runs/eval_builtin
 WRAPPER = """
 import atexit, json, os, runpy, sys
 def report():
-  seqio = sys.modules.get("seqio")
+  from absl import flags
+  seqio, jax = sys.modules.get("seqio"), sys.modules.get("jax")
   print("REPORT " + json.dumps({
       "heavy": [m for m in %r if m in sys.modules],
       "env": {k: v for k, v in os.environ.items() if k.startswith("DECAL_")},
       "tfds_override": seqio and seqio.utils._TFDS_DATA_DIR_OVERRIDE,
-      "cache_dirs": seqio and list(seqio.utils._GLOBAL_CACHE_DIRECTORIES)}), file=sys.stderr)
+      "cache_dirs": seqio and list(seqio.utils._GLOBAL_CACHE_DIRECTORIES),
+      "logging": flags.FLAGS.is_parsed() and [flags.FLAGS.alsologtostderr,
+                                               flags.FLAGS.verbosity],
+      "jax_platforms": jax and jax.config.jax_platforms}), file=sys.stderr)
 atexit.register(report)
 module = sys.argv.pop(1)
 sys.argv[0] = module
@@ -72,8 +77,11 @@ def test_help_shows_the_flags_the_gin_form_and_the_required_macros(module):
   assert out.startswith(f"usage: python -m decal_jax.{module} --gin_file=FILE")
   for flag in ("gin_file", "gin_bindings", "gin_search_paths", "tfds_data_dir",
                "seqio_additional_cache_dirs", "[no]multiprocess_gpu", "coordinator_address",
-               "process_count", "process_index", "initialization_timeout"):
+               "process_count", "process_index", "initialization_timeout", "[no]alsologtostderr",
+               "[no]logtostderr", "log_dir", "stderrthreshold", "logger_levels"):
     assert f"  --{flag}: " in out, flag  # each flag with its help text after the colon
+  assert "  -v,--verbosity: " in out
+  assert "  --jax_NAME=VALUE: one of JAX's configuration options" in out
   assert "--gin.NAME=VALUE" in out and "--gin.MODEL_DIR=\"'runs/decal_tiny'\"" in out
   required = out.split("leave %gin.REQUIRED (bind each with --gin.NAME=VALUE): ")[1]
   assert required.split(", ")[0].strip() == "MODEL_DIR"
@@ -102,6 +110,9 @@ def test_help_lists_what_the_bindings_leave_required(tmp_path):
      ["also needs --coordinator_address"]),
     (["--multiprocess_gpu", "--coordinator_address=h:1", "--process_count=2",
       "--process_index=2"], ["--process_index=2 must be below --process_count=2"]),
+    (["-v=loud"], ["flag --verbosity=loud: invalid literal for int()"]),
+    (["--stderrthreshold=loud"], ["value should be one of <debug|info|warning|error|fatal>"]),
+    (["--logger_levels=orbax"], ["flag --logger_levels=orbax: "]),
 ])
 def test_flag_errors_come_before_the_heavy_imports(args, fragments):
   _early_error(_cli("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='m'",
@@ -126,6 +137,21 @@ def test_a_bad_flag_value_for_a_setting_is_refused_before_the_heavy_imports():
                     "--process_index=0"),
                "error: DECAL_COORDINATOR_ADDRESS='no-port' is not allowed",
                "host:port, the port a whole number in 1..65535")
+
+
+@pytest.mark.parametrize("arg,fragment", [
+    ("--jax_no_such_option=1", "Unknown command line flag 'jax_no_such_option'"),
+    ("--jax_enable_x64=maybe", "flag --jax_enable_x64=maybe: ('Non-boolean argument"),
+    ("--jax_numpy_rank_promotion=never", "value should be one of <allow|warn|raise>"),
+])
+def test_a_bad_jax_flag_is_refused_when_jax_loads_before_any_work(arg, fragment):
+  """JAX defines its flags, so they are checked once it has loaded: before TensorFlow,
+  seqio or any device."""
+  result = _cli("train", "--gin_file=runs/pretrain_builtin.gin", "--gin.MODEL_DIR='m'", arg)
+  assert result.returncode != 0 and fragment in result.stderr, result.stderr
+  assert "JAX's flags: --jax_NAME=VALUE" in result.stderr and "Traceback" not in result.stderr
+  assert result.report["heavy"] == ["jax"]
+  assert not (REPO / "m").exists()
 
 
 def test_gin_file_errors_come_before_the_heavy_imports(tmp_path):
@@ -153,7 +179,8 @@ def _t5x_flags(tmp_path, model_dir):
           f"--gin_bindings=MODEL_DIR = '{model_dir}'", f"--tfds_data_dir={tmp_path / 'tfds'}",
           f"--seqio_additional_cache_dirs={tmp_path / 'c1'},{tmp_path / 'c2'}",
           "--multiprocess_gpu", "--coordinator_address=localhost:12355", "--process_count=1",
-          "--process_index=0", "--initialization_timeout=30"]
+          "--process_index=0", "--initialization_timeout=30",
+          "--alsologtostderr", "-v=1", "--jax_platforms=cpu"]  # absl's and JAX's flags
 
 
 def _settings_applied(result, tmp_path):
@@ -164,6 +191,9 @@ def _settings_applied(result, tmp_path):
                                                "DECAL_NUM_PROCESSES", "DECAL_PROCESS_ID")} == {
       "DECAL_COORDINATOR_ADDRESS": "localhost:12355", "DECAL_NUM_PROCESSES": "1",
       "DECAL_PROCESS_ID": "0"}
+  assert result.report["logging"] == [True, 1]  # --alsologtostderr -v=1, in absl's flags
+  assert result.report["jax_platforms"] == "cpu"
+  assert "JAX backend: cpu, 1 device (cpu)" in result.stderr
 
 
 def test_train_with_every_t5x_flag(tmp_path):
@@ -211,3 +241,13 @@ def test_each_parse_starts_from_the_defaults_not_the_last_calls_flags():
   assert not cli.FLAGS.multiprocess_gpu
   cli.parse_flags([], "decal-train")
   assert (cli.FLAGS.gin_file, cli.FLAGS.gin_bindings) == ([], [])
+
+
+def test_jax_flags_are_set_aside_for_jax_and_the_rest_parsed():
+  """--jax_* and --nojax_* (one dash or two) wait for JAX; --gin.jax_x is a gin binding."""
+  jax_args = cli.parse_flags(["--jax_platforms=cpu", "-nojax_enable_x64", "--gin.jax_x=1",
+                              "--alsologtostderr", "-v", "2"], "decal-train")
+  assert jax_args == ["--jax_platforms=cpu", "-nojax_enable_x64"]
+  assert cli.FLAGS.gin_bindings == ["jax_x = 1"]
+  assert (cli.FLAGS.alsologtostderr, cli.FLAGS.verbosity) == (True, 2)
+  assert cli.parse_flags([], "decal-train") == [] and cli.FLAGS.verbosity == -1

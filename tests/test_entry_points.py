@@ -1,5 +1,6 @@
 """The command-line entry points, run as a user runs them (subprocesses, tiny settings)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -20,11 +21,19 @@ def _run(module, *args, check=True):
   return proc
 
 
+def _log_dir(model_dir):
+  return model_dir.parent / f"{model_dir.name}_logs"
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+  """Three steps, logged every step, stdout and stderr piped (not a terminal), the log also
+  kept in a --log_dir file."""
   model_dir = tmp_path_factory.mktemp("main_job")
   proc = _run("train", "--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{model_dir}'",
-              "--gin.TRAIN_STEPS=3", "--gin.EVAL_BATCHES=1", "--gin.CHECKPOINT_PERIOD=2", *SMALL)
+              "--gin.TRAIN_STEPS=3", "--gin.EVAL_BATCHES=1", "--gin.CHECKPOINT_PERIOD=2",
+              "--gin.LOG_PERIOD=1", f"--log_dir={_log_dir(model_dir)}", "--alsologtostderr",
+              *SMALL)
   return model_dir, proc
 
 
@@ -43,6 +52,23 @@ def test_a_run_prints_no_tensorflow_or_seqio_start_up_noise(trained):
   _, proc = trained
   for noise in ("cuInit", "oneDNN", "cudart", "absl::InitializeLog", "FunctionDataset"):
     assert noise not in proc.stderr, proc.stderr
+
+
+STEP_LINE = re.compile(r"^I\d{4} [\d:.]+ +\d+ trainer\.py:\d+\] train step (\d)/3: "
+                       r"loss=[\d.]+, accuracy=[\d.e+-]+, learning_rate=[\d.e+-]+, "
+                       r"steps/s=[\d.e+-]+, tokens/s=[\d.e+-]+$", re.M)
+
+
+def test_a_piped_run_logs_a_line_per_step_and_draws_no_bar(trained):
+  """Off a terminal the log keeps absl-formatted INFO lines (step, loss, accuracy, learning
+  rate, steps/s) every LOG_PERIOD steps, after the device line, and no progress bar; the
+  --log_dir file holds the same lines."""
+  model_dir, proc = trained
+  assert [int(step) for step in STEP_LINE.findall(proc.stderr)] == [1, 2, 3], proc.stderr
+  assert "] JAX backend: cpu, 1 device (cpu)" in proc.stderr
+  assert "it/s" not in proc.stderr and "\r" not in proc.stderr and "train:" not in proc.stderr
+  log_file = _log_dir(model_dir) / "decal_jax.train.INFO"  # absl's link to the newest log
+  assert STEP_LINE.findall(log_file.read_text()) == ["1", "2", "3"]
 
 
 def test_rerunning_the_same_command_continues(trained):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import decal_jax.tasks  # noqa: F401
+import decal_jax.tasks  # noqa: F401  (registers the seqio tasks)
 from decal_jax import models, partitioning
 from decal_jax.runtime import checkpoints, evaluation, optimizers, train_state, trainer
 from decal_jax.data import pipeline

@@ -45,17 +45,17 @@ import json
 import os
 import pathlib
 import sys
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import gin  # noqa: E402
-import jax  # noqa: E402
+import gin
 
 from decal_jax import fileio
-from decal_jax.interop import hf_import, hf_params
-from decal_jax.runtime import checkpoints, gin_utils
-from decal_jax.data import hf_vocabularies  # noqa: E402
+from decal_jax.runtime import gin_utils
+
+if TYPE_CHECKING:  # JAX, TensorFlow and seqio load in the functions, after the arguments
+  from decal_jax.interop import hf_params
 
 DEFAULT_DODO_GIN = "models/dodo.gin"
 DEFAULT_SQUID_GIN = "models/squid_qwen2.gin"
@@ -125,6 +125,7 @@ def gin_model_config(files: List[str], bindings: List[str], model: str):
 def gin_zero_id_to(files: List[str], bindings: List[str]) -> Optional[int]:
   """The gin VOCABULARY's zero_id_to: None unless it is an `HfTokenizerVocabulary` (built
   here, lazily: no file is read) with zero_id_to bound."""
+  from decal_jax.data import hf_vocabularies  # pylint: disable=import-outside-toplevel
   with parsed_gin(files, bindings, "VOCABULARY"):
     try:
       reference = gin.query_parameter("%VOCABULARY")
@@ -139,6 +140,7 @@ def gin_zero_id_to(files: List[str], bindings: List[str]) -> Optional[int]:
 def resolve_zero_id_to(args) -> Optional[int]:
   """--zero_id_to, defaulting to (and for dodo / squid, required to equal) the gin
   VOCABULARY's zero_id_to: weights and vocabulary must move token 0 to the same id."""
+  from decal_jax.interop import hf_import  # pylint: disable=import-outside-toplevel
   if args.model == "decoder":
     return hf_import.checked_zero_id_to(args.zero_id_to)
   files = args.gin_file or [DEFAULT_GIN[args.model]]
@@ -164,6 +166,7 @@ def check_out(out: pathlib.Path, overwrite: bool) -> None:
 
 def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str]) -> None:
   """checkpoint_0 + `files` ({name: text}), built in a temp folder renamed to `out`."""
+  from decal_jax.runtime import checkpoints  # pylint: disable=import-outside-toplevel
   with fileio.atomic_directory(out) as tmp:
     ckpt = checkpoints.Checkpointer(str(tmp), keep=1)
     ckpt.save(0, {"params": params}, {}, force=True)
@@ -176,6 +179,7 @@ def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str]) -> None:
 def report_lines(args, configs, report, notes, out: pathlib.Path, count: int,
                  zero_id_to: Optional[int] = None) -> List[str]:
   """What was written, the size bindings ({scope: DecoderConfig}) and the next command."""
+  from decal_jax.interop import hf_params  # pylint: disable=import-outside-toplevel
   source = (f"{args.hf_dir} (small) + {args.large_hf_dir} (large)" if args.model == "squid"
             else args.hf_dir)
   fresh = {"dodo": " (scorer, soft prompt, LoRA).", "squid": " (memory tokens, projector"
@@ -209,8 +213,9 @@ def report_lines(args, configs, report, notes, out: pathlib.Path, count: int,
   return lines
 
 
-def run_import(args, hf_dir: pathlib.Path, zero_id_to: Optional[int]) -> hf_params.Imported:
+def run_import(args, hf_dir: pathlib.Path, zero_id_to: Optional[int]) -> "hf_params.Imported":
   """The import --model asks for, its model configured by the gin files."""
+  from decal_jax.interop import hf_params  # pylint: disable=import-outside-toplevel
   overrides = {} if args.max_length is None else {"max_length": args.max_length}
   if args.model == "decoder":
     return hf_params.import_decoder(hf_dir, overrides, zero_id_to)
@@ -222,7 +227,7 @@ def run_import(args, hf_dir: pathlib.Path, zero_id_to: Optional[int]) -> hf_para
                                 gin_config, args.seed, overrides, zero_id_to)
 
 
-def manifest(args, hf_dir: pathlib.Path, imported: hf_params.Imported,
+def manifest(args, hf_dir: pathlib.Path, imported: "hf_params.Imported",
              zero_id_to: Optional[int]) -> Dict:
   """hf_import.json: where the checkpoint came from and how it was built."""
   if args.model == "squid":
@@ -237,7 +242,9 @@ def manifest(args, hf_dir: pathlib.Path, imported: hf_params.Imported,
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  args = parse_args(sys.argv[1:] if argv is None else argv)  # before JAX / TensorFlow load
+  import jax  # pylint: disable=import-outside-toplevel
+  from decal_jax.interop import hf_params  # pylint: disable=import-outside-toplevel
   hf_dir, out = pathlib.Path(args.hf_dir).absolute(), pathlib.Path(args.out).absolute()
   check_out(out, args.overwrite)
   try:

@@ -31,12 +31,10 @@ from typing import Dict, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import matplotlib  # noqa: E402
+import numpy as np
+import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import tqdm  # noqa: E402
+from decal_jax.commands import require_extra
 
 
 DEFAULT_GIN = "models/dodo_tiny.gin"
@@ -199,7 +197,16 @@ def token_class(piece: str, is_eos: bool) -> str:
 
 
 # ------------------------------------------------------------------------------ html
+def _matplotlib():
+  """matplotlib (decal_jax[plot]), with the file-only Agg backend: (matplotlib, pyplot)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel  (an optional extra)
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return matplotlib, plt
+
+
 def _color(value: float) -> str:
+  matplotlib, _ = _matplotlib()
   return matplotlib.colors.to_hex(matplotlib.colormaps[COLORMAP](COLOR_RANGE * value))
 
 
@@ -260,6 +267,7 @@ def plot_examples(path: pathlib.Path, results: Sequence[ExampleNuggets],
   blocks = [(_wrap(toks, width), ex, toks) for ex, toks in zip(results, pieces)]
   rows = sum(len(lines) + 2 for lines, _, _ in blocks)
   char_in = 0.602 * FONT_SIZE / 72  # a monospace glyph's advance (0.602 em), in inches
+  matplotlib, plt = _matplotlib()
   fig = plt.figure(figsize=(width * char_in / 0.96, rows * 0.24 + 0.6))
   ax = fig.add_axes([0.02, 0.02, 0.96, 0.96])
   ax.set_xlim(0, width)
@@ -354,6 +362,7 @@ def plot_frequencies(path: pathlib.Path, rows: Sequence[Dict], ratio: float) -> 
   """Bars: each top token's share of the kept tokens next to its share of all tokens."""
   labels = [r["piece"] for r in rows]
   x = np.arange(len(rows))
+  _, plt = _matplotlib()
   fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 2), 4))
   ax.bar(x - 0.2, [100 * r["selected_share"] for r in rows], 0.4, label="share of kept tokens")
   ax.bar(x + 0.2, [100 * r["overall_share"] for r in rows], 0.4,
@@ -405,6 +414,7 @@ def _machine() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
   """Runs the tool; returns {'results', 'pieces', 'table', 'ratio', 'paths'}."""
   args = parse_args(argv)
+  require_extra("matplotlib", "plot", "show_nuggets (its page and pictures)")
   model, params, step, partitioner = load_model(args)
   cfg = model.module.config
   ratio = float(args.ratio if args.ratio is not None else cfg.compression_ratio)

@@ -11,12 +11,22 @@ or with the three process flags DECAL_COORDINATOR_ADDRESS / DECAL_NUM_PROCESSES 
 DECAL_PROCESS_ID. Flag errors, DECAL_* variables that hold a bad value
 (`decal_jax.settings`), missing or malformed gin files and macros left `%gin.REQUIRED` are
 reported before the heavy imports, in well under a second of work.
+
+absl's logging flags work as in a T5X (absl `app.run`) program: `--logtostderr`,
+`--alsologtostderr`, `-v` / `--verbosity`, `--log_dir`, `--stderrthreshold`,
+`--logger_levels` (`start_logging`). JAX's own flags, `--jax_NAME=VALUE` (e.g.
+`--jax_platforms=cpu`), are JAX's configuration options as `jax.config.config_with_absl`
+defines them; they are checked and applied when JAX loads, before anything touches a device
+(`apply_jax_flags`).
 """
 import importlib
+import logging
+import os
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from absl import flags
+from absl import logging as absl_logging  # defines absl's logging flags (flags.FLAGS)
 
 from decal_jax import settings
 from decal_jax.runtime import console, gin_utils
@@ -56,6 +66,26 @@ flags.DEFINE_integer("initialization_timeout", None, "Seconds to wait for the ot
                      "processes in jax.distributed.initialize (default 300).", lower_bound=1,
                      flag_values=FLAGS)
 
+# absl's logging flags, defined again on FLAGS (same names and parsers, so --help lists them
+# and a bad value is a usage error) and handed to absl's own flags by `start_logging`.
+flags.DEFINE_boolean("logtostderr", False, "absl logging: log to stderr only (not to the "
+                     "--log_dir file).", flag_values=FLAGS)
+flags.DEFINE_boolean("alsologtostderr", False, "absl logging: with --log_dir, also log to "
+                     "stderr.", flag_values=FLAGS)
+flags.DEFINE_integer("verbosity", -1, "absl logging verbosity: -1 (default) warnings plus "
+                     "decal_jax's INFO lines (the device line, the training step lines); 0 "
+                     "every library's INFO lines (T5X's default); 1 debug.", short_name="v",
+                     flag_values=FLAGS)
+flags.DEFINE_string("log_dir", None, "absl logging: write the log (INFO and above) to a file "
+                    "in this folder (created if needed), stderr keeping only what "
+                    "--alsologtostderr / --stderrthreshold add.", flag_values=FLAGS)
+flags.DEFINE_enum("stderrthreshold", "fatal", ["debug", "info", "warning", "error", "fatal"],
+                  "absl logging: with --log_dir, also print messages at this level or above "
+                  "on stderr.", case_sensitive=False, flag_values=FLAGS)
+flags.DEFINE_string("logger_levels", None, "absl logging: levels of named loggers, "
+                    "e.g. 'orbax:INFO,jax:DEBUG'.", flag_values=FLAGS)
+LOGGING_FLAGS = ("logtostderr", "alsologtostderr", "verbosity", "log_dir", "stderrthreshold",
+                 "logger_levels")
 HELP_ARGS = ("-h", "--help", "--helpfull", "--helpshort")
 PROCESS_FLAGS = ("coordinator_address", "process_count", "process_index")
 
@@ -81,12 +111,20 @@ def _rewrite_gin_args(argv: Sequence[str], prog: str):
   return out
 
 
-def parse_flags(argv: Sequence[str], prog: str) -> None:
+def is_jax_flag(arg: str) -> bool:
+  """--jax_NAME[=VALUE] or --nojax_NAME (one dash or two, as absl reads them)."""
+  return arg.lstrip("-").startswith(("jax_", "nojax_")) and arg.startswith("-")
+
+
+def parse_flags(argv: Sequence[str], prog: str) -> List[str]:
   """Parses `argv` (without the program name) into FLAGS; a bad flag raises UsageError.
-  Every call starts from the defaults: absl adds a repeated flag's values to those of an
-  earlier parse, so an entry point called twice in one process would otherwise also apply
-  the first call's --gin_file / --gin.NAME=VALUE."""
+  Returns the --jax_* flags, set aside for `apply_jax_flags` (JAX defines them, so they are
+  checked when it loads). Every call starts from the defaults: absl adds a repeated flag's
+  values to those of an earlier parse, so an entry point called twice in one process would
+  otherwise also apply the first call's --gin_file / --gin.NAME=VALUE."""
   FLAGS.unparse_flags()
+  jax_args = [arg for arg in argv if is_jax_flag(arg)]
+  argv = [arg for arg in argv if not is_jax_flag(arg)]
   try:
     rest = FLAGS([prog] + _rewrite_gin_args(argv, prog))
   except flags.Error as e:
@@ -108,6 +146,7 @@ def parse_flags(argv: Sequence[str], prog: str) -> None:
   if process and FLAGS.process_index >= FLAGS.process_count:
     raise UsageError(f"--process_index={FLAGS.process_index} must be below "
                      f"--process_count={FLAGS.process_count}.", prog)
+  return jax_args
 
 
 def apply_settings() -> None:
@@ -132,6 +171,54 @@ def check_settings(prog: str) -> None:
     raise UsageError(str(e), prog) from None
 
 
+def start_logging(prog: str, own_process: bool) -> None:
+  """absl's logging flags, handed to absl (`flags.FLAGS`), as `app.run` would. In its own
+  process (`own_process`: the command line is sys.argv) the entry point also does what
+  app.run does: absl's handler on the root logger, on stderr or with --log_dir in a file
+  there. Without -v the libraries' INFO lines (orbax, seqio, JAX: hundreds a run) stay off
+  while decal_jax's own INFO lines (the device line, the training step lines) show; -v=0
+  shows them all, as T5X. A program that calls an entry point with its own argv keeps its
+  logging set-up, and gets only the logging flags it passed."""
+  given = [FLAGS[name].serialize() for name in LOGGING_FLAGS if FLAGS[name].present]
+  if not (given or own_process):
+    return
+  try:
+    flags.FLAGS([prog, *given], known_only=True)
+  except (flags.Error, ValueError) as e:  # absl's logging flags raise ValueError themselves
+    raise UsageError(str(e), prog) from None
+  if not own_process:
+    return
+  absl_logging.use_absl_handler()
+  if not FLAGS["verbosity"].present:
+    logging.getLogger("decal_jax").setLevel(logging.INFO)
+  if FLAGS.log_dir:
+    os.makedirs(FLAGS.log_dir, exist_ok=True)
+    absl_logging.get_absl_handler().use_absl_log_file(prog, FLAGS.log_dir)
+
+
+def apply_jax_flags(jax_args: Sequence[str], prog: str) -> None:
+  """--jax_NAME=VALUE: JAX's configuration options, defined as `jax.config.config_with_absl`
+  defines them (from `jax.config.meta`: type, choices, help), but on a FlagValues of their
+  own (config_with_absl would define them on absl's global flags, once per process), then
+  set with `jax.config.update` before anything touches a device. Imports JAX."""
+  if not jax_args:
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  defines = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+             str: flags.DEFINE_string, "enum": flags.DEFINE_enum,
+             "enum_class": flags.DEFINE_enum_class}
+  jax_flags = flags.FlagValues()
+  for name, (kind, args, kwargs) in jax.config.meta.items():
+    defines[kind](name, None, *args, flag_values=jax_flags, **kwargs)
+  try:
+    jax_flags([prog, *jax_args])
+  except flags.Error as e:
+    raise UsageError(f"{e} (JAX's flags: --jax_NAME=VALUE, a jax.config option)", prog) from None
+  for name in jax.config.meta:
+    if jax_flags[name].present:
+      jax.config.update(name, jax_flags[name].value)
+
+
 def _seqio_settings() -> None:
   """What seqio itself takes (imported only now, after every check has passed)."""
   if not (FLAGS.tfds_data_dir or FLAGS.seqio_additional_cache_dirs):
@@ -152,7 +239,12 @@ def help_text(prog: str, about: str) -> str:
            "  --gin.NAME=VALUE: one gin binding, the same as --gin_bindings='NAME = VALUE';",
            "    Python literals, strings in inner quotes, e.g.",
            "    --gin.TRAIN_STEPS=100 --gin.MODEL_DIR=\"'runs/decal_tiny'\"", "",
-           "Flags (T5X's, as in t5x/train.py):", flag_help.rstrip(), ""]
+           "JAX's flags:",
+           "  --jax_NAME=VALUE: one of JAX's configuration options (jax.config), e.g.",
+           "    --jax_platforms=cpu --jax_enable_x64 --jax_log_compiles; checked when JAX",
+           "    loads, before anything touches a device.", "",
+           "Flags (T5X's, as in t5x/train.py, and absl's logging flags):", flag_help.rstrip(),
+           ""]
   if FLAGS.gin_file:
     try:
       required = gin_utils.required_macros(FLAGS.gin_file, search_paths(), FLAGS.gin_bindings)
@@ -175,9 +267,10 @@ def main(target: str, argv: Optional[Sequence[str]], *, prog: str, about: str,
          pass_config: bool = False):
   """Checks the command line, then imports `target` ('module:function') and calls it
   configured by gin (`gin_utils.call`)."""
+  own_process = argv is None
   argv = list(sys.argv[1:] if argv is None else argv)
   wants_help = any(arg in HELP_ARGS for arg in argv)
-  parse_flags([arg for arg in argv if arg not in HELP_ARGS], prog)
+  jax_args = parse_flags([arg for arg in argv if arg not in HELP_ARGS], prog)
   if wants_help:
     print(help_text(prog, about))
     return None
@@ -187,11 +280,24 @@ def main(target: str, argv: Optional[Sequence[str]], *, prog: str, about: str,
         f"error: the gin files leave {', '.join(required)} %gin.REQUIRED: bind each with "
         f"--gin.NAME=VALUE (e.g. --gin.{required[0]}=...; strings in inner quotes).")
   check_settings(prog)
+  start_logging(prog, own_process)
+  apply_jax_flags(jax_args, prog)
   console.import_tensorflow_quietly()  # TF is only the input pipeline: off the accelerators
   module_name, fn_name = target.split(":")
   fn = getattr(importlib.import_module(module_name), fn_name)
   _seqio_settings()
   with console.library_warnings_through_tqdm():
-    return gin_utils.call(fn, FLAGS.gin_file, search_paths(), FLAGS.gin_bindings,
-                          pass_config=pass_config,
-                          initialization_timeout=FLAGS.initialization_timeout)
+    return _run(fn, pass_config)
+
+
+def _run(fn, pass_config: bool):
+  """`gin_utils.call`, with the device line (`console.report_devices`) between joining a
+  multi-host job and the run: gin is parsed first for the job's bindings, the job joined,
+  the devices reported; gin_utils.call then parses again (milliseconds) and finds the job
+  already joined."""
+  files, paths, bindings = FLAGS.gin_file, search_paths(), FLAGS.gin_bindings
+  gin_utils.parse(files, paths, bindings)
+  gin_utils.start_distributed(FLAGS.initialization_timeout)
+  console.report_devices()
+  return gin_utils.call(fn, files, paths, bindings, pass_config=pass_config,
+                        initialization_timeout=FLAGS.initialization_timeout)

@@ -12,14 +12,27 @@ are untouched.
 `library_warnings_through_tqdm()` routes the library's warnings (the `decal_jax.*` loggers,
 e.g. the counts of cut sequences, which the input pipeline logs from its threads
 mid-training) through `tqdm.write` for the length of a run, so they print above the progress
-bar instead of breaking it.
+bar instead of breaking it; the library's INFO lines (the device line, the training step
+lines) go to the root logger's handlers (absl's in an entry point: stderr, or the --log_dir
+file) with the bar cleared for the write. `bar_options` turns the bar off where it would
+only clutter a log: on a stderr that is not a terminal.
+
+`report_devices()` logs the start-up line every entry point prints once JAX has loaded
+(`JAX backend: cpu, 1 device (cpu)`), and a warning when a GPU / TPU extra is installed but
+JAX sees only the CPU.
 """
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
+from typing import Dict, Optional, Sequence
 
 import tqdm
+
+log = logging.getLogger(__name__)
+# (module an accelerator extra installs, the extra, the accelerator): pyproject's extras
+ACCELERATOR_EXTRAS = (("jax_cuda12_plugin", "cuda12", "GPU"), ("libtpu", "tpu", "TPU"))
 
 
 @contextlib.contextmanager
@@ -58,20 +71,83 @@ class TqdmHandler(logging.Handler):
       self.handleError(record)
 
 
+class AboveTheBar(logging.Handler):
+  """Hands each record to the root logger's handlers with any tqdm bar cleared for the
+  write (and redrawn after), so a log line never lands in the middle of the bar."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    with tqdm.tqdm.external_write_mode(file=sys.stderr):
+      logging.getLogger().handle(record)
+
+
 @contextlib.contextmanager
 def library_warnings_through_tqdm():
   """For the block (an entry point's run), the `decal_jax` loggers' warnings go to stderr
   through `tqdm.write`, and only there: they do not also propagate to the root logger's
-  handlers, which would print them a second time, breaking the bar. Restored afterwards, so
-  a host program (or a test) that ran an entry point in-process keeps its own logging."""
+  handlers, which would print them a second time, breaking the bar. Their INFO lines go to
+  the root logger's handlers (`AboveTheBar`). Restored afterwards, so a host program (or a
+  test) that ran an entry point in-process keeps its own logging."""
   logger = logging.getLogger("decal_jax")
-  handler = TqdmHandler(logging.WARNING)
-  handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+  warnings = TqdmHandler(logging.WARNING)
+  warnings.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+  info = AboveTheBar()
+  info.addFilter(lambda record: record.levelno < logging.WARNING)
   propagate = logger.propagate
-  logger.addHandler(handler)
+  logger.addHandler(warnings)
+  logger.addHandler(info)
   logger.propagate = False
   try:
     yield
   finally:
-    logger.removeHandler(handler)
+    logger.removeHandler(warnings)
+    logger.removeHandler(info)
     logger.propagate = propagate
+
+
+def bar_options(process_index: int) -> Dict[str, bool]:
+  """tqdm's `disable` for a progress bar: off on every process but 0, and when stderr is not
+  a terminal (a pipe or a log file, which get the INFO step lines instead). Otherwise left
+  unset, so tqdm's own TQDM_DISABLE (and its other TQDM_* variables) still apply: passing
+  `disable=` would override them."""
+  if process_index != 0 or not sys.stderr.isatty():
+    return {"disable": True}
+  return {}
+
+
+# ------------------------------------------------------------------------------ devices
+def device_line(devices: Sequence, process_count: int = 1) -> str:
+  """'JAX backend: gpu, 8 devices (NVIDIA H100 80GB HBM3)': the platform, how many devices
+  (of every process) and their kinds."""
+  kinds = ", ".join(sorted({d.device_kind for d in devices}))
+  count = f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+  processes = f" over {process_count} processes" if process_count > 1 else ""
+  return f"JAX backend: {devices[0].platform}, {count} ({kinds}){processes}"
+
+
+def cpu_only_warning(devices: Sequence, platforms: Optional[str]) -> Optional[str]:
+  """Why a run that could use an accelerator is on the CPU, or None: an accelerator extra is
+  installed (its module importable) but JAX sees only CPU devices, and the CPU was not
+  asked for (--jax_platforms / JAX_PLATFORMS = cpu)."""
+  if any(d.platform != "cpu" for d in devices):
+    return None
+  if platforms and {p.strip() for p in platforms.split(",")} == {"cpu"}:
+    return None
+  for module, extra, kind in ACCELERATOR_EXTRAS:
+    if importlib.util.find_spec(module) is not None:
+      return (f"decal_jax[{extra}] is installed ({module}) but JAX sees only the CPU: no "
+              f"{kind} was found or it failed to start (JAX's own message above says why; "
+              f"check the driver, e.g. nvidia-smi, and CUDA_VISIBLE_DEVICES / JAX_PLATFORMS). "
+              "Pass --jax_platforms=cpu to run on the CPU on purpose.")
+  return None
+
+
+def report_devices() -> None:
+  """Logs the device line (INFO, process 0) and `cpu_only_warning` if there is one."""
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  if jax.process_index() != 0:
+    return
+  log.info(device_line(devices, jax.process_count()))
+  warning = cpu_only_warning(devices, jax.config.jax_platforms)
+  if warning:
+    log.warning(warning)

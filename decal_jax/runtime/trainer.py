@@ -5,26 +5,30 @@ of `train_step.make_train_step`.
 (`train_state`), restores the latest checkpoint in MODEL_DIR if there is one (params,
 optimizer state, step, the dropout RNG and the input pipeline's position, so the data
 stream continues where it stopped without re-reading it), runs jitted train steps with a
-progress bar, writes TensorBoard metrics to MODEL_DIR/train and
+progress bar (`console.bar_options`: off when stderr is not a terminal) and an INFO log line
+every `log_period` steps (step, loss, accuracy, learning rate, steps/s: kept by a pipe or the
+--log_dir file), writes TensorBoard metrics to MODEL_DIR/train and
 MODEL_DIR/training_eval/<task> (T5X's folders), saves Orbax checkpoints, evaluates on the
 validation split and prints a decoded example (`evaluation`).
 """
 import dataclasses
-from typing import Dict, Optional
+import logging
+from typing import Dict, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import tqdm
 
 from decal_jax import metrics, partitioning
-from decal_jax.runtime import (checkpoints, evaluation, model_info, optimizers, resilience,
-                               run_lock, train_state, vocabulary_record)
+from decal_jax.runtime import (checkpoints, console, evaluation, model_info, optimizers,
+                               resilience, run_lock, train_state, vocabulary_record)
 from decal_jax.data import batches as data_batches
 from decal_jax.data import pipeline
 from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 from decal_jax.runtime.train_step import make_train_step
 
+log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ train
 RUN_SETTING_MACROS = {"total_steps": "TRAIN_STEPS", "eval_period": "EVAL_PERIOD",
@@ -122,7 +126,7 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
     rng = jnp.asarray(position["rng"], jnp.uint32)
     window = metrics.Window(model.summarize)
     bar = tqdm.tqdm(range(start, total_steps), initial=start, total=total_steps, desc="train",
-                    dynamic_ncols=True, disable=jax.process_index() != 0)
+                    dynamic_ncols=True, **console.bar_options(jax.process_index()))
 
     def save(step: int, force: bool = False):
       if force or step % checkpoint_period == 0:
@@ -147,6 +151,7 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
           bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
                           tok_s=f"{summary['tokens_per_second']:.0f}")
           writer.write("train", done, summary)
+          log_step(done, total_steps, summary)
         if done < total_steps and preemption.requested():
           save(done, force=True)
           return _stop_preempted(done, bar, writer, ckpt, preemption.signal_name)
@@ -166,6 +171,22 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
     evaluation.report(result, example, total_steps)
     pipeline.print_data_notes()
     return result
+
+
+def step_line(step: int, total_steps: int, summary: Mapping[str, float]) -> str:
+  """'train step 10/100: loss=2.345, accuracy=0.4012, learning_rate=0.01, steps/s=3.21,
+  tokens/s=1234' (the learning rate when the optimizer has a schedule)."""
+  names = {"loss": "loss", "accuracy": "accuracy", "learning_rate": "learning_rate",
+           "steps_per_second": "steps/s", "tokens_per_second": "tokens/s"}
+  values = ", ".join(f"{shown}={summary[name]:.4g}" for name, shown in names.items()
+                     if name in summary)
+  return f"train step {step}/{total_steps}: {values}"
+
+
+def log_step(step: int, total_steps: int, summary: Mapping[str, float]) -> None:
+  """The step line at INFO from process 0 (T5X logs its train metrics through absl)."""
+  if jax.process_index() == 0:
+    log.info(step_line(step, total_steps, summary))
 
 
 def _stop_preempted(step: int, bar, writer, ckpt, signal_name: str) -> Dict[str, float]:
