@@ -114,3 +114,32 @@ def test_language_model_files_build_what_they_name(files, network):
   assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_builtin_lm"
   gin.clear_config()
 
+
+
+# --------------------------------------------------------------------------- SmolLM2 (GGUF)
+@pytest.mark.parametrize("files,network", [
+    (["models/smollm2_135m.gin"], "Decoder"),
+    (["models/smollm2_135m.gin", "models/dodo_lm.gin", "runs/lm_builtin.gin"], "DodoLM")])
+def test_smollm2_135m_is_smollm2_and_carries_dodo_lm(files, network, monkeypatch):
+  """models/smollm2_135m.gin (decal_jax/commands/import_gguf.py --smollm2): SmolLM2-135M's
+  published 134,515,008 parameters (tied embeddings) on its GGUF tokenizer's vocabulary, a
+  missing tokenizer.json reported on use; with dodo_lm.gin and lm_builtin.gin (the
+  docs/methods/dodo.md recipe) Dodo's compressed-history LM on the same decoder."""
+  from decal_jax.data import hf_vocabularies
+  monkeypatch.delenv("DECAL_HF_TOKENIZER", raising=False)
+  _parse(*files, bindings=["MODEL_DIR = '/tmp/smollm2'"])
+  model = _build_model()
+  assert type(model.module).__name__ == network
+  cfg = getattr(model.module.config, "decoder", model.module.config)
+  assert (cfg.num_layers, cfg.emb_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+      30, 576, 9, 3, 64)
+  assert (cfg.vocab_size, cfg.rope_theta, cfg.tie_embeddings) == (49152, 1e5, True)
+  shapes = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), {"decoder_input_tokens": (1, 16)}))["params"]
+  count = sum(x.size for x in jax.tree_util.tree_leaves(shapes["stack"]))
+  assert count == 134_515_008
+  assert set(shapes) == ({"stack"} if network == "Decoder" else {"stack", "scorer"})
+  assert isinstance(model.output_vocabulary, hf_vocabularies.HfTokenizerVocabulary)
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    _ = model.output_vocabulary.eos_id
+  gin.clear_config()

@@ -22,7 +22,7 @@ def test_all_gin_files_are_covered_here():
              {"models/dual_encoder.gin", "runs/retrieval_finetune.gin", "runs/retrieve.gin",
               "runs/retrieval_builtin.gin", "runs/retrieve_builtin.gin"} |  # retrieval file
              {"models/decoder.gin", "models/decoder_tiny.gin", "models/dodo_lm.gin",
-              "runs/lm_builtin.gin"} |  # test_decoder_gin_files.py
+              "runs/lm_builtin.gin", "models/smollm2_135m.gin"} |  # test_decoder_gin_files.py
              {"experiments/retention/run.gin", "experiments/retention/t5.gin",
               "experiments/retention/dodo.gin"} |  # tests/tools/test_retention_table.py
              # tests/test_ablation.py loads every budget and variant and trains with mini.gin
