@@ -236,17 +236,57 @@ def looks_like_jsonl(path: str, probe: int = JSON_PROBE_LINES) -> bool:
   return seen > 0
 
 
+def json_array_start(path: str) -> Optional[str]:
+  """The first non-blank line of `path` when the file is a JSON array, else None: that line
+  is `[` alone (a pretty-printed array), or the start of an array of objects or strings
+  (`[{"text": ...},` or the whole array on one line). A text line such as `[1] Intro` is
+  no JSON, and `[1]` no array of documents."""
+  with open(path, "rb") as f:
+    first = next((line.strip() for line in f if line.strip()), b"")
+  if first == b"[":
+    return "["
+  if not first.startswith(b"["):
+    return None
+  for text in (first, first.rstrip(b",") + b"]"):
+    try:
+      value = json.loads(text)
+    except ValueError:  # not JSON, or not UTF-8
+      continue
+    if isinstance(value, list) and value and isinstance(value[0], (dict, str)):
+      return first.decode("utf-8")[:60]
+  return None
+
+
+def refuse_json_array(path: str) -> None:
+  """Refuses a JSON array given where plain text is read (one document per line)."""
+  first = json_array_start(path)
+  if first is None:
+    return
+  stem = os.path.splitext(path)[0]
+  raise BadRecordError(
+      f"{path} is a JSON array (its first non-blank line is {first!r}), not plain text: this "
+      "task reads one document per line, and would train on its brackets, braces, keys and "
+      "quotes. Convert it to plain text, one document per line (e.g. "
+      f"`jq -r '.[].text' {path} > {stem}.txt`; `jq -r '.[]'` for an array of strings), or "
+      f"to JSON Lines for a JSONL task (`jq -c '.[]' {path} > {stem}.jsonl`, then "
+      "autoencoding_tasks.register_text_autoencode_task(name, files, field=...) or "
+      "downstream_tasks.register_jsonl_task).")
+
+
 class TextLineSource(CheckedLineSource):
   """{split: path-or-glob} UTF-8 text files as a seqio source of their non-blank lines
   (scalar strings without the line break, as `seqio.TextLineDataSource` gives them).
   A file whose first lines are JSON objects is read as text all the same, with a WARNING
-  (a JSONL file given to a plain-text task trains on its braces and keys)."""
+  (a JSONL file given to a plain-text task trains on its braces and keys); a JSON array
+  (pretty-printed or on one line) is refused (`refuse_json_array`), naming the fix."""
 
   def parse(self, line: bytes) -> str:
     return decode(line).rstrip("\r\n")
 
   def checked(self, split: str) -> List[Tuple[str, List[int]]]:
     first_read = split not in self._checked
+    for path in expand(self._files_of(split)) if first_read else ():
+      refuse_json_array(path)
     files = super().checked(split)
     for path, _ in files if first_read else ():
       if looks_like_jsonl(path):

@@ -41,7 +41,7 @@ from decal_jax.networks.t5 import T5Config
 
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 T5_ARCHITECTURE = "T5ForConditionalGeneration"
-DECAL_FORMAT = "decal_jax"
+LAYOUT_NAME = "decal_jax"
 LORA_LEAF = re.compile(r"lora_(?P<adapter>.+)_(?P<side>[ab])")
 
 
@@ -351,7 +351,7 @@ def save_safetensors_params(params: Mapping[str, Any], path, gin_text: str = "")
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(path),
-            metadata={"format": DECAL_FORMAT, "decal_jax_version": decal_jax.__version__,
+            metadata={"format": LAYOUT_NAME, "decal_jax_version": decal_jax.__version__,
                       "gin_config": gin_text})
   return path
 
@@ -363,9 +363,9 @@ def load_safetensors_params(path) -> Tuple[Dict[str, Any], str]:
     path = path / hf_import.SINGLE_FILE
   with safe_open(str(path), framework="numpy") as f:
     metadata = f.metadata() or {}
-    if metadata.get("format") != DECAL_FORMAT:
+    if metadata.get("format") != LAYOUT_NAME:
       raise ValueError(f"{path} is not in the decal_jax safetensors layout (metadata format "
-                       f"{metadata.get('format')!r}, not {DECAL_FORMAT!r}): a transformers "
+                       f"{metadata.get('format')!r}, not {LAYOUT_NAME!r}): a transformers "
                        "checkpoint loads with hf_import / load_t5_params instead.")
     flat = {name: f.get_tensor(name) for name in f.keys()}
   return _unflat(flat), metadata.get("gin_config", "")

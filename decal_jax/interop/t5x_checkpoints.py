@@ -30,10 +30,8 @@ relative-position table, `[heads, buckets]`). `write_t5x_checkpoint` writes the 
 TensorStore layout, which every T5X reader restores: `Checkpointer`, `load_t5x_checkpoint`
 and the Orbax manager of `t5x.eval` / `t5x.infer` (which falls back to it).
 """
-import os
 import pathlib
 import re
-import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import flax
@@ -43,6 +41,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from flax import serialization
 
+from decal_jax import fileio
 from decal_jax.networks import param_layout
 
 CHECKPOINT_FILE = "checkpoint"  # T5X's msgpack file in a step folder
@@ -90,13 +89,24 @@ def t5x_format(step_dir: pathlib.Path) -> str:
   checkpoint has an `architecture` item and no `target` in its state)."""
   step_dir = pathlib.Path(step_dir).absolute()  # Orbax reads absolute paths only
   if (step_dir / CHECKPOINT_FILE).is_file():
-    return "msgpack"
+    return "msgpack" if is_msgpack_map(step_dir / CHECKPOINT_FILE) else ""
   if (step_dir / "architecture").exists() or not (step_dir / "state" / "_METADATA").exists():
     return ""
   try:
     return "orbax" if "target" in _orbax_tree(step_dir / "state") else ""
   except (ValueError, OSError):  # not an Orbax PyTree item after all
     return ""
+
+
+def is_msgpack_map(path: pathlib.Path) -> bool:
+  """Whether the file starts like a msgpack map, as T5X's `checkpoint` file does (a
+  TensorFlow checkpoint's `checkpoint` file, of the same name, is a text index)."""
+  try:
+    with open(path, "rb") as f:
+      first = f.read(1)
+  except OSError:
+    return False
+  return bool(first) and (0x80 <= first[0] <= 0x8f or first[0] in (0xde, 0xdf))
 
 
 def _orbax_tree(state_dir: pathlib.Path) -> Dict[str, Any]:
@@ -115,7 +125,12 @@ def read_t5x_params(step_dir: pathlib.Path) -> Flat:
   step_dir = pathlib.Path(step_dir).absolute()
   if t5x_format(step_dir) == "orbax":
     return _read_orbax_target(step_dir / "state")
-  contents = serialization.msgpack_restore((step_dir / CHECKPOINT_FILE).read_bytes())
+  try:
+    contents = serialization.msgpack_restore((step_dir / CHECKPOINT_FILE).read_bytes())
+  except Exception as e:  # msgpack's errors (ExtraData, ...) name no file
+    raise ValueError(f"{step_dir / CHECKPOINT_FILE} is not a readable T5X msgpack checkpoint "
+                     f"({type(e).__name__}: {e}); it is damaged, or no T5X checkpoint: copy "
+                     "it again from its source.") from None
   state = contents["optimizer"] if contents.get("version", 0) else contents  # 0: plain Flax
   if "target" not in state:
     raise ValueError(f"{step_dir / CHECKPOINT_FILE} holds no `target` (params): "
@@ -238,22 +253,21 @@ def _to_t5x(name: str, value: np.ndarray) -> Flat:
 def write_t5x_checkpoint(flat: Flat, model_dir: str, step: int) -> pathlib.Path:
   """Writes `flat` params as T5X's `checkpoint_<step>` (msgpack + TensorStore, state
   `{'target': params, 'state': {'step': step}}`, as `t5x.eval` / `t5x.infer` save and
-  restore it) in `model_dir`, into a temporary folder renamed when complete. Refuses an
-  existing step folder."""
+  restore it) in `model_dir`, into a temporary folder renamed when complete
+  (`fileio.atomic_directory`, which also removes one an export killed outright left).
+  Refuses an existing step folder."""
   final = pathlib.Path(model_dir).expanduser().absolute() / f"checkpoint_{step}"
   if final.exists():
     raise FileExistsError(f"{final} exists already; export to another folder or step.")
-  tmp = final.with_name(f"{final.name}.tmp-{int(time.time())}")
-  tmp.mkdir(parents=True)
-  target = {}
-  for name, value in flat.items():
-    target[name] = _write_zarr(np.asarray(value), tmp, f"target.{name.replace('/', '.')}")
-  state = {"target": flax.traverse_util.unflatten_dict(target, sep="/"),
-           "state": {"step": np.asarray(step, np.int32)}}
-  # msgpack_serialize keeps the specs' lists (to_bytes would turn them into dicts).
-  (tmp / CHECKPOINT_FILE).write_bytes(serialization.msgpack_serialize(
-      {"version": VERSION, "optimizer": state}))
-  os.replace(tmp, final)
+  with fileio.atomic_directory(final, replace=False) as tmp:
+    target = {}
+    for name, value in flat.items():
+      target[name] = _write_zarr(np.asarray(value), tmp, f"target.{name.replace('/', '.')}")
+    state = {"target": flax.traverse_util.unflatten_dict(target, sep="/"),
+             "state": {"step": np.asarray(step, np.int32)}}
+    # msgpack_serialize keeps the specs' lists (to_bytes would turn them into dicts).
+    (tmp / CHECKPOINT_FILE).write_bytes(serialization.msgpack_serialize(
+        {"version": VERSION, "optimizer": state}))
   return final
 
 

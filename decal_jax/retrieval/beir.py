@@ -279,6 +279,18 @@ def check_beir_folder(folder: pathlib.Path) -> None:
           f"{folder / name}: missing (the folder has {found}); {BEIR_LAYOUT}.")
 
 
+def empty_corpus(path: pathlib.Path) -> BadRetrievalFileError:
+  """The error for a corpus.jsonl without a document (said so, not as a qrels row naming a
+  document the corpus lacks)."""
+  size = path.stat().st_size
+  what = "an empty file" if not size else f"{size} bytes of blank lines"
+  return BadRetrievalFileError(
+      f"{path}: the corpus is empty (no document: {what}), so there is nothing to index. "
+      "Fill it with one JSON object per line, {\"_id\", \"title\", \"text\"} (the BEIR "
+      "layout; an interrupted download or conversion leaves it empty), or point the run at "
+      "the folder that has the documents.")
+
+
 def load_beir(folder: PathLike, split: str = "test") -> BeirData:
   """Reads a BEIR folder's corpus, queries and one split's qrels, checking every id and
   fingerprinting the corpus. Empty queries of the split are kept, with a WARNING."""
@@ -286,6 +298,8 @@ def load_beir(folder: PathLike, split: str = "test") -> BeirData:
   folder = pathlib.Path(folder)
   digest = CorpusDigest()
   corpus = read_corpus(folder / CORPUS_FILE, digest)
+  if not corpus:
+    raise empty_corpus(folder / CORPUS_FILE)
   all_queries = read_queries(folder / QUERIES_FILE)
   qrels = read_qrels(qrels_file, doc_ids=corpus, query_ids=all_queries)
   queries = {q: all_queries[q] for q in qrels}

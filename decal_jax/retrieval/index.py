@@ -51,6 +51,11 @@ class IndexConfigMismatchError(ValueError):
   """The index was built with another encoder config than the one searching it."""
 
 
+class DamagedIndexError(ValueError):
+  """An index file that does not hold what the index's meta.json says (truncated, cut,
+  replaced or unreadable); the message names the file, what it should hold and the fix."""
+
+
 # ------------------------------------------------------------------------------- config
 def canonical_config(config: Mapping[str, Any]) -> str:
   """The config as canonical JSON (sorted keys, no spaces; tuples become lists)."""
@@ -350,6 +355,8 @@ class Index(StoredIndex):
     """Opens the index in `directory`; with `expected_config`, refuses one built with a
     different encoder config (IndexConfigMismatchError)."""
     directory, meta, doc_ids = read_meta(directory, _FILES)
+    check_npy(directory, "vectors.npy", (meta["num_vectors"], meta["dim"]), meta["dtype"])
+    check_npy(directory, "offsets.npy", (meta["num_docs"] + 1,), "int64")
     offsets = np.load(os.path.join(directory, "offsets.npy"))
     if meta["num_vectors"] > 0:
       vectors = np.load(os.path.join(directory, "vectors.npy"), mmap_mode="r")
@@ -445,13 +452,66 @@ class Index(StoredIndex):
 
 def read_meta(directory: str, files: Sequence[str]) -> Tuple[str, Dict[str, Any], List[str]]:
   """(absolute directory, meta.json, doc_ids.json) of a complete index directory, or a
-  clear error (`_check_complete`)."""
+  clear error (`_check_complete`; DamagedIndexError for a file that is not JSON)."""
   directory = os.path.abspath(directory)
   _check_complete(directory, files)
-  with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-    meta = json.load(f)
-  with open(os.path.join(directory, "doc_ids.json"), encoding="utf-8") as f:
-    return directory, meta, json.load(f)
+  return directory, _read_json(directory, "meta.json"), _read_json(directory, "doc_ids.json")
+
+
+def _read_json(directory: str, name: str) -> Any:
+  try:
+    with open(os.path.join(directory, name), encoding="utf-8") as f:
+      return json.load(f)
+  except ValueError as e:  # not JSON (cut short), or not UTF-8
+    raise damaged(directory, name, f"it does not read as JSON ({e})",
+                  "what the build wrote") from None
+
+
+def damaged(directory: str, name: str, problem: str, should: str) -> DamagedIndexError:
+  """The error for an index file that does not hold what it should, with the fix."""
+  return DamagedIndexError(
+      f"{os.path.join(directory, name)} is damaged: {problem}; it should hold {should}. The "
+      f"index cannot be searched: delete the folder {directory} and build it again "
+      "(`python -m decal_jax.retrieve` rebuilds a damaged index by itself).")
+
+
+def npy_layout(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
+  """(shape, dtype, bytes the file must have) from a .npy file's header."""
+  with open(path, "rb") as f:
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+      raise ValueError(f".npy format version {version}")
+    shape, _, dtype = read(f)
+    return tuple(shape), dtype, f.tell() + int(np.prod(shape)) * dtype.itemsize
+
+
+def check_npy(directory: str, name: str, shape: Optional[Tuple[int, ...]] = None,
+              dtype: Optional[str] = None, rows: Optional[int] = None) -> None:
+  """Refuses (DamagedIndexError) a .npy file of the index whose header does not read, whose
+  size is not what its header says (truncated: memory-mapping it would fail at every
+  search), or whose shape / dtype / first dimension (`rows`) differ from meta.json's."""
+  path = os.path.join(directory, name)
+  wanted = " ".join(filter(None, [f"{dtype}" if dtype else "",
+                                  f"[{', '.join(map(str, shape))}]" if shape else
+                                  f"[{rows}, ...]" if rows is not None else "",
+                                  "as meta.json says"]))
+  try:
+    found_shape, found_dtype, size = npy_layout(path)
+  except (ValueError, OSError, EOFError) as e:
+    raise damaged(directory, name, f"its .npy header does not read ({e})", wanted) from None
+  actual = os.path.getsize(path)
+  if actual != size:
+    raise damaged(directory, name, f"it has {actual:,} bytes, its header (shape "
+                  f"{list(found_shape)}, {found_dtype}) needs {size:,} (cut short)"
+                  if actual < size else f"it has {actual:,} bytes, {actual - size:,} more than "
+                  f"its header (shape {list(found_shape)}, {found_dtype}) needs", wanted)
+  if ((shape is not None and found_shape != tuple(shape))
+      or (rows is not None and (not found_shape or found_shape[0] != rows))
+      or (dtype is not None and found_dtype != np.dtype(dtype))):
+    raise damaged(directory, name, f"it holds {found_dtype} [{', '.join(map(str, found_shape))}]",
+                  wanted)
 
 
 def _check_complete(directory: str, files: Sequence[str] = _FILES) -> None:

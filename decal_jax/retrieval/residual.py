@@ -58,6 +58,31 @@ class ResidualConfig:
   quantizer: str = codec_lib.DEFAULT_QUANTIZER
   centroid_probe: int = 0
 
+  def __post_init__(self):
+    check_settings(dataclasses.asdict(self))
+
+
+def check_settings(settings: Mapping[str, Any], names: Optional[Mapping[str, str]] = None
+                   ) -> None:
+  """Refuses ResidualConfig settings (field: value) out of range, each named as `names`
+  gives it (the gin macros of a run) or as `ResidualConfig.<field>`: before any build."""
+  names = names or {}
+
+  def name(field: str) -> str:
+    return names.get(field, f"ResidualConfig.{field}")
+  if "bits" in settings and settings["bits"] not in codec_lib.BITS:
+    raise ValueError(f"{name('bits')} = {settings['bits']!r}: must be one of "
+                     f"{', '.join(map(str, codec_lib.BITS))} (None: uncompressed).")
+  if settings.get("num_centroids") is not None:
+    residual_search.check_count(name("num_centroids"), settings["num_centroids"], 1,
+                           " or None (codec.default_num_centroids)")
+  for field, least in (("sample_vectors", 1), ("kmeans_iterations", 1), ("centroid_probe", 0)):
+    if field in settings:
+      residual_search.check_count(name(field), settings[field], least)
+  if "quantizer" in settings and settings["quantizer"] not in codec_lib.QUANTIZERS:
+    raise ValueError(f"{name('quantizer')} = {settings['quantizer']!r}: must be one of "
+                     f"{', '.join(map(repr, codec_lib.QUANTIZERS))}.")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Reuse:
@@ -179,6 +204,16 @@ def _write_inverted_lists(tmp: str, codes: np.ndarray, offsets: np.ndarray, k: i
 
 
 # ------------------------------------------------------------------------------- open
+def _check_files(directory: str, meta: Mapping[str, Any]) -> None:
+  """Refuses (exact.DamagedIndexError) a .npy file that is cut short or whose rows differ
+  from meta.json's counts, before anything is memory-mapped."""
+  rows = {"codes.npy": meta["num_vectors"], "residuals.npy": meta["num_vectors"],
+          "offsets.npy": meta["num_docs"] + 1}
+  names = sorted(n for n in os.listdir(directory) if n.endswith(".npy"))
+  for name in names:
+    exact.check_npy(directory, name, rows=rows.get(name))
+
+
 class ResidualIndex(exact.StoredIndex):
   """An opened residual index: the codec, memory-mapped codes and residuals, the inverted
   lists, and approximate search (residual_search.py)."""
@@ -201,6 +236,7 @@ class ResidualIndex(exact.StoredIndex):
     """Opens the residual index in `directory`; with `expected_config`, refuses one built
     with a different encoder config (IndexConfigMismatchError)."""
     directory, meta, doc_ids = exact.read_meta(directory, _FILES)
+    _check_files(directory, meta)
 
     def load(name: str, mmap: bool = False) -> np.ndarray:
       return np.load(os.path.join(directory, name), mmap_mode="r" if mmap else None)

@@ -80,6 +80,25 @@ def refined_keep(candidates: int) -> int:
   return max(4 * candidates, REFINED_KEEP)
 
 
+def check_count(name: str, value, least: int, also: str = "") -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+    raise ValueError(f"{name} = {value!r}: must be a whole number >= {least}{also}.")
+
+
+def check_settings(top_k, nprobe, query_cells, candidates, names: Optional[dict] = None
+                   ) -> None:
+  """Refuses a search setting out of range before any work (top_k, nprobe >= 1,
+  query_cells >= 0, candidates >= 1 or None), each named as `names` gives it (the gin
+  macros of a run) or by its argument name."""
+  names = names or {}
+  check_count(names.get("top_k", "top_k"), top_k, 1)
+  check_count(names.get("nprobe", "nprobe"), nprobe, 1)
+  check_count(names.get("query_cells", "query_cells"), query_cells, 0)
+  if candidates is not None:
+    check_count(names.get("candidates", "candidates"), candidates, 1,
+           " or None (max(4 x top_k, min(documents, 4096)))")
+
+
 def check_backend(backend: str) -> None:
   """Refuses an unknown backend, and 'compiled' without numba (naming the extra)."""
   if backend not in BACKENDS:
@@ -104,6 +123,11 @@ def search(index, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int
   """`ResidualIndex.search` (its doc): the batches of queries, each through the stages."""
   query_vectors, query_valid = exact.check_queries(query_vectors, query_valid, index.dim)
   check_backend(backend)
+  try:
+    check_settings(top_k, nprobe, query_cells, candidates)
+  except ValueError as e:
+    raise ValueError(f"{str(e)[:-1]} (ResidualIndex.search: top_k, nprobe and candidates >= 1, "
+                     "query_cells >= 0).") from None
   if candidates is None:
     candidates = default_candidates(top_k, index.num_docs)
   if min(top_k, nprobe, candidates, query_batch_size) < 1 or query_cells < 0:

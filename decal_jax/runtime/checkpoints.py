@@ -41,6 +41,16 @@ class OptimizerStateMismatchError(ValueError):
   """An intact checkpoint whose optimizer state another optimizer (setting) wrote."""
 
 
+class NotACheckpointError(FileNotFoundError):
+  """A checkpoint path (INITIAL_CHECKPOINT_PATH, export's --checkpoint) that holds none."""
+
+
+CHECKPOINT_LAYOUTS = (
+    "a decal_jax MODEL_DIR or one of its checkpoint_<step> folders (Orbax items state/ and "
+    "architecture/), or a T5X checkpoint: a checkpoint_<step> folder (or the MODEL_DIR above "
+    "it) holding T5X's msgpack `checkpoint` file, or an Orbax state/ item with `target`")
+
+
 class DamagedCheckpointError(RuntimeError):
   """A checkpoint whose files no longer read back (truncated or partly deleted)."""
 
@@ -371,10 +381,50 @@ def resolve_checkpoint(path: str) -> Tuple[str, int]:
   return directory, step
 
 
+def check_checkpoint_path(path: str, what: str = "The checkpoint path") -> str:
+  """'t5x' or 'decal_jax': which checkpoint `path` names, as `read_saved_params` reads it;
+  NotACheckpointError names the path, what is there and what a checkpoint folder holds.
+  Reads folder listings and metadata only (no array): call it before any work, e.g. for
+  INITIAL_CHECKPOINT_PATH before MODEL_DIR gets its first file."""
+  if t5x_checkpoints.find_t5x_checkpoint(path) is not None:
+    return "t5x"
+  try:
+    resolve_checkpoint(path)
+  except FileNotFoundError:
+    raise NotACheckpointError(
+        f"{what} {path} is not a checkpoint: {_what_is_at(pathlib.Path(path).expanduser())}. "
+        f"Give {CHECKPOINT_LAYOUTS}.") from None
+  return "decal_jax"
+
+
+def _what_is_at(path: pathlib.Path) -> str:
+  """A few words on what lies at a path that is no checkpoint."""
+  if not path.exists():
+    return "nothing is there"
+  if path.is_file():
+    return "it is a file"
+  names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+  if not names:
+    return "it is an empty folder"
+  steps = sorted((p for p in path.iterdir() if p.is_dir() and re.fullmatch(r"checkpoint_\d+",
+                                                                           p.name)),
+                 key=lambda p: int(p.name.split("_")[1]))
+  step_dir = path if re.fullmatch(r"checkpoint_\d+", path.name) else (steps or [None])[-1]
+  if step_dir is not None:
+    return (f"{step_dir} is neither a decal_jax checkpoint (items state/ and architecture/) nor "
+            f"a T5X one (it holds {', '.join(sorted(p.name for p in step_dir.iterdir()))})")
+  odd = path / t5x_checkpoints.CHECKPOINT_FILE
+  why = ("; its `checkpoint` file is not T5X's msgpack (a TensorFlow checkpoint's index?)"
+         if odd.is_file() and not t5x_checkpoints.is_msgpack_map(odd) else "")
+  shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+  return f"the folder holds {shown}{why}"
+
+
 def read_saved_params(path: str) -> Tuple[str, int, Dict[str, Any]]:
   """(what it is, step, flat '/'-joined params) of the checkpoint at `path`: a decal_jax
   MODEL_DIR or checkpoint_<step> folder, or a T5X one (`t5x_checkpoints`: msgpack +
   TensorStore or Orbax; T5X network names mapped to the T5 network's)."""
+  check_checkpoint_path(path)
   t5x_dir = t5x_checkpoints.find_t5x_checkpoint(path)
   if t5x_dir is not None:
     flat = t5x_checkpoints.from_t5x_names(t5x_checkpoints.read_t5x_params(t5x_dir))
@@ -399,6 +449,7 @@ def restore_matching_params(path: str, params: Any, allow_partial: bool = False
   ('' for none). Fewer than half of the model's parameters restored (a checkpoint of another
   architecture) raises ArchitectureMismatchError unless `allow_partial`. `path` may also
   be a T5X checkpoint (`read_saved_params`)."""
+  check_checkpoint_path(path, "INITIAL_CHECKPOINT_PATH")
   source, _, saved = read_saved_params(path)
   current = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   change = param_layout.layout_change(saved, current)

@@ -97,6 +97,7 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
   if not files:
     raise GinConfigError("error: give at least one --gin_file (e.g. "
                          "--gin_file=runs/pretrain_builtin.gin).")
+  check_bindings(files, search_paths, bindings)  # malformed or repeated: named, before gin
   try:
     for file in files:
       gin.parse_config_file(file)
@@ -106,7 +107,7 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
     gin.finalize()
   except (IOError, OSError) as e:
     raise GinConfigError(f"error: gin file not found: {e}\nSearched: {all_paths}") from e
-  except (ValueError, KeyError, SyntaxError, TypeError) as e:
+  except (ValueError, KeyError, SyntaxError, TypeError, tokenize.TokenError) as e:
     raise GinConfigError(f"error: bad gin configuration: {e}\nCheck the binding's name and "
                          "value (e.g. --gin.TRAIN_STEPS=100, strings as "
                          "--gin.MODEL_DIR=\"'/tmp/m'\").") from e
@@ -165,15 +166,114 @@ def required_macros(files: Sequence[str], search_paths: Sequence[str],
     raise GinConfigError("error: give at least one --gin_file (e.g. "
                          "--gin_file=runs/pretrain_builtin.gin).")
   required = {}
-  statements = [s for file in files for s in _statements(file, search_paths)]
-  try:
-    statements += list(config_parser.ConfigParser("\n".join(bindings), _NamesOnly()))
-  except (SyntaxError, tokenize.TokenError) as e:
-    raise GinConfigError(f"error: bad gin binding: {e}") from e
+  from_files, from_command_line = check_bindings(files, search_paths, bindings)
+  statements = from_files + [statement for _, _, statement in from_command_line]
   for statement in statements:
     if isinstance(statement, config_parser.BindingStatement) and not statement.arg_name:
       required[(statement.scope, statement.selector)] = statement.value is _REQUIRED
   return [selector for (scope, selector), left in required.items() if left and not scope]
+
+
+def check_bindings(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[str]
+                   ) -> Tuple[list, list]:
+  """(the gin files' binding statements, (number, binding, statement) of each command-line
+  binding): exits naming a malformed binding (with its fix), or a macro bound twice with
+  two values in one gin file or on the command line, which gin would silently settle by
+  taking the last. Reads the files only (nothing is imported)."""
+  from_files = [s for file in files for s in _statements(file, search_paths)]
+  from_command_line = _binding_statements(bindings)
+  _check_repeated_in_files(from_files)
+  _check_repeated_on_command_line(from_command_line)
+  return from_files, from_command_line
+
+
+def _binding_statements(bindings: Sequence[str]) -> List[Tuple[int, str, Any]]:
+  """(number, binding, statement) of each command-line binding, parsed one by one."""
+  out = []
+  for number, binding in enumerate(bindings, start=1):
+    try:
+      statements = list(config_parser.ConfigParser(binding, _NamesOnly()))
+    except (SyntaxError, ValueError, TypeError, tokenize.TokenError) as e:
+      raise GinConfigError(_malformed(binding, e)) from None
+    out += [(number, binding, s) for s in statements
+            if isinstance(s, config_parser.BindingStatement)]
+  return out
+
+
+def _malformed(binding: str, error: BaseException) -> str:
+  """The message for a binding gin cannot parse: the binding, why, and the fix."""
+  name, _, value = (part.strip() for part in binding.partition("="))
+  if name and _unquoted_string(value):
+    return (f"error: the gin binding {binding!r} is malformed: its value {value} is not a "
+            "Python literal. A string needs quotes that reach gin, inside the shell's: "
+            f"--gin.{name}=\"'{value}'\" (or --gin_bindings=\"{name} = '{value}'\").")
+  return (f"error: the gin binding {binding!r} is malformed ({_reason(error)}). Write "
+          "NAME=VALUE with VALUE a Python literal (a number, True / False / None, a list, a "
+          "quoted string), %MACRO or @configurable, e.g. --gin.TRAIN_STEPS=100, "
+          "--gin.MODEL_DIR=\"'/tmp/m'\".")
+
+
+def _unquoted_string(value: str) -> bool:
+  """Whether `value` reads as a string whose quotes the shell took: a bare word or path."""
+  return bool(re.fullmatch(r"[\w./~:+-]*[A-Za-z_/~][\w./~:+-]*", value)) and value not in (
+      "True", "False", "None")
+
+
+def _reason(error: BaseException) -> str:
+  """gin's parse error without its line numbers and AST object addresses."""
+  if isinstance(error, tokenize.TokenError):  # 'EOF in multi-line statement'
+    return "a bracket or quote is not closed"
+  else:
+    text = str(getattr(error, "msg", None) or error)
+  text = re.sub(r"\s*(?:on line \d+|\(line \d+\))", "", text.splitlines()[0] if text else "")
+  return re.sub(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>", "", text).strip() or type(
+      error).__name__
+
+
+def _is_macro(statement) -> bool:
+  return (not statement.scope and not statement.arg_name
+          and bool(re.fullmatch(r"[A-Z][A-Z0-9_]*", statement.selector)))
+
+
+def _value_text(statement) -> str:
+  return statement.location.line_content.split("=", 1)[-1].strip()
+
+
+def _check_repeated_in_files(statements) -> None:
+  """Refuses a macro bound twice, to two values, in one gin file."""
+  seen = {}
+  for s in statements:
+    if not _is_macro(s):
+      continue
+    key = (s.location.filename, s.selector)
+    first = seen.setdefault(key, s)
+    if first.location.line_num != s.location.line_num and _value_text(first) != _value_text(s):
+      raise GinConfigError(
+          f"error: {s.location.filename} binds the macro {s.selector} twice: to "
+          f"{_value_text(first)} on line {first.location.line_num} and to {_value_text(s)} "
+          f"on line {s.location.line_num}; gin would silently take the last. Keep one of "
+          "the two lines.")
+
+
+def _ordinal(n: int) -> str:
+  return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _check_repeated_on_command_line(numbered) -> None:
+  """Refuses a macro bound twice, to two values, on the command line."""
+  seen = {}
+  for number, binding, s in numbered:
+    if not _is_macro(s):
+      continue
+    first_number, first_binding, first = seen.setdefault(s.selector, (number, binding, s))
+    if first_number != number and _value_text(first) != _value_text(s):
+      name = s.selector
+      raise GinConfigError(
+          f"error: the macro {name} is bound twice on the command line: to "
+          f"{_value_text(first)} by the {_ordinal(first_number)} binding "
+          f"(--gin.{name}={_value_text(first)}, {first_binding!r}) and to {_value_text(s)} by "
+          f"the {_ordinal(number)} (--gin.{name}={_value_text(s)}, {binding!r}); gin would "
+          "silently take the last. Give it once.")
 
 
 def _macros_defined() -> set:

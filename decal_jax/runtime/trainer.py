@@ -87,6 +87,8 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   check_run_settings(model_dir, total_steps=total_steps, eval_period=eval_period,
                      eval_batches=eval_batches, log_period=log_period,
                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
+  if initial_checkpoint_path:  # a folder that is no checkpoint: named before MODEL_DIR's first file
+    checkpoints.check_checkpoint_path(initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
   with run_lock.hold(model_dir):
     new_record = vocabulary_record.check(model_dir, model)  # resuming with another: refused
     if initial_checkpoint_path:  # so is starting from a run of another same-size vocabulary

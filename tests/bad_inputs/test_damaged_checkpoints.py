@@ -12,7 +12,7 @@ from decal_jax.runtime import checkpoints, evaluation, train_state, trainer
 
 from test_trainer import LENGTHS, _cfg, _model, _optimizer
 
-from bad_input_helpers import _train_tiny, _copy, _files, _params
+from bad_input_helpers import _copy, _files, _load_tool, _params, _train, _train_tiny, _write
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -120,3 +120,35 @@ def test_an_initial_checkpoint_of_another_architecture_is_refused_with_the_count
   train_state.start_from(str(two_checkpoints), fresh["params"], allow_partial=True)
   assert (f"{len(report['unused'])} in the checkpoint unused ({len(report['reshaped'])} of "
           "them with another shape in this model)") in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- issue 48: a folder that is
+# no checkpoint given as INITIAL_CHECKPOINT_PATH
+@pytest.mark.parametrize("layout", ["tensorflow", "empty", "missing"])
+def test_an_initial_checkpoint_path_that_is_no_checkpoint_names_it_and_what_one_holds(
+    tmp_path, layout):
+  """A TensorFlow checkpoint folder (its `checkpoint` index is text, not T5X's msgpack) gave
+  `msgpack.exceptions.ExtraData` without a path after the model was built."""
+  folder = tmp_path / "pretrained"
+  if layout == "tensorflow":
+    _write(folder / "checkpoint", b'model_checkpoint_path: "model.ckpt-1000"\n')
+    _write(folder / "model.ckpt-1000.index", b"\0" * 16)
+  elif layout == "empty":
+    folder.mkdir()
+  before = _files(tmp_path)
+  with pytest.raises(checkpoints.NotACheckpointError) as err:
+    checkpoints.check_checkpoint_path(str(folder), "INITIAL_CHECKPOINT_PATH")
+  message = str(err.value)
+  assert message.startswith(f"INITIAL_CHECKPOINT_PATH {folder} is not a checkpoint: ")
+  assert {"tensorflow": "the folder holds checkpoint, model.ckpt-1000.index; its `checkpoint` "
+                        "file is not T5X's msgpack",
+          "empty": "it is an empty folder", "missing": "nothing is there"}[layout] in message
+  assert "Give a decal_jax MODEL_DIR or one of its checkpoint_<step> folders (Orbax items " \
+         "state/ and architecture/), or a T5X checkpoint" in message
+  # The trainer and export_t5x say the same; MODEL_DIR is left without a file.
+  with pytest.raises(checkpoints.NotACheckpointError, match="INITIAL_CHECKPOINT_PATH .* is not"):
+    _train(tmp_path / "m", initial_checkpoint_path=str(folder))
+  assert [p for p in (tmp_path / "m").rglob("*") if p.is_file()] == []
+  export = _load_tool("export_t5x")
+  assert export.main(["--checkpoint", str(folder), "--out", str(tmp_path / "t5x")]) == 2
+  assert _files(tmp_path) == before and not (tmp_path / "t5x").exists()

@@ -199,3 +199,35 @@ def test_prepare_jsonl_names_the_line_of_a_release_that_is_not_json(tmp_path, ca
     _prepare(["squad", str(source), "--split", "train"], tmp_path / "out")
   assert f"{source}:2: not valid JSON" in capsys.readouterr().err
   assert _files_under(tmp_path) == ["release.json"]
+
+
+# ---------------------------------------------------------------- issue 48: a JSON array
+# given as plain-text LM data
+PRETTY_ARRAY = (b'[\n  {\n    "text": "A first document."\n  },\n'
+                b'  {\n    "text": "A second."\n  }\n]\n')
+ONE_LINE_ARRAY = b'["A first document.", "A second."]\n'
+
+
+@pytest.mark.parametrize("data,first", [
+    (PRETTY_ARRAY, "'['"), (b"\n" + ONE_LINE_ARRAY, repr(ONE_LINE_ARRAY.decode().strip()))])
+def test_a_json_array_given_as_plain_text_lm_data_is_refused_naming_it_and_the_format(
+    local_data, data, first):
+  """It trained on its brackets, braces and keys without a word."""
+  path = _write(local_data / "text_lm" / "validation.txt", data)
+  with pytest.raises(local_files.BadRecordError) as err:
+    _examples("decal_text_lm", {"targets": 64})
+  message = str(err.value)
+  assert message.startswith(f"{path} is a JSON array (its first non-blank line is {first}), "
+                            "not plain text: this task reads one document per line")
+  assert f"jq -r '.[].text' {path} > {local_data / 'text_lm' / 'validation'}.txt" in message
+  assert "jq -c '.[]'" in message and "register_text_autoencode_task" in message
+  assert path.read_bytes() == data and _files_under(local_data) == ["text_lm",
+                                                                    "text_lm/validation.txt"]
+
+
+def test_text_that_merely_starts_with_a_bracket_is_read_as_text(local_data):
+  for text in (b"[1] Introduction\nA line.\n", b"[1]\nA footnote.\n", b"[see below] Text.\n",
+               b"[{not json\n"):
+    path = _write(local_data / "text_lm" / "validation.txt", text)
+    assert local_files.json_array_start(str(path)) is None
+  assert len(_examples("decal_text_lm", {"targets": 64})) == 1

@@ -1,10 +1,15 @@
 """Interrupting a run (Ctrl-C / SIGTERM saves the step and the same command resumes) and input
 past a limit (a JSONL file given to the plain-text task, an infer input or Squid question
 longer than the model reads, an out-of-memory step): each warned or refused by name."""
+import fcntl
 import json
 import logging
 import os
+import pathlib
 import signal
+import subprocess
+import sys
+import time
 
 import gin
 import jax
@@ -13,8 +18,11 @@ import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax.runtime import checkpoints, evaluation, gin_utils, resilience, trainer
+from decal_jax import fileio
 from decal_jax.data import local_files, pipeline, vocabularies
 
+import paths
+from retrieval.test_retrieval_index import _build, _ragged_corpus
 from test_trainer import LENGTHS, _cfg, _model, _optimizer
 
 from bad_input_helpers import _load_tool, _write, _examples, _train, _copy, _files
@@ -155,3 +163,65 @@ def test_an_out_of_memory_train_step_names_the_batch_shapes_and_the_bindings(tmp
   with pytest.raises(ValueError, match="not memory"):  # other errors pass unchanged
     with resilience.explain_out_of_memory({}):
       raise ValueError("not memory")
+
+
+# ---------------------------------------------------------------- issue 48: what a build
+# killed outright (kill -9) leaves
+def _killed_build(target):
+  """The `<target>.tmp-<random>` folder of an `atomic_directory` build killed with -9."""
+  code = ("import sys, time\nfrom decal_jax import fileio\n"
+          "build = fileio.atomic_directory(sys.argv[1])\ntmp = build.__enter__()\n"
+          "(tmp / 'vectors.npy').write_bytes(b'part of an index')\n"
+          "print(tmp, flush=True)\ntime.sleep(600)\n")
+  proc = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(paths.REPO)))
+  left = pathlib.Path(proc.stdout.readline().strip())
+  proc.kill()  # SIGKILL: no cleanup runs
+  proc.wait()
+  proc.stdout.close()
+  assert left.is_dir() and left.name.startswith(f"{target.name}.tmp-")
+  return left
+
+
+def test_a_rerun_removes_the_temporary_folder_a_killed_index_build_left(tmp_path, caplog):
+  target = tmp_path / "idx"
+  killed = _killed_build(target)
+  old = _write(tmp_path / "idx.tmp-oldbuild" / "vectors.npy", b"x").parent  # no owner file:
+  os.utime(old, (time.time() - 3600,) * 2)  # from before owner files, an hour old
+  young = _write(tmp_path / "idx.tmp-justmade" / "vectors.npy", b"x").parent  # just created
+  running = _write(tmp_path / "idx.tmp-running1" / fileio.OWNER_FILE, b"{}").parent
+  holder = os.open(running / fileio.OWNER_FILE, os.O_RDWR)
+  fcntl.flock(holder, fcntl.LOCK_EX)  # a build running now holds its owner file
+  others = [_write(tmp_path / name / "f", b"mine").parent
+            for name in ("idx.tmp-123", "idx.tmp-backup!!", "other.tmp-abcdefgh", "idx.bak")]
+  try:
+    with caplog.at_level(logging.WARNING):
+      built = _build(target, _ragged_corpus())
+  finally:
+    os.close(holder)
+  assert built.num_docs == 23 and not killed.exists() and not old.exists()
+  assert young.is_dir() and running.is_dir() and all((o / "f").read_bytes() == b"mine"
+                                                     for o in others)
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 2
+  by_kill = next(w for w in warnings if w.startswith(f"Removed {killed},"))
+  assert by_kill.startswith(f"Removed {killed}, the temporary folder of a build of {target} "
+                            "that was killed before it finished (pid ")
+  assert by_kill.endswith("no longer holds it).")
+  assert (f"Removed {old}, the temporary folder of a build of {target} that was killed before "
+          "it finished (no owner file, unchanged for 60 minutes).") in warnings
+  assert not list(target.glob(".tmp-owner"))
+
+
+def test_export_t5x_removes_the_temporary_folder_a_killed_export_left(two_checkpoints, tmp_path,
+                                                                     caplog):
+  out = tmp_path / "t5x"
+  killed = _killed_build(out / "checkpoint_2")
+  export = _load_tool("export_t5x")
+  with caplog.at_level(logging.WARNING):
+    assert export.main(["--checkpoint", str(two_checkpoints), "--out", str(out)]) == 0
+  assert not killed.exists() and sorted(p.name for p in out.iterdir()) == ["checkpoint_2"]
+  assert (out / "checkpoint_2" / "checkpoint").is_file()
+  assert not (out / "checkpoint_2" / fileio.OWNER_FILE).exists()
+  assert any(r.getMessage().startswith(f"Removed {killed}, the temporary folder of a build of "
+                                       f"{out / 'checkpoint_2'}") for r in caplog.records)

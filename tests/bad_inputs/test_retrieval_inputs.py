@@ -12,7 +12,7 @@ import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax.runtime import checkpoints, gin_utils
-from decal_jax.retrieval import beir, index, ir_metrics, kernels
+from decal_jax.retrieval import beir, index, ir_metrics, kernels, residual, residual_search
 
 from retrieval.test_retrieval_e2e import _write_fixture
 from retrieval.test_retrieval_index import _build, _ragged_corpus
@@ -147,3 +147,96 @@ def test_approximate_results_name_their_backend_and_compiled_needs_numba(tmp_pat
   with pytest.raises(ImportError, match=r"pip install 'decal_jax\[ann\]'"):
     _retrieve(model_dir, folder, *approximate, "--gin.SEARCH_BACKEND='compiled'")
   gin.clear_config()
+
+
+# ---------------------------------------------------------------- issue 48: a damaged index,
+# bad approximate-search settings, an empty corpus
+def _results(model_dir: pathlib.Path) -> dict:
+  stem = model_dir / "retrieval" / "beir_fixture.test.step1"
+  return {ext: pathlib.Path(f"{stem}.{ext}").read_text() for ext in ("metrics.json", "trec")}
+
+
+def test_a_truncated_index_file_is_named_and_the_run_rebuilds_the_index(tmp_path, capsys):
+  """A cut vectors.npy failed every later search with `mmap length is greater than file
+  size`; its size is now checked against its header and meta.json when opened."""
+  folder = tmp_path / "beir_fixture"
+  _write_fixture(folder)
+  model_dir = tmp_path / "dual"
+  _dual_encoder_checkpoint(model_dir)
+  _retrieve(model_dir, folder)
+  first = _results(model_dir)
+  directory = model_dir / "index" / "beir_fixture.step1"
+  meta = json.loads((directory / "meta.json").read_text())
+  vectors = directory / "vectors.npy"
+  vectors.write_bytes(vectors.read_bytes()[:vectors.stat().st_size // 2])
+  capsys.readouterr()
+
+  with pytest.raises(index.DamagedIndexError) as err:
+    index.Index.open(str(directory))
+  message = str(err.value)
+  assert message.startswith(f"{vectors} is damaged: it has ") and "(cut short)" in message
+  assert (f"it should hold {meta['dtype']} [{meta['num_vectors']}, {meta['dim']}] as meta.json "
+          f"says. The index cannot be searched: delete the folder {directory} and build it "
+          "again") in message
+
+  _retrieve(model_dir, folder)  # the run rebuilds it, saying why
+  out = capsys.readouterr().out
+  assert f"WARNING: {vectors} is damaged: it has " in out
+  assert f"Rebuilding the index at {directory}." in out and "Reusing the index" not in out
+  assert _results(model_dir) == first
+  assert index.Index.open(str(directory)).num_vectors == meta["num_vectors"]
+  assert sorted(p.name for p in directory.parent.iterdir()) == ["beir_fixture.step1"]
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("--gin.NPROBE=0", "NPROBE (retrieval_eval.evaluate_retrieval.nprobe) = 0: must be a "
+                       "whole number >= 1."),
+    ("--gin.QUERY_CELLS=-1", "QUERY_CELLS (retrieval_eval.evaluate_retrieval.query_cells) = "
+                             "-1: must be a whole number >= 0."),
+    ("--gin.CANDIDATES=0", "CANDIDATES (retrieval_eval.evaluate_retrieval.candidates) = 0: "
+                           "must be a whole number >= 1 or None"),
+    ("--gin.RESIDUAL_BITS=3", "RESIDUAL_BITS (retrieval_eval.evaluate_retrieval.residual_bits)"
+                              " = 3: must be one of 1, 2, 4, 8, None"),
+    ("--gin.QUANTIZER='lloyd'", "QUANTIZER (retrieval_eval.evaluate_retrieval.quantizer) = "
+                                "'lloyd': must be one of 'quantile', 'rotated-lloyd'.")])
+def test_bad_approximate_search_settings_are_refused_before_the_index_is_built(
+    tmp_path, binding, message):
+  """NPROBE=0 was reported by its position in an API tuple after the compressed index was
+  built."""
+  folder = tmp_path / "beir_fixture"
+  _write_fixture(folder)
+  model_dir = tmp_path / "dual"
+  _dual_encoder_checkpoint(model_dir)
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError) as err:
+    _retrieve(model_dir, folder, "--gin.SEARCH='approximate'", binding)
+  gin.clear_config()
+  assert message in str(err.value)
+  assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_the_search_settings_own_checks_name_the_setting():
+  with pytest.raises(ValueError, match=r"ResidualConfig.bits = 3: must be one of"):
+    residual.ResidualConfig(bits=3)
+  with pytest.raises(ValueError, match=r"ResidualConfig.centroid_probe = -1: must be a whole"):
+    residual.ResidualConfig(centroid_probe=-1)
+  with pytest.raises(ValueError, match=r"^nprobe = 0: must be a whole number >= 1.$"):
+    residual_search.check_settings(10, 0, 32, None)
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"])
+def test_an_empty_corpus_is_named_as_empty_not_as_a_missing_document(tmp_path, content):
+  """It was reported as a qrels row (line 2) naming a document the corpus lacks."""
+  folder = tmp_path / "set"
+  _write_fixture(folder)
+  corpus_file = folder / "corpus.jsonl"
+  corpus_file.write_bytes(content)
+  before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+  with pytest.raises(beir.BadRetrievalFileError) as err:
+    beir.load_beir(folder, "test")
+  message = str(err.value)
+  assert message.startswith(f"{corpus_file}: the corpus is empty (no document: ")
+  assert ("an empty file" if not content else f"{len(content)} bytes of blank lines") in message
+  assert 'Fill it with one JSON object per line, {"_id", "title", "text"}' in message
+  assert "qrels" not in message
+  assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before

@@ -143,3 +143,76 @@ def test_model_dir_under_a_file_is_refused(tmp_path):
   with pytest.raises(NotADirectoryError, match=re.escape(f"lies under the file {notes}")):
     _train(notes / "run")
   assert notes.read_text() == "my notes"
+
+
+# ---------------------------------------------------------------- issue 48: bindings given
+# twice, unquoted strings, malformed bindings
+def test_a_macro_bound_twice_on_the_command_line_is_refused_naming_both_values(tmp_path):
+  from decal_jax import train
+  with pytest.raises(gin_utils.GinConfigError) as err:
+    train.main(["--gin_file=runs/pretrain_builtin.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+                "--gin.TRAIN_STEPS=5", "--gin.TRAIN_STEPS=7"])
+  message = str(err.value)
+  assert message.startswith("error: the macro TRAIN_STEPS is bound twice on the command line")
+  assert "to 5 by the 2nd binding (--gin.TRAIN_STEPS=5" in message
+  assert "to 7 by the 3rd (--gin.TRAIN_STEPS=7" in message
+  assert "silently take the last. Give it once." in message
+  assert list(tmp_path.iterdir()) == []  # refused before any work
+  # --gin_bindings counts the same; the same value twice is no conflict.
+  with pytest.raises(gin_utils.GinConfigError, match="bound twice on the command line"):
+    _parse_command_line("--gin.MODEL_DIR='/unused'", "--gin_bindings=TRAIN_STEPS = 5",
+                        "--gin.TRAIN_STEPS=7")
+  _parse_command_line("--gin.MODEL_DIR='/unused'", "--gin.TRAIN_STEPS=5", "--gin.TRAIN_STEPS=5")
+  assert gin.query_parameter("%TRAIN_STEPS") == 5
+
+
+def test_a_macro_bound_twice_in_one_gin_file_is_refused_naming_both_lines(tmp_path):
+  gin_file = tmp_path / "mine.gin"
+  text = 'include "runs/pretrain_builtin.gin"\nTRAIN_STEPS = 5\nBATCH_SIZE = 2\nTRAIN_STEPS = 7\n'
+  gin_file.write_text(text)
+  with pytest.raises(gin_utils.GinConfigError) as err:
+    gin_utils.parse([str(gin_file)], [], [f"MODEL_DIR = '{tmp_path / 'm'}'"])
+  assert str(err.value) == (
+      f"error: {gin_file} binds the macro TRAIN_STEPS twice: to 5 on line 2 and to 7 on line "
+      "4; gin would silently take the last. Keep one of the two lines.")
+  assert gin_file.read_text() == text and list(tmp_path.iterdir()) == [gin_file]
+  # A file that sets a macro its include set (the usual override) is accepted.
+  gin_file.write_text('include "runs/pretrain_builtin.gin"\nTRAIN_STEPS = 5\n')
+  gin_utils.parse([str(gin_file)], [], ["MODEL_DIR = '/unused'"])
+  assert gin.query_parameter("%TRAIN_STEPS") == 5
+
+
+@pytest.mark.parametrize("flag", ["--gin.MODEL_DIR=runs/x", "--gin_bindings=MODEL_DIR = runs/x"])
+def test_an_unquoted_string_binding_names_the_binding_and_the_quotes_to_add(tmp_path,
+                                                                          monkeypatch, flag):
+  """What the shell leaves of --gin.MODEL_DIR='runs/x' (outer quotes only): gin said
+  `malformed node or string ... <ast.Name object at 0x...>`."""
+  monkeypatch.chdir(tmp_path)
+  from decal_jax import train
+  for parse in (lambda: train.main(["--gin_file=runs/pretrain_builtin.gin", flag]),
+                lambda: _parse_command_line(flag)):
+    with pytest.raises(gin_utils.GinConfigError) as err:
+      parse()
+    message = str(err.value)
+    assert "the gin binding 'MODEL_DIR = runs/x' is malformed: its value runs/x" in message
+    assert "--gin.MODEL_DIR=\"'runs/x'\"" in message
+    assert "ast." not in message and "0x" not in message
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("binding,reason", [
+    ("TRAIN_STEPS = (5", "a bracket or quote is not closed"),
+    ("TRAIN_STEPS = 5 6", "Expected newline.")])
+def test_a_malformed_binding_is_echoed_without_a_line_number(tmp_path, binding, reason):
+  from decal_jax import train
+  for parse in (lambda: train.main(["--gin_file=runs/pretrain_builtin.gin",
+                                    f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+                                    f"--gin_bindings={binding}"]),
+                lambda: _parse_command_line("--gin.MODEL_DIR='/unused'",
+                                            f"--gin_bindings={binding}")):
+    with pytest.raises(gin_utils.GinConfigError) as err:
+      parse()
+    message = str(err.value)
+    assert message.startswith(f"error: the gin binding {binding!r} is malformed ({reason})")
+    assert not re.search(r"line \d", message) and "--gin.TRAIN_STEPS=100" in message
+  assert list(tmp_path.iterdir()) == []
