@@ -135,7 +135,7 @@ def test_infer_refuses_empty_input(tmp_path):
 
 def _summaries(folder: pathlib.Path):
   """{tag: [(step, summary value)]} from a TensorBoard folder's event files."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   out = {}
   for path in sorted(folder.glob("events.out.tfevents.*")):
     for event in tf.compat.v1.train.summary_iterator(str(path)):
@@ -145,7 +145,7 @@ def _summaries(folder: pathlib.Path):
 
 
 def test_tensorboard_metrics_learning_rate_config_and_hparams_are_written(tmp_path):
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   _train(tmp_path, 6, gin_config_text="# operative config\nMODEL_DIR = 'x'\n",
          checkpoint_input=False)
   assert not (tmp_path / "checkpoint_6" / "dataset").exists()  # switched off
@@ -170,7 +170,7 @@ def test_tensorboard_metrics_learning_rate_config_and_hparams_are_written(tmp_pa
 
 def test_model_info_lists_every_parameter_with_its_shape_and_partitioning(tmp_path):
   """MODEL_DIR/model-info.txt (T5X's lines) against the model's own parameter tree."""
-  import flax  # pylint: disable=import-outside-toplevel
+  import flax
   _train(tmp_path, 1)
   model, part = _model(), partitioning.Partitioner()
   variables = jax.eval_shape(lambda: model.get_initial_variables(
@@ -250,7 +250,7 @@ def test_starting_from_an_uncompressed_checkpoint_initialises_exactly_the_new_pa
   fresh, _ = train_state.init_state(model, _optimizer(), part, _cfg(), seed=7)
   params, report = checkpoints.restore_matching_params(str(baseline_dir / "checkpoint_2"),
                                                        fresh["params"])
-  flat = lambda t: {"/".join(k): np.asarray(v) for k, v in  # noqa: E731
+  flat = lambda t: {"/".join(k): np.asarray(v) for k, v in
                     __import__("flax").traverse_util.flatten_dict(t).items()}
   got, saved, init = flat(params), flat(base), flat(fresh["params"])
   new = sorted(set(init) - set(saved))
@@ -274,7 +274,7 @@ def test_a_run_starts_from_an_initial_checkpoint_once_then_resumes_its_own(tmp_p
   assert int(ft["step"]) == 2  # counted from 0, not from the pretraining step
   seed5 = train_state.init_state(_model(), _optimizer(), partitioning.Partitioner(), _cfg(),
                                  seed=5)[0]["params"]
-  kernel = lambda p: np.asarray(p["decoder"]["logits_dense"]["kernel"])  # noqa: E731
+  kernel = lambda p: np.asarray(p["decoder"]["logits_dense"]["kernel"])
   # two small steps from the pretrained weights, not from the run's own (seed 5) init
   assert np.abs(kernel(ft["params"]) - kernel(pre)).max() < \
       0.1 * np.abs(kernel(seed5) - kernel(pre)).max()

@@ -70,7 +70,7 @@ REPO = pathlib.Path.cwd()  # run from the repository root: docs/results/, runs/,
 from decal_jax import fileio  # noqa: E402  (light: the suite itself never touches the GPU)
 
 # F401: CUDNN, RATIOS and RETENTION_STEPS are re-exported (tests read them as gpu_suite.*).
-from tools.gpu_suite_scales import (  # noqa: E402, F401
+from tools.gpu_suite_scales import (  # noqa: E402, F401  (re-exports: see above)
     CUDNN, DEVICE_IMAGE_LACKS, GOAL_MFU, LEASE_MINUTES, LEASE_XLA_FLAGS, OPTION_SETS,
     PROFILE_XLA_FLAGS, PROFILED_RATIO, RATIOS, REFUSE_IMPORTS, RETENTION_STEPS, XLA_FLAG_SETS,
     Scale, choose_xla_flags, data_dir, dry_run_scale, gpu_scale, lease_scale)

@@ -70,8 +70,8 @@ def gin_files(args) -> list:
 def read_model(files, bindings):
   """(network class, its config or None, the VOCABULARY object or None, gin text) from the
   gin files: MODEL's module and that module's config, built (no file is read)."""
-  import gin  # pylint: disable=import-outside-toplevel
-  from decal_jax.runtime import gin_utils  # pylint: disable=import-outside-toplevel
+  import gin
+  from decal_jax.runtime import gin_utils
   gin.clear_config()
   for path in (str(pathlib.Path.cwd()), str(gin_utils.GIN_DIR)):
     gin.add_config_file_search_path(path)
@@ -100,8 +100,8 @@ def read_model(files, bindings):
 
 # ------------------------------------------------------------------------------ formats
 def choose_format(requested: str, network, config) -> str:
-  from decal_jax.networks import decoder, dodo, t5  # pylint: disable=import-outside-toplevel
-  from decal_jax.interop import hf_export  # pylint: disable=import-outside-toplevel
+  from decal_jax.networks import decoder, dodo, t5
+  from decal_jax.interop import hf_export
   if requested == "decal":
     return requested
   if network in (decoder.Decoder, dodo.Dodo):
@@ -125,13 +125,13 @@ def choose_format(requested: str, network, config) -> str:
 
 def vocabulary_files(vocabulary, tmp: pathlib.Path):
   """(zero_id_to, special ids, README line): copies a tokenizer.json vocabulary's files."""
-  from decal_jax.data import hf_vocabularies  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import hf_vocabularies
   if not isinstance(vocabulary, hf_vocabularies.HfTokenizerVocabulary):
     name = type(vocabulary).__name__ if vocabulary is not None else "unknown (no VOCABULARY)"
     return None, {"pad_token_id": 0}, (
         f"Token ids are those of the run's vocabulary, {name} (gin VOCABULARY), which is no "
         "Hugging Face tokenizer.json: tokenize with it (decal_jax.data) and pass the ids.")
-  source = pathlib.Path(vocabulary._path)  # pylint: disable=protected-access
+  source = pathlib.Path(vocabulary._path)
   shutil.copy(source, tmp / "tokenizer.json")
   beside = source.parent / "tokenizer_config.json"
   settings = json.loads(beside.read_text()) if beside.exists() else {}
@@ -154,8 +154,8 @@ def vocabulary_files(vocabulary, tmp: pathlib.Path):
 
 def export(fmt: str, network, config, vocabulary, flat, gin_text, adapter, tmp) -> str:
   """Writes `fmt` into `tmp`; returns the README's text."""
-  from decal_jax.interop import hf_export  # pylint: disable=import-outside-toplevel
-  from decal_jax.networks import dodo  # pylint: disable=import-outside-toplevel
+  from decal_jax.interop import hf_export
+  from decal_jax.networks import dodo
   if fmt == "decal":
     hf_export.save_safetensors_params(flat, tmp / "model.safetensors", gin_text)
     (tmp / "decal_config.gin").write_text(gin_text)
@@ -184,8 +184,8 @@ def main(argv=None) -> int:
     sys.exit(f"error: --out {out} exists; pass --overwrite to replace it.")
   files = gin_files(args)
   network, config, vocabulary, gin_text = read_model(files, args.gin_bindings)
-  from decal_jax import fileio  # pylint: disable=import-outside-toplevel
-  from decal_jax.runtime import checkpoints  # pylint: disable=import-outside-toplevel
+  from decal_jax import fileio
+  from decal_jax.runtime import checkpoints
   try:
     fmt = choose_format(args.format, network, config)
     source, step, flat = checkpoints.read_saved_params(args.checkpoint)

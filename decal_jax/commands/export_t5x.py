@@ -27,8 +27,8 @@ def main(argv=None) -> int:
   parser.add_argument("--t5x_names", action="store_true",
                       help="T5X's own T5 network names (a plain T5 only)")
   args = parser.parse_args(argv)
-  from decal_jax.interop import t5x_checkpoints  # pylint: disable=import-outside-toplevel
-  from decal_jax.runtime import checkpoints  # pylint: disable=import-outside-toplevel
+  from decal_jax.interop import t5x_checkpoints
+  from decal_jax.runtime import checkpoints
   try:
     source, step, params = checkpoints.read_saved_params(args.checkpoint)
     if args.t5x_names:

@@ -125,7 +125,7 @@ def gin_model_config(files: List[str], bindings: List[str], model: str):
 def gin_zero_id_to(files: List[str], bindings: List[str]) -> Optional[int]:
   """The gin VOCABULARY's zero_id_to: None unless it is an `HfTokenizerVocabulary` (built
   here, lazily: no file is read) with zero_id_to bound."""
-  from decal_jax.data import hf_vocabularies  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import hf_vocabularies
   with parsed_gin(files, bindings, "VOCABULARY"):
     try:
       reference = gin.query_parameter("%VOCABULARY")
@@ -140,7 +140,7 @@ def gin_zero_id_to(files: List[str], bindings: List[str]) -> Optional[int]:
 def resolve_zero_id_to(args) -> Optional[int]:
   """--zero_id_to, defaulting to (and for dodo / squid, required to equal) the gin
   VOCABULARY's zero_id_to: weights and vocabulary must move token 0 to the same id."""
-  from decal_jax.interop import hf_import  # pylint: disable=import-outside-toplevel
+  from decal_jax.interop import hf_import
   if args.model == "decoder":
     return hf_import.checked_zero_id_to(args.zero_id_to)
   files = args.gin_file or [DEFAULT_GIN[args.model]]
@@ -166,7 +166,7 @@ def check_out(out: pathlib.Path, overwrite: bool) -> None:
 
 def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str]) -> None:
   """checkpoint_0 + `files` ({name: text}), built in a temp folder renamed to `out`."""
-  from decal_jax.runtime import checkpoints  # pylint: disable=import-outside-toplevel
+  from decal_jax.runtime import checkpoints
   with fileio.atomic_directory(out) as tmp:
     ckpt = checkpoints.Checkpointer(str(tmp), keep=1)
     ckpt.save(0, {"params": params}, {}, force=True)
@@ -179,7 +179,7 @@ def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str]) -> None:
 def report_lines(args, configs, report, notes, out: pathlib.Path, count: int,
                  zero_id_to: Optional[int] = None) -> List[str]:
   """What was written, the size bindings ({scope: DecoderConfig}) and the next command."""
-  from decal_jax.interop import hf_params  # pylint: disable=import-outside-toplevel
+  from decal_jax.interop import hf_params
   source = (f"{args.hf_dir} (small) + {args.large_hf_dir} (large)" if args.model == "squid"
             else args.hf_dir)
   fresh = {"dodo": " (scorer, soft prompt, LoRA).", "squid": " (memory tokens, projector"
@@ -215,7 +215,7 @@ def report_lines(args, configs, report, notes, out: pathlib.Path, count: int,
 
 def run_import(args, hf_dir: pathlib.Path, zero_id_to: Optional[int]) -> "hf_params.Imported":
   """The import --model asks for, its model configured by the gin files."""
-  from decal_jax.interop import hf_params  # pylint: disable=import-outside-toplevel
+  from decal_jax.interop import hf_params
   overrides = {} if args.max_length is None else {"max_length": args.max_length}
   if args.model == "decoder":
     return hf_params.import_decoder(hf_dir, overrides, zero_id_to)
@@ -243,8 +243,8 @@ def manifest(args, hf_dir: pathlib.Path, imported: "hf_params.Imported",
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)  # before JAX / TensorFlow load
-  import jax  # pylint: disable=import-outside-toplevel
-  from decal_jax.interop import hf_params  # pylint: disable=import-outside-toplevel
+  import jax
+  from decal_jax.interop import hf_params
   hf_dir, out = pathlib.Path(args.hf_dir).absolute(), pathlib.Path(args.out).absolute()
   check_out(out, args.overwrite)
   try:

@@ -27,7 +27,7 @@ EXAMPLE = "The with statement wraps the execution of a block."
 
 def _numbered_lines(path: pathlib.Path) -> Iterator[Tuple[int, str]]:
   """(number from 1, text) of each line; a line that is not UTF-8 stops with its number."""
-  from decal_jax.data import local_files  # pylint: disable=import-outside-toplevel  (seqio)
+  from decal_jax.data import local_files  # seqio
   with path.open("rb") as f:
     for number, raw in enumerate(f, 1):
       try:
@@ -77,7 +77,7 @@ def main(argv=None):
   parser.add_argument("--output", type=pathlib.Path, default=None,
                       help="where to write the model (required with --input)")
   args = parser.parse_args(argv)
-  import seqio  # pylint: disable=import-outside-toplevel  (after the arguments)
+  import seqio  # after the arguments
   start = time.time()
   if args.input is None:
     print(f"Building the built-in vocabulary (<= {args.vocab_size} pieces) under "

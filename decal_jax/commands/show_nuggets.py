@@ -199,9 +199,9 @@ def token_class(piece: str, is_eos: bool) -> str:
 # ------------------------------------------------------------------------------ html
 def _matplotlib():
   """matplotlib (decal_jax[plot]), with the file-only Agg backend: (matplotlib, pyplot)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel  (an optional extra)
+  import matplotlib  # an optional extra
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   return matplotlib, plt
 
 
@@ -406,7 +406,7 @@ def parse_args(argv: Optional[Sequence[str]]):
 
 def _machine() -> str:
   """The page's machine line: cores, jax's version, backend and device."""
-  import jax  # pylint: disable=import-outside-toplevel  (after the flags are parsed)
+  import jax  # after the flags are parsed
   return (f"{os.cpu_count()} CPU cores; jax {jax.__version__}; JAX backend: "
           f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
 

@@ -116,7 +116,7 @@ def load_compressed(path: str, model):
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, str]]:
   args = parse_args(argv)  # before JAX loads: --help and argument errors at once
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   text = None if args.compressed else fileio.read_utf8(args.context_file)  # fail early
   model, params, step = load_model(args)
   start = time.perf_counter()

@@ -127,7 +127,7 @@ def vocabulary_path(vocab_size: int = VOCAB_SIZE, build: bool = True) -> str:
   path = vocabularies.cache_dir() / f"real_text_spm_{vocab_size}_bytes_{fingerprint}.model"
   if build and not path.exists():
     path.parent.mkdir(parents=True, exist_ok=True)
-    with vocabularies._exclusive_lock(path):  # pylint: disable=protected-access
+    with vocabularies._exclusive_lock(path):
       if not path.exists():  # another process may have built it while we waited
         lines = [line for doc in train for line in doc.splitlines() if line.strip()]
         vocabularies.train_sentencepiece(lines, path, vocab_size)

@@ -395,7 +395,7 @@ def builtin_beir_records() -> Dict[str, List[Mapping[str, str]]]:
   corpus's paragraphs, every section's paragraphs in one split, so that a query (a
   section title) has all of its section's paragraphs judged and none left unjudged in the
   corpus."""
-  from decal_jax.data import corpus  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import corpus
   out = {"train": [], "validation": [], "test": []}
   for records in corpus.titled_documents().values():
     for record in records:
@@ -436,13 +436,13 @@ def builtin_beir_folder() -> str:
   """The built-in BEIR folder, written once under the cache dir (`$DECAL_CACHE_DIR`) as
   `beir_builtin_<fingerprint>`. Safe when processes race: one writes under a file lock,
   atomically; the others wait and reuse it."""
-  from decal_jax.data import vocabularies  # pylint: disable=import-outside-toplevel
+  from decal_jax.data import vocabularies
   folder = vocabularies.cache_dir() / f"beir_builtin_{builtin_fingerprint()}"
   if (folder / QRELS_DIR).is_dir():
     return str(folder)
   try:
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with vocabularies._exclusive_lock(folder):  # pylint: disable=protected-access
+    with vocabularies._exclusive_lock(folder):
       if not folder.exists():
         with contextlib.suppress(FileExistsError):
           write_beir(folder, *builtin_beir_contents())

@@ -75,7 +75,7 @@ class DatasetArgs(ocp.args.CheckpointArgs):
 
 
 def _own_process_file() -> str:
-  from decal_jax.data import batch_iterator  # pylint: disable=import-outside-toplevel  (TF)
+  from decal_jax.data import batch_iterator  # TF
   return batch_iterator.process_file(jax.process_index(), jax.process_count())
 
 
@@ -264,7 +264,7 @@ class Checkpointer:
       self.manager.restore(step, args=ocp.args.Composite(
           architecture=ocp.args.JsonRestore(), data=ocp.args.JsonRestore(),
           state=ocp.args.StandardRestore(fallback_sharding=_replicated())))
-    except Exception as e:  # pylint: disable=broad-except  # whatever a broken file raises
+    except Exception as e:  # whatever a broken file raises
       return one_line(e)
     return ""
 
@@ -289,7 +289,7 @@ class Checkpointer:
       return read(), ""
     except ArchitectureMismatchError:
       raise
-    except Exception:  # pylint: disable=broad-except  # told apart by `damage`
+    except Exception:  # told apart by `damage`
       reason = self.damage(step)
       if not reason:
         raise  # intact: another optimizer state (OptimizerStateMismatchError) or a bug

@@ -203,7 +203,7 @@ def apply_jax_flags(jax_args: Sequence[str], prog: str) -> None:
   set with `jax.config.update` before anything touches a device. Imports JAX."""
   if not jax_args:
     return
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   defines = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
              str: flags.DEFINE_string, "enum": flags.DEFINE_enum,
              "enum_class": flags.DEFINE_enum_class}
@@ -223,7 +223,7 @@ def _seqio_settings() -> None:
   """What seqio itself takes (imported only now, after every check has passed)."""
   if not (FLAGS.tfds_data_dir or FLAGS.seqio_additional_cache_dirs):
     return
-  import seqio  # pylint: disable=g-import-not-at-top
+  import seqio
   if FLAGS.tfds_data_dir:
     seqio.set_tfds_data_dir_override(FLAGS.tfds_data_dir)
   seqio.add_global_cache_dirs(FLAGS.seqio_additional_cache_dirs)

@@ -54,7 +54,7 @@ def import_tensorflow_quietly() -> None:
   """Imports TensorFlow with its C++ start-up logging hidden, on the CPU only."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # its later C++ info / warning lines
   with native_stderr_hidden():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
     try:
       tf.config.set_visible_devices([], "GPU")  # looks for devices (cuInit) here, quietly
     except RuntimeError:  # TF's devices were already in use: too late to hide them
@@ -67,7 +67,7 @@ class TqdmHandler(logging.Handler):
   def emit(self, record: logging.LogRecord) -> None:
     try:
       tqdm.tqdm.write(self.format(record), file=sys.stderr)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       self.handleError(record)
 
 
@@ -143,7 +143,7 @@ def cpu_only_warning(devices: Sequence, platforms: Optional[str]) -> Optional[st
 
 def report_devices() -> None:
   """Logs the device line (INFO, process 0) and `cpu_only_warning` if there is one."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   devices = jax.devices()
   if jax.process_index() != 0:
     return

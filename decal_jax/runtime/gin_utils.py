@@ -54,8 +54,8 @@ def _never_raises(existence_check):
 # a plain folder named like a gin subfolder in the working directory (e.g. a MODEL_DIR under
 # ./runs) is a namespace package without a file, and gin's check then crashes instead of
 # moving on to the search paths. Make that check answer "not here" instead.
-gin.config._FILE_READERS[:] = [(reader, _never_raises(check))  # pylint: disable=protected-access
-                               for reader, check in gin.config._FILE_READERS]  # pylint: disable=protected-access
+gin.config._FILE_READERS[:] = [(reader, _never_raises(check))
+                               for reader, check in gin.config._FILE_READERS]
 
 
 class GinConfigError(SystemExit):
@@ -137,7 +137,7 @@ def _open_gin_file(file: str, search_paths: Sequence[str]):
   prefixes = [""] if pathlib.Path(file).is_absolute() else [""] + _search_paths(search_paths)
   for prefix in prefixes:
     path = str(pathlib.Path(prefix, file)) if prefix else file
-    for reader, exists in gin.config._FILE_READERS:  # pylint: disable=protected-access
+    for reader, exists in gin.config._FILE_READERS:
       if exists(path):
         return reader(path)
   raise GinConfigError(f"error: gin file not found: {file}\nSearched: {prefixes}")
@@ -278,13 +278,13 @@ def _check_repeated_on_command_line(numbered) -> None:
 
 def _macros_defined() -> set:
   """The macros the parsed gin config binds (`NAME = value`: gin keys it (NAME, 'gin.macro'))."""
-  bindings = gin.config._CONFIG  # pylint: disable=protected-access
+  bindings = gin.config._CONFIG
   return {scope for scope, selector in bindings if selector == "gin.macro"}
 
 
 def _macros_read() -> set:
   """The macros some binding of the parsed gin config reads (`... = %NAME`)."""
-  bindings = gin.config._CONFIG  # pylint: disable=protected-access
+  bindings = gin.config._CONFIG
   references = gin.config.iterate_references(bindings, to=gin.get_configurable(gin.config.macro))
   return {ref.scoped_selector.rsplit("/", 1)[0] for ref in references}  # 'NAME/gin.macro'
 
@@ -315,7 +315,7 @@ def check_macro_bindings(bindings: Sequence[str], defined_by_files: set) -> None
 def start_distributed(initialization_timeout: Optional[int] = None) -> bool:
   """Joins a multi-host job (`partitioning.initialize_distributed`, with its gin bindings
   if any, else the DECAL_* / JAX environment variables) before anything touches devices."""
-  from decal_jax import partitioning  # pylint: disable=g-import-not-at-top
+  from decal_jax import partitioning
   fn = partitioning.initialize_distributed
   try:
     fn = gin.get_configurable(fn)  # registered when a gin file binds one of its arguments
@@ -374,7 +374,7 @@ def load_model(gin_files: Sequence[str], model_dir: Optional[str] = None, *,
     return LoadedModel(model, None, None, None)
   from decal_jax import partitioning
   from decal_jax.runtime import train_state
-  from decal_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from decal_jax.data import pipeline
   path = pathlib.Path(model_dir)
   if not path.is_dir():
     raise FileNotFoundError(f"--model_dir {model_dir} does not exist: give the MODEL_DIR of a "

