@@ -10,7 +10,7 @@ import paths
 
 REPO = paths.REPO
 FOUNDATION = {"fileio", "partitioning", "settings", "losses", "metrics", "decoding"}
-ENTRY_POINTS = {"train", "eval", "infer", "retrieve"}
+ENTRY_POINTS = {"train", "eval", "infer", "retrieve", "serve"}
 BELOW_MODELS = {"foundation", "layers", "compress", "networks", "retrieval", "data"}
 MAY_IMPORT: Dict[str, Set[str]] = {  # room -> the rooms its modules may import
     "foundation": {"foundation"},

@@ -84,7 +84,7 @@ def test_the_commands_run_from_the_wheel_as_console_scripts(venv, tmp_path):
   commands = sorted(p.stem for p in (REPO / "decal_jax" / "commands").glob("[a-z]*.py"))
   scripts = sorted(p.name[len("decal-"):].replace("-", "_")
                    for p in (venv / "bin").glob("decal-*"))
-  assert set(scripts) == set(commands) | {"train", "eval", "infer", "retrieve"}
+  assert set(scripts) == set(commands) | {"train", "eval", "infer", "retrieve", "serve"}
   proc = _check([str(venv / "bin" / "decal-prepare-jsonl"), "--help"], cwd=tmp_path)
   assert "usage:" in proc.stdout
 

@@ -39,6 +39,16 @@ from decal_jax.retrieval import codec as codec_lib
 
 EOS_ID = 1
 SEARCHES = ("exact", "approximate")
+# The gin macros of runs/retrieve.gin that bind evaluate_retrieval's search settings.
+SEARCH_MACROS = {"top_k": "TOP_K", "nprobe": "NPROBE", "query_cells": "QUERY_CELLS",
+                 "candidates": "CANDIDATES", "residual_bits": "RESIDUAL_BITS",
+                 "num_centroids": "NUM_CENTROIDS", "quantizer": "QUANTIZER",
+                 "centroid_probe": "CENTROID_PROBE", "index_dtype": "INDEX_DTYPE"}
+
+
+def _binding(arg: str) -> str:
+  """'NPROBE (retrieval_eval.evaluate_retrieval.nprobe)': how a message names a setting."""
+  return f"{SEARCH_MACROS[arg]} (retrieval_eval.evaluate_retrieval.{arg})"
 
 
 def tokenize(texts: Sequence[str], vocabulary, max_length: int) -> List[List[int]]:
@@ -86,23 +96,49 @@ def encoder_fn(model, params, side: str) -> Callable[[np.ndarray], Tuple[np.ndar
   return run
 
 
+class TextEncoder:
+  """Texts -> (vectors `[len, m_max, d]` float32, valid `[len, m_max]`), in input order, one
+  side ('query' or 'passage': its compression ratio) of a dual encoder: the model's own
+  vocabulary, cut to `max_length` tokens (EOS included), batched by length in
+  `batch_size`-row batches. One jitted encoder, kept: the offline run and a server
+  (`searcher.Searcher`) encode alike, and a long-lived caller compiles each width once."""
+
+  def __init__(self, model, params, side: str, max_length: int, batch_size: int):
+    self.model, self.side = model, side
+    self.max_length, self.batch_size = max_length, batch_size
+    self._run = encoder_fn(model, params, side)
+
+  def __call__(self, texts: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+    ids = tokenize(texts, self.model.input_vocabulary, self.max_length)
+    parts: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+    for rows, tokens in batches_by_length(ids, self.batch_size, self.max_length):
+      vectors, valid = self._run(tokens)
+      for r, i in enumerate(rows):
+        parts[i] = (vectors[r], valid[r])
+    m = max(v.shape[0] for v, _ in parts.values())
+    d = next(iter(parts.values()))[0].shape[-1]
+    vectors = np.zeros((len(texts), m, d), np.float32)
+    valid = np.zeros((len(texts), m), bool)
+    for i, (v, ok) in parts.items():
+      vectors[i, :v.shape[0]], valid[i, :ok.shape[0]] = v, ok
+    return vectors, valid
+
+
 def encode_texts(texts: Sequence[str], model, params, side: str, max_length: int,
                  batch_size: int):
   """Encodes texts in input order -> (vectors `[len, m_max, d]`, valid `[len, m_max]`)."""
-  ids = tokenize(texts, model.input_vocabulary, max_length)
-  run = encoder_fn(model, params, side)
-  parts: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
-  for rows, tokens in batches_by_length(ids, batch_size, max_length):
-    vectors, valid = run(tokens)
-    for r, i in enumerate(rows):
-      parts[i] = (vectors[r], valid[r])
-  m = max(v.shape[0] for v, _ in parts.values())
-  d = next(iter(parts.values()))[0].shape[-1]
-  vectors = np.zeros((len(texts), m, d), np.float32)
-  valid = np.zeros((len(texts), m), bool)
-  for i, (v, ok) in parts.items():
-    vectors[i, :v.shape[0]], valid[i, :ok.shape[0]] = v, ok
-  return vectors, valid
+  return TextEncoder(model, params, side, max_length, batch_size)(texts)
+
+
+def restore_encoder(model, model_dir: str, query_length: int, passage_length: int,
+                    task_name: Optional[str] = None, split: str = "test", partitioner=None):
+  """(host params, step) of the latest checkpoint in `model_dir` (the run's vocabulary
+  checked against the model's: `train_state.restore_params`)."""
+  partitioner = partitioner or partitioning.Partitioner()
+  lengths = {"inputs": query_length, "targets": passage_length}
+  cfg = DatasetConfig(task_name or "decal_beir_builtin", lengths, split=split)
+  params, step = train_state.restore_params(model, model_dir, cfg, partitioner)
+  return host_params(params), step
 
 
 def index_config(model, passage_length: int, model_dir: str, step: int) -> Dict:
@@ -117,18 +153,20 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
                         passage_length: int, batch_size: int, dtype: str = "float16"):
   """The corpus index at `directory`: reused when it exists and was built with `config`
   from this corpus (another config is refused: IndexConfigMismatchError); rebuilt, with a
-  WARNING, when the corpus changed since; else built. A build replaces the old index only
+  WARNING, when the corpus changed since or one of its files is damaged (a truncated
+  vectors.npy: `index.DamagedIndexError`); else built. A build replaces the old index only
   when complete (`fileio.atomic_directory`)."""
   if (pathlib.Path(directory) / "meta.json").exists():
-    existing = index.Index.open(directory, expected_config=config)
-    change = existing.corpus_change(data.corpus_fingerprint)
-    if not change:
-      print(f"Reusing the index at {directory}.", flush=True)
-      return existing
-    del existing  # its memory-mapped vectors: the rebuild replaces the folder
-    partitioning.log(f"WARNING: the corpus {pathlib.Path(data.folder) / beir.CORPUS_FILE} "
-                     f"changed since the index at {directory} was built ({change}); "
-                     "rebuilding the index.")
+    existing = _open_unless_damaged(index.Index.open, directory, config)
+    if existing is not None:
+      change = existing.corpus_change(data.corpus_fingerprint)
+      if not change:
+        print(f"Reusing the index at {directory}.", flush=True)
+        return existing
+      del existing  # its memory-mapped vectors: the rebuild replaces the folder
+      partitioning.log(f"WARNING: the corpus {pathlib.Path(data.folder) / beir.CORPUS_FILE} "
+                       f"changed since the index at {directory} was built ({change}); "
+                       "rebuilding the index.")
   doc_ids = list(data.corpus)
   ids = tokenize([data.corpus[d].full_text for d in doc_ids], model.input_vocabulary,
                  passage_length)
@@ -139,6 +177,30 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
   return index.build_index(directory, ordered_ids, token_batches,
                            _padded_to(batch_size, run), config, dtype=dtype, overwrite=True,
                            corpus_fingerprint=data.corpus_fingerprint)
+
+
+def _open_unless_damaged(open_fn, directory: str, config: Dict):
+  """The index `open_fn` opens at `directory`, or None, with a WARNING naming the damaged
+  file, when one of its files does not hold what its meta.json says (a truncated
+  vectors.npy): the caller rebuilds it, replacing the folder only once the new one is
+  complete. A damaged index of another encoder config is not replaced: its error is
+  raised (as an intact one's IndexConfigMismatchError is)."""
+  try:
+    return open_fn(directory, expected_config=config)
+  except index.DamagedIndexError as e:
+    if _fingerprint_of(directory) not in (None, index.config_fingerprint(config)):
+      raise
+    problem = str(e).split(" The index cannot be searched", 1)[0]
+    partitioning.log(f"WARNING: {problem} Rebuilding the index at {directory}.")
+    return None
+
+
+def _fingerprint_of(directory: str) -> Optional[str]:
+  """The encoder-config fingerprint an index's meta.json records (None: unreadable)."""
+  try:
+    return json.loads(fileio.read_utf8(pathlib.Path(directory) / "meta.json")).get("fingerprint")
+  except (ValueError, OSError, AttributeError):
+    return None
 
 
 def _codec_settings(config: residual.ResidualConfig) -> Dict:
@@ -160,16 +222,17 @@ def build_or_open_residual(directory: str, data: beir.BeirData, exact_index: ind
   else (re)built from `exact_index`, with a WARNING when the corpus changed."""
   settings = _codec_settings(config)
   if (pathlib.Path(directory) / "meta.json").exists():
-    existing = residual.ResidualIndex.open(directory, expected_config=exact_index.config)
-    corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
-                     existing.settings_change(settings))
-    if not corpus and not codec:
-      print(f"Reusing the residual index at {directory}.", flush=True)
-      return existing
-    del existing  # its memory maps: the rebuild replaces the folder
-    why = (f"WARNING: the corpus changed since the residual index at {directory} was built "
-           f"({corpus})") if corpus else f"the codec settings changed ({codec})"
-    partitioning.log(f"{why}; rebuilding the residual index.")
+    existing = _open_unless_damaged(residual.ResidualIndex.open, directory, exact_index.config)
+    if existing is not None:
+      corpus, codec = (existing.corpus_change(data.corpus_fingerprint),
+                       existing.settings_change(settings))
+      if not corpus and not codec:
+        print(f"Reusing the residual index at {directory}.", flush=True)
+        return existing
+      del existing  # its memory maps: the rebuild replaces the folder
+      why = (f"WARNING: the corpus changed since the residual index at {directory} was built "
+             f"({corpus})") if corpus else f"the codec settings changed ({codec})"
+      partitioning.log(f"{why}; rebuilding the residual index.")
   return residual.build_residual_index(directory, exact_index, config, overwrite=True,
                                        progress=True)
 
@@ -213,7 +276,7 @@ def host_params(params):
   global arrays over every process's devices; each process encodes its own shard alone)."""
   if jax.process_count() == 1:
     return params
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils
   return multihost_utils.process_allgather(params, tiled=True)
 
 
@@ -261,8 +324,19 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   without it (sharded.DEFAULT_CHUNK_DOCS). The sharded index goes to `<index>.shards/`."""
   if search not in SEARCHES:
     raise ValueError(f"search must be one of {SEARCHES}, got {search!r} (gin: SEARCH).")
-  if search == "approximate":
-    residual_search.check_backend(search_backend)  # before any encoding
+  residual_search.check_count(_binding("top_k"), top_k, 1)
+  if index_dtype not in index.DTYPES:
+    raise ValueError(f"{_binding('index_dtype')} = {index_dtype!r}: must be one of "
+                     f"{', '.join(map(repr, index.DTYPES))}.")
+  if search == "approximate":  # checked before any encoding, not after the build
+    residual_search.check_backend(search_backend)
+    residual_search.check_settings(top_k, nprobe, query_cells, candidates,
+                                   {k: _binding(k) for k in SEARCH_MACROS})
+    residual.check_settings(
+        dict(bits=residual_bits, num_centroids=num_centroids, quantizer=quantizer,
+             centroid_probe=centroid_probe),
+        {"bits": _binding("residual_bits"), "num_centroids": _binding("num_centroids"),
+         "quantizer": _binding("quantizer"), "centroid_probe": _binding("centroid_probe")})
   from decal_jax.tasks import retrieval_tasks  # registers the tasks; reads their folders
   if (task_name is None) == (beir_folder is None):
     raise ValueError("Give exactly one of task_name (a decal_beir_<name> task) or "
@@ -270,11 +344,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   folder = beir_folder or retrieval_tasks.beir_folder(task_name)
   name = task_name or pathlib.Path(folder).name
   data = beir.load_beir(folder, split)
-  partitioner = partitioner or partitioning.Partitioner()
-  lengths = {"inputs": query_length, "targets": passage_length}
-  cfg = DatasetConfig(task_name or "decal_beir_builtin", lengths, split=split)
-  params, step = train_state.restore_params(model, model_dir, cfg, partitioner)
-  params = host_params(params)
+  params, step = restore_encoder(model, model_dir, query_length, passage_length, task_name,
+                                 split, partitioner)
   config = index_config(model, passage_length, model_dir, step)
   if shard_docs is None and jax.process_count() > 1:
     shard_docs = sharded.DEFAULT_CHUNK_DOCS
