@@ -25,6 +25,7 @@ in both the run and the qrels, and includes qrels queries with no relevant docum
 score 0). On a run that holds every query of qrels whose queries all have a relevant
 document, the two agree exactly. Run queries that qrels does not judge are ignored.
 """
+import importlib.util
 import math
 from typing import Dict, List, Mapping, Tuple
 
@@ -202,6 +203,14 @@ def beir_measures(run: Mapping[str, Mapping[str, float]],
     return {}
   names = next(iter(per_query.values()))
   return {name: sum(v[name] for v in per_query.values()) / len(per_query) for name in names}
+
+
+def implementation(backend: str = "auto") -> str:
+  """Which code computes `beir_measures` for `backend`: 'pytrec_eval' (installed, and not
+  'own') or 'own' (this module's functions). Written into every retrieval metrics file."""
+  if backend == "own":
+    return "own"
+  return "pytrec_eval" if importlib.util.find_spec("pytrec_eval") is not None else "own"
 
 
 def _check_id(name: str, value: str) -> None:

@@ -46,6 +46,11 @@ SEARCH_MACROS = {"top_k": "TOP_K", "nprobe": "NPROBE", "query_cells": "QUERY_CEL
                  "centroid_probe": "CENTROID_PROBE", "index_dtype": "INDEX_DTYPE"}
 
 
+# What runs exact search (retrieval/index.py: batched MaxSim matmuls on JAX's default device,
+# float32 'highest' precision), recorded as the metrics' `backend` beside approximate
+# search's numpy / compiled.
+EXACT_BACKEND = "jax"
+
 def _binding(arg: str) -> str:
   """'NPROBE (retrieval_eval.evaluate_retrieval.nprobe)': how a message names a setting."""
   return f"{SEARCH_MACROS[arg]} (retrieval_eval.evaluate_retrieval.{arg})"
@@ -380,8 +385,10 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=searcher.nbytes, search=search,
+                metrics_implementation=ir_metrics.implementation(),
+                backend=search_backend if search == "approximate" else EXACT_BACKEND,
                 **(dict(residual_bits=residual_bits, nprobe=nprobe, query_cells=query_cells,
-                        candidates=candidates, quantizer=recorded, backend=search_backend)
+                        candidates=candidates, quantizer=recorded)
                    if search == "approximate" else {}))
   _write_results(model_dir, results, name, split, step, run, scores, top_k)
   return scores

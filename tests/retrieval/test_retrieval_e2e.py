@@ -98,6 +98,9 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
   assert scores["ndcg@10"] == pytest.approx(np.mean([r["ndcg_cut_10"] for r in ref.values()]))
   assert scores["recall@100"] == pytest.approx(np.mean([r["recall_100"] for r in ref.values()]))
   assert scores["num_docs"] == len(corpus)
+  # what computed it, in every metrics file: exact search on JAX, pytrec_eval (installed here)
+  assert (scores["search"], scores["backend"], scores["metrics_implementation"]) == (
+      "exact", "jax", "pytrec_eval")
 
   # Approximate search through an uncompressed residual index, probing every centroid and
   # reranking every candidate, ranks as the exact search did.
