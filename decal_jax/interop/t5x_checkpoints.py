@@ -207,6 +207,34 @@ def _heads(flat: Flat) -> int:
   return tables[0].shape[0] if tables else 1  # rel_embedding [heads, buckets]
 
 
+def t5_sizes(flat: Flat) -> Dict[str, int]:
+  """The `t5.T5Config` sizes that T5 network params (our names, unrolled layers, e.g. as
+  `from_t5x_names` gives them) show: vocab_size, emb_dim, num_heads, head_dim, mlp_dim,
+  the layer counts and the relative-position buckets; those the names do not show are
+  left out."""
+  sizes = {}
+  shapes = {k: tuple(np.shape(v)) for k, v in flat.items()}
+  if len(shapes.get("token_embedder/embedding", ())) == 2:
+    sizes["vocab_size"], sizes["emb_dim"] = shapes["token_embedder/embedding"]
+  table = shapes.get("encoder/relpos_bias/rel_embedding", ())
+  if len(table) == 2:
+    sizes["num_heads"] = table[0]
+  query = shapes.get("encoder/layers_0/attention_qkv/query/kernel", ())
+  if len(query) == 3:
+    sizes["head_dim"] = query[2]
+  wo = shapes.get("encoder/layers_0/mlp/wo/kernel", ())
+  if len(wo) == 2:
+    sizes["mlp_dim"] = wo[0]
+  for stack in ("encoder", "decoder"):
+    layers = {name.split("/")[1] for name in shapes
+              if re.match(rf"{stack}/layers_\d+/", name)}
+    if layers:
+      sizes[f"num_{stack}_layers"] = len(layers)
+  if len(table) == 2:
+    sizes["relative_attention_num_buckets"] = table[1]
+  return sizes
+
+
 def to_t5x_names(flat: Flat) -> Flat:
   """The T5 network's params (any layout) -> T5X network names and 2-D kernels. Refuses
   params T5X's network has not (a compressor's, separate latent params) and a relative-

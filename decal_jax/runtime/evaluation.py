@@ -6,7 +6,9 @@ and, for tasks with metrics (ROUGE, EM / F1, BLEU; seqio's predict, predict-with
 score metric kinds), decodes / scores the split through `seqio.Evaluator`, whose loggers
 write MODEL_DIR/inference_eval/<task>-<step:06>.jsonl (one line per example) and
 <task>-metrics.jsonl (`inference_eval`); EVAL_OUTPUT_DIR moves both for a read-only
-MODEL_DIR. `infer(...)` decodes input texts. The trainer uses
+MODEL_DIR. `infer(...)` decodes input texts. Both also read a T5X run's MODEL_DIR (its
+latest T5X `checkpoint_<step>`, mapped into the gin's model by `train_state.restore_params`;
+docs/t5x_checkpoints.md), writing no checkpoint into it. The trainer uses
 `evaluate_params`, `decode_example` and `report` for its periodic and final evaluation.
 """
 import dataclasses

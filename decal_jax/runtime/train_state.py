@@ -6,7 +6,8 @@ Parameters are sharded by their logical axis names (`partitioner.params_sharding
 optimizer-state leaf that mirrors a parameter is sharded like it, the rest is replicated.
 """
 import pathlib
-from typing import Any, Dict, Optional, Tuple
+import sys
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -147,7 +148,11 @@ def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partiti
                    step: Optional[int] = None):
   """(params, step) of checkpoint_<step> in `model_dir`, by default the latest (clear error
   if there is none, if it is damaged: `checkpoints.DamagedCheckpointError`, or if the run
-  was trained with another vocabulary: `vocabulary_record.VocabularyMismatchError`)."""
+  was trained with another vocabulary: `vocabulary_record.VocabularyMismatchError`). A T5X
+  run's MODEL_DIR (`checkpoints.t5x_steps`) is read by `restore_t5x_params`."""
+  t5x = checkpoints.t5x_steps(model_dir)
+  if t5x:
+    return restore_t5x_params(model, model_dir, t5x, cfg, partitioner, step)
   ckpt = checkpoints.Checkpointer(model_dir)
   steps = ckpt.all_steps()
   if not steps:
@@ -161,3 +166,34 @@ def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partiti
   params = ckpt.restore_params(step, abstract_params(model, cfg, partitioner)[0])
   ckpt.close()
   return params, step
+
+
+def restore_t5x_params(model: BaseModel, model_dir: str, t5x: Dict[int, pathlib.Path],
+                       cfg: DatasetConfig, partitioner, step: Optional[int] = None):
+  """(params, step) of the T5X checkpoint_<step> folders `t5x` ({step: folder}) of a T5X
+  run's `model_dir`, by default the latest, mapped into the model (T5X network names to
+  ours, `checkpoints.restore_t5x_params`; another architecture than the gin's model is
+  refused naming the shapes and the gin files). Nothing is written into `model_dir`, and
+  the vocabulary is not checked: T5X records none."""
+  steps = sorted(t5x)
+  step = steps[-1] if step is None else step
+  if step not in t5x:
+    raise FileNotFoundError(f"No checkpoint_{step} in {model_dir}; this T5X MODEL_DIR holds "
+                            f"steps {steps}: set CHECKPOINT_STEP (checkpoint_step=) to one "
+                            "of them.")
+  files = gin_files_given()
+  fix = f" (--gin_file={', '.join(files)})" if files else ""
+  params = checkpoints.restore_t5x_params(t5x[step], abstract_params(model, cfg, partitioner)[0],
+                                          fix)
+  partitioning.log(f"Read the T5X checkpoint {t5x[step]} (step {step}); its vocabulary is "
+                   "not recorded: decode with the one the T5X run was trained with.")
+  return params, step
+
+
+def gin_files_given() -> List[str]:
+  """The --gin_file values of the entry point's command line (`decal_jax.runtime.cli`,
+  looked up only if loaded); empty when there is none (a call from Python)."""
+  cli = sys.modules.get("decal_jax.runtime.cli")
+  if cli is None or not cli.FLAGS.is_parsed():
+    return []
+  return list(cli.FLAGS.gin_file)
