@@ -13,7 +13,7 @@ written, so a bad file leaves no output behind.
 """
 import json
 import pathlib
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from decal_jax import fileio
 
@@ -44,20 +44,34 @@ def load_json(path: str) -> Any:
   (not UTF-8: fileio.NotUtf8Error; not JSON: ReleaseLayoutError)."""
   text = fileio.read_utf8(path)
   try:
-    return json.loads(text)
+    return _loads(path, None, text)
   except json.JSONDecodeError as e:
     if e.msg != "Extra data":
       raise ReleaseLayoutError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column "
                                f"{e.colno}); fix the file or download it again.") from None
-  rows = []  # JSON Lines: one value per non-blank line
-  for number, line in enumerate(text.splitlines(), start=1):
+  rows = []  # JSON Lines: one value per non-blank line (only \n ends one: JSON strings
+  for number, line in enumerate(text.split("\n"), start=1):  # may hold U+2028, \x85 ...)
     if line.strip():
       try:
-        rows.append(json.loads(line))
+        rows.append(_loads(path, number, line))
       except json.JSONDecodeError as e:
         raise ReleaseLayoutError(f"{path}:{number}: not valid JSON ({e.msg} at column "
                                  f"{e.colno}); write one JSON object per line.") from None
   return rows
+
+
+def _loads(path: str, line: Optional[int], text: str) -> Any:
+  """json.loads; ReleaseLayoutError past its limits (a number past 4300 digits, nesting
+  too deep: not a JSONDecodeError), naming the file and the `line` the text is (if one)."""
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:
+    raise
+  except (ValueError, RecursionError) as e:
+    reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+    where = f"{path}:{line}" if line else path
+    raise ReleaseLayoutError(f"{where}: JSON past Python's limits ({reason}); fix the file "
+                             "or download it again.") from None
 
 
 def _expect(condition: bool) -> None:
@@ -82,7 +96,13 @@ def convert_rows(path: str, rows: Any, convert_one: Callable[[dict], Any],
     try:
       _expect(isinstance(row, dict))
       out.append(convert_one(row))
-    except (KeyError, TypeError, ValueError):
+      json.dumps(out[-1], ensure_ascii=False).encode("utf-8")  # written so by `write`
+    except UnicodeEncodeError as e:
+      raise ReleaseLayoutError(
+          f"{path}: record {number} holds {e.object[e.start]!r}, a lone UTF-16 surrogate "
+          "escape (e.g. \\ud800 without its pair), not text. Write the character itself, or "
+          "its whole surrogate pair.") from None
+    except (AttributeError, KeyError, TypeError, ValueError):
       found = f"keys {sorted(row)}" if isinstance(row, dict) else f"a {type(row).__name__}"
       raise ReleaseLayoutError(
           f"{path}: record {number} is not in a {dataset} layout this converter reads (it "

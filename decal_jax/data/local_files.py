@@ -72,10 +72,13 @@ def decode(line: Union[bytes, str]) -> str:
 def parse_line(line: Union[bytes, str], schema: Schema,
                fields: Mapping[str, str]) -> Dict[str, Any]:
   """One JSONL line -> {field: str or [str]}; raises BadRecordError (without location)."""
+  text = decode(line)
   try:
-    record = json.loads(decode(line))
+    record = json.loads(text)
   except json.JSONDecodeError as e:
     raise BadRecordError(f"not valid JSON ({e.msg})") from None
+  except (ValueError, RecursionError) as e:  # a number past 4300 digits; deep nesting
+    raise BadRecordError(f"not readable JSON ({json_limit(e)})") from None
   if not isinstance(record, dict):
     raise BadRecordError(f"expected a JSON object, got {type(record).__name__}")
   out = {}
@@ -89,8 +92,28 @@ def parse_line(line: Union[bytes, str], schema: Schema,
       want = ("a non-empty string (or list of strings)" if kind == "text"
               else "a non-empty string or a non-empty list of non-empty strings")
       raise BadRecordError(f"field {key!r} must be {want}, got {_preview(value)}")
+    check_unicode(key, parsed)
     out[name] = parsed
   return out
+
+
+def json_limit(error: BaseException) -> str:
+  """Why json.loads refused text past Python's limits (not a JSONDecodeError)."""
+  if isinstance(error, RecursionError):
+    return "nested too deeply"
+  return str(error).split(";")[0]  # 'Exceeds the limit (4300 digits) for integer ...'
+
+
+def check_unicode(key: str, value: Union[str, List[str]]) -> None:
+  """BadRecordError if a text holds a lone UTF-16 surrogate (a JSON escape such as
+  `\\ud800` without its pair): no text, and no tokenizer or tf.string takes it."""
+  for text in [value] if isinstance(value, str) else value:
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise BadRecordError(
+          f"field {key!r} holds {text[e.start]!r}, a lone UTF-16 surrogate escape, not "
+          "text; write the character itself, or its whole surrogate pair") from None
 
 
 def _preview(value: Any) -> str:
@@ -228,7 +251,7 @@ def looks_like_jsonl(path: str, probe: int = JSON_PROBE_LINES) -> bool:
       try:
         if not line.lstrip().startswith(b"{") or not isinstance(json.loads(line), dict):
           return False
-      except ValueError:  # not JSON, or not UTF-8
+      except (ValueError, RecursionError):  # not JSON, not UTF-8, or past json's limits
         return False
       seen += 1
       if seen == probe:
@@ -247,13 +270,17 @@ def json_array_start(path: str) -> Optional[str]:
     return "["
   if not first.startswith(b"["):
     return None
-  for text in (first, first.rstrip(b",") + b"]"):
+  try:
+    first_text = first.decode("utf-8")  # json.loads(bytes) would also take UTF-16 / 32
+  except UnicodeDecodeError:
+    return None  # check_file names the line
+  for text in (first_text, first_text.rstrip(",") + "]"):
     try:
       value = json.loads(text)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, or past json's limits
       continue
     if isinstance(value, list) and value and isinstance(value[0], (dict, str)):
-      return first.decode("utf-8")[:60]
+      return first_text[:60]
   return None
 
 

@@ -91,6 +91,10 @@ def _json_object(path: PathLike, number: int, line: str) -> dict:
   except json.JSONDecodeError as e:
     raise bad_line(path, number, f"not valid JSON ({e.msg} at column {e.colno})",
                    "Write one JSON object per line") from None
+  except (ValueError, RecursionError) as e:  # a number past 4300 digits; deep nesting
+    reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+    raise bad_line(path, number, f"not readable JSON ({reason})",
+                   "Write one JSON object per line, within Python's JSON limits") from None
   if not isinstance(record, dict):
     raise bad_line(path, number, f"expected a JSON object, got {type(record).__name__}",
                    "Write one JSON object per line")
@@ -105,6 +109,18 @@ def _record_id(path: PathLike, number: int, record: dict) -> str:
     got = "no '_id'" if "_id" not in record else f"'_id' = {json.dumps(value)}"
     raise bad_line(path, number, f"{got}; every line needs a non-empty string '_id'",
                    "Give the line its id")
+  return _unicode(path, number, "_id", value)
+
+
+def _unicode(path: PathLike, number: int, key: str, value: str) -> str:
+  """`value`, refused if it holds a lone UTF-16 surrogate (a JSON escape such as
+  `\\ud800` without its pair), which is no text: no tokenizer or output file takes it."""
+  try:
+    value.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise bad_line(path, number, f"field {key!r} holds {value[e.start]!r}, a lone UTF-16 "
+                   "surrogate escape, not text",
+                   "Write the character itself, or its whole surrogate pair") from None
   return value
 
 
@@ -120,7 +136,7 @@ def _string_field(path: PathLike, number: int, record: dict, key: str,
   if not isinstance(value, str):
     raise bad_line(path, number, f"field {key!r} must be a string, got {json.dumps(value)[:60]}",
                    f"Write {key!r} as a JSON string")
-  return value
+  return _unicode(path, number, key, value)
 
 
 def check_new_id(path: PathLike, number: int, key: str, seen: Dict[str, int],

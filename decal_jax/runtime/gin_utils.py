@@ -62,9 +62,18 @@ class GinConfigError(SystemExit):
   """A gin file or binding problem, reported without a traceback."""
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+  """argparse whose usage errors (`--gin_file` without a value, an ambiguous `--gin`) are
+  GinConfigErrors, like the other command-line mistakes."""
+
+  def error(self, message):
+    raise GinConfigError(f"error: {message}; use --gin_file=F, --gin.NAME=VALUE or "
+                         "--gin_bindings='NAME = VALUE'.")
+
+
 def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
   """(gin files, search paths, bindings) from the command line."""
-  parser = argparse.ArgumentParser(add_help=True)
+  parser = _ArgumentParser(add_help=True)
   parser.add_argument("--gin_file", action="append", default=[])
   parser.add_argument("--gin_search_paths", action="append", default=[])
   parser.add_argument("--gin_bindings", action="append", default=[])
@@ -107,6 +116,9 @@ def parse(files: Sequence[str], search_paths: Sequence[str], bindings: Sequence[
     gin.finalize()
   except (IOError, OSError) as e:
     raise GinConfigError(f"error: gin file not found: {e}\nSearched: {all_paths}") from e
+  except ImportError as e:  # an `import` line of a gin file or binding
+    raise GinConfigError(f"error: a gin import failed: {e}\nCheck the module name, or "
+                         "install the package that provides it.") from e
   except (ValueError, KeyError, SyntaxError, TypeError, tokenize.TokenError) as e:
     raise GinConfigError(f"error: bad gin configuration: {e}\nCheck the binding's name and "
                          "value (e.g. --gin.TRAIN_STEPS=100, strings as "
