@@ -155,7 +155,7 @@ def one_variant(label: str, ratio: int, pooling: str, init: str, seed: int, a,
     return dict(json.loads(done.read_text()), init=init_name)
   model = [f"--gin.PASSAGE_COMPRESSION_RATIO={ratio}", f"--gin.POOLING='{pooling}'"]
   if pooling == "mean":
-    model.append("--gin.TEMPERATURE=0.05")
+    model.append("--gin.LOGIT_SCALE=20.0")  # 1 / 0.05: the single-vector reference's scale
   print(f"{label_seed}: fine-tuning {a.steps} steps on {a.task} (log: {log}) ...", flush=True)
   trained = fine_tune(name, model, init, seed, a, work)
   print(f"{label_seed}: fine-tuned in {trained['minutes']:.1f} min (held-out in-batch accuracy "

@@ -9,25 +9,26 @@ Importable only where T5X is (`import t5x`; docs/t5x.md installs it). It wraps
     right_negative_encoder_input_tokens  [batch, n_neg, length]  hard negatives (or
                                          [batch, length]: one), read when use_negatives
 
-Relevance is MaxSim; `logit_scale` multiplies it before the in-batch softmax (ours'
-temperature is 1 / logit_scale). `inference_mode` picks what `predict_batch` returns:
-'encode' / 'encode_left' the queries' vectors, 'encode_right' the passages' vectors
-(`[batch, m, d]`, with `valid` `[batch, m]` in the aux), 'similarity' the MaxSim of each
-query with its own passage (`[batch]`, unscaled; the aux holds both sides' encodings,
-which `t5x.eval`'s retrieval metrics rank: `retrieval.seqio_metric`). gin:
-gin/t5x/de_decal_t5_1_1_*.gin; eval: gin/t5x/runs/eval_dual_encoder.gin.
+Relevance is MaxSim; `logit_scale` (T5X Retrieval's default, 100) multiplies it before
+the in-batch softmax, a learnt parameter initialised at log(logit_scale) when
+`learnable_logit_scale`; the loss is T5X Retrieval's two-way one when `bidirectional`
+(`models.dual_encoder.in_batch_loss`, ours, computes it). `inference_mode` picks what
+`predict_batch` returns: 'encode' / 'encode_left' the queries' vectors, 'encode_right'
+the passages' vectors (`[batch, m, d]`, with `valid` `[batch, m]` in the aux),
+'similarity' the MaxSim of each query with its own passage (`[batch]`, unscaled; the aux
+holds both sides' encodings, which `t5x.eval`'s retrieval metrics rank:
+`retrieval.seqio_metric`). gin: gin/t5x/de_decal_t5_1_1_*.gin; eval:
+gin/t5x/runs/eval_dual_encoder.gin.
 """
 from typing import Any, Mapping, Optional, Tuple
 
 import jax
-import jax.numpy as jnp
 import seqio
 from clu import metrics as clu_metrics
 from t5x import metrics as metrics_lib
 from t5x import models as t5x_models
 
 from decal_jax.models import dual_encoder, dual_encoder_features
-from decal_jax.retrieval import maxsim
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -43,20 +44,28 @@ class DualEncoderModel(t5x_models.BaseTransformerModel):
   def __init__(self, module, input_vocabulary: seqio.Vocabulary,
                output_vocabulary: Optional[seqio.Vocabulary] = None, optimizer_def=None,
                inference_mode: str = "encode", use_negatives: bool = False,
-               logit_scale: float = 1.0):
+               logit_scale: float = dual_encoder.DEFAULT_LOGIT_SCALE,
+               learnable_logit_scale: bool = False, bidirectional: bool = True):
     if inference_mode not in INFERENCE_MODES:
       raise ValueError(f"DualEncoderModel.inference_mode must be one of {INFERENCE_MODES}, "
                        f"got {inference_mode!r}.")
-    if logit_scale <= 0:
-      raise ValueError(f"DualEncoderModel.logit_scale must be positive, got {logit_scale}.")
     output_vocabulary = output_vocabulary or input_vocabulary
     super().__init__(module=module, input_vocabulary=input_vocabulary,
                      output_vocabulary=output_vocabulary, optimizer_def=optimizer_def)
     self.inference_mode = inference_mode
     self.use_negatives = use_negatives
-    self.logit_scale = logit_scale
-    self.ours = dual_encoder.DualEncoderModel(module, input_vocabulary, output_vocabulary,
-                                              temperature=1.0 / logit_scale)
+    self.ours = dual_encoder.DualEncoderModel(
+        module, input_vocabulary, output_vocabulary, logit_scale=logit_scale,
+        learnable_logit_scale=learnable_logit_scale, bidirectional=bidirectional)
+    self.logit_scale = self.ours.logit_scale  # validated there
+
+  @property
+  def learnable_logit_scale(self) -> bool:
+    return self.ours.learnable_logit_scale
+
+  @property
+  def bidirectional(self) -> bool:
+    return self.ours.bidirectional
 
   def _with_negatives(self, batch: Batch) -> Batch:
     """The batch the loss reads: hard negatives only when use_negatives (then required)."""
@@ -75,13 +84,10 @@ class DualEncoderModel(t5x_models.BaseTransformerModel):
   def _compute_logits(self, params, batch: Batch, dropout_rng: Optional[Array] = None):
     """`[b, c]`: logit_scale * MaxSim of every query with every candidate (the b positives,
     then the hard negatives); padding candidates at -1e9."""
-    queries, passages, passage_valid, candidates = self.ours.encode_candidates(
-        params, self._with_negatives(batch), dropout_rng)
-    scores = maxsim.maxsim(queries.vectors, queries.valid, passages, passage_valid)  # [b, c]
-    return jnp.where(candidates[None, :], scores * self.logit_scale, -1e9)
+    return self.ours.logits(params, self._with_negatives(batch), dropout_rng)
 
   def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]):
-    """(mean in-batch softmax cross entropy, T5X metrics: loss, accuracy, steps/s)."""
+    """(mean in-batch softmax cross entropy (ours), T5X metrics: loss, accuracy, steps/s)."""
     loss, sums = self.ours.loss_fn(params, self._with_negatives(batch), dropout_rng)
     metrics = {"loss": metrics_lib.AveragePerStep(total=loss),
                "accuracy": clu_metrics.Average(total=sums["correct"],

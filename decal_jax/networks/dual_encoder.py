@@ -1,12 +1,14 @@
 """A multi-vector dual encoder on one shared (DeCAL) T5 encoder, for retrieval.
 
 Queries and passages go through the same encoder weights, each at its own compression
-ratio (e.g. queries at C = 1, passages at C = 8): a text of n tokens leaves the encoder as
-m = ceil(n / C) vectors (the DeCAL latents; n token states at C = 1). An optional linear
-projection maps them to `projection_dim`, and they are L2-normalised. Relevance is MaxSim
-(Chamfer similarity, `decal_jax.retrieval.maxsim`): every query vector takes its best
-match among the passage's vectors and the matches are summed. `pooling='mean'` instead
-averages a text's vectors into one: the single-vector dual encoder, the reference point.
+ratio, by default the same C (decal.txt §4.3 compresses both sides; queries at a lower C,
+e.g. 1, is the asymmetric variant it leaves for later): a text of n tokens leaves the
+encoder as m = ceil(n / C) vectors (the DeCAL latents; n token states at C = 1). An
+optional linear projection maps them to `projection_dim`, and they are L2-normalised.
+Relevance is MaxSim (Chamfer similarity, `decal_jax.retrieval.maxsim`): every query
+vector takes its best match among the passage's vectors and the matches are summed.
+`pooling='mean'` instead averages a text's vectors into one: the single-vector dual
+encoder, the reference point.
 
 The parameter names are those of `t5.Transformer` (`token_embedder`, `encoder/...`), so a
 DeCAL pretraining checkpoint initialises the dual encoder directly; its decoder is unused.
@@ -29,10 +31,11 @@ class DualEncoderConfig:
   """One shared T5 encoder read at two compression ratios, plus the output head.
 
   Queries are read at `query_compression_ratio` and passages at `passage_compression_ratio`
-  (1 = one vector per token); `encoder.compression_ratio` must stay 1 (it would be ignored,
-  so another value is refused)."""
+  (1 = one vector per token), by default both at 4 (the paper reads both sides at C);
+  `encoder.compression_ratio` must stay 1 (it would be ignored, so another value is
+  refused)."""
   encoder: T5Config = T5Config()
-  query_compression_ratio: int = 1
+  query_compression_ratio: int = 4      # as passages (a lower value: asymmetric encoder)
   passage_compression_ratio: int = 4
   projection_dim: Optional[int] = None  # None: keep the encoder's emb_dim
   normalize: bool = True                # L2-normalise every output vector

@@ -8,13 +8,16 @@ from gin_config_helpers import _build_model, _parse
 
 def test_dual_encoder_gin_shares_the_decal_encoder_at_two_ratios():
   """models/dual_encoder.gin on a size + decal.gin: one encoder whose parameters carry the
-  encoder-decoder's names (so its pretraining checkpoint loads), queries at C = 1 and
-  passages at the run's C; the single-vector variant is two bindings away."""
+  encoder-decoder's names (so its pretraining checkpoint loads), queries and passages both
+  at the run's C (decal.txt §4.3), T5X Retrieval's loss (logit scale 100, both directions);
+  the asymmetric encoder and the single-vector variant are one binding away."""
   _parse("models/t5_1_1_base.gin", "models/decal.gin", "models/dual_encoder.gin",
          bindings=["PASSAGE_COMPRESSION_RATIO = 8", "PROJECTION_DIM = 128"])
   model = _build_model()
   cfg = model.module.config
-  assert (cfg.query_compression_ratio, cfg.passage_compression_ratio) == (1, 8)
+  assert (cfg.query_compression_ratio, cfg.passage_compression_ratio) == (8, 8)
+  assert (model.logit_scale, model.learnable_logit_scale, model.bidirectional) == (
+      100.0, False, True)
   assert cfg.encoder.compression_ratio == 1  # decal.gin's C = 4 binds the sides, not the encoder
   assert cfg.encoder.emb_dim == 768 and cfg.output_dim == 128 and cfg.pooling == "multi"
   shapes = jax.eval_shape(lambda: model.get_initial_variables(
@@ -27,10 +30,19 @@ def test_dual_encoder_gin_shares_the_decal_encoder_at_two_ratios():
   assert jax.tree_util.tree_map(lambda x: x.shape, shapes["encoder"]) == \
       jax.tree_util.tree_map(lambda x: x.shape, encdec["encoder"])
   assert shapes["projection"]["kernel"].shape == (768, 128)
+  _parse("models/t5_1_1_tiny.gin", "models/decal.gin", "models/dual_encoder.gin")
+  cfg = _build_model().module.config
+  assert (cfg.query_compression_ratio, cfg.passage_compression_ratio) == (4, 4)  # decal.gin's
   _parse("models/t5_1_1_tiny.gin", "models/decal.gin", "models/dual_encoder.gin",
-         bindings=["POOLING = 'mean'", "TEMPERATURE = 0.05"])
+         bindings=["POOLING = 'mean'", "QUERY_COMPRESSION_RATIO = 1", "LOGIT_SCALE = 20.0",
+                   "LEARNABLE_LOGIT_SCALE = True", "BIDIRECTIONAL_LOSS = False"])
   model = _build_model()
-  assert model.module.config.pooling == "mean" and model.temperature == 0.05
+  cfg = model.module.config
+  assert cfg.pooling == "mean" and (cfg.query_compression_ratio,
+                                    cfg.passage_compression_ratio) == (1, 4)
+  assert (model.logit_scale, model.learnable_logit_scale, model.bidirectional) == (
+      20.0, True, False)
+  assert model.temperature == 0.05
   gin.clear_config()
 
 
@@ -51,6 +63,7 @@ def test_retrieval_run_files_bind_every_argument(run_file, fn):
   model = _build_model()
   assert type(model).__name__ == "DualEncoderModel"
   assert model.module.config.passage_compression_ratio == 4
+  assert model.module.config.query_compression_ratio == 4  # both sides at C
   if fn_name == "train":
     assert gin.query_parameter("decal_jax.runtime.trainer.train.show_example") is False
     assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "decal_beir_builtin"

@@ -71,16 +71,17 @@ def test_t5x_decal_sizes_are_t5_1_1s(t5x_modules, name, emb, layers):
 @pytest.mark.parametrize("name,emb,layers", [("t5x/de_decal_t5_1_1_small.gin", 512, 8),
                                              ("t5x/de_decal_t5_1_1_base.gin", 768, 12)])
 def test_t5x_dual_encoder_sizes_are_t5_1_1s(t5x_modules, name, emb, layers):
-  """T5.1.1's encoder read at two ratios (queries 1, passages DeCAL's 4), T5X Retrieval's
-  defaults for the model class."""
+  """T5.1.1's encoder read at DeCAL's 4 on both sides, T5X Retrieval's defaults for the
+  model class (logit scale 100, the two-way loss)."""
   _parse(name)
   model = _build_model()
   config = _arg(model, "module").config
   assert (config.encoder.emb_dim, config.encoder.num_encoder_layers) == (emb, layers)
   assert config.encoder.compression_ratio == 1 and config.encoder.dtype == "bfloat16"
-  assert (config.query_compression_ratio, config.passage_compression_ratio) == (1, 4)
+  assert (config.query_compression_ratio, config.passage_compression_ratio) == (4, 4)
   assert (model.inference_mode, model.use_negatives, model.logit_scale) == (
-      "encode", False, 1.0)
+      "encode", False, 100.0)
+  assert (model.learnable_logit_scale, model.bidirectional) == (False, True)
 
 
 def test_t5x_gin_files_pass_the_performance_options(t5x_modules):

@@ -195,11 +195,16 @@ def test_hard_negatives_join_the_softmax_as_numpy_says(network_and_params):
   negatives = _encode(ours, params, batch["right_negative_encoder_input_tokens"].reshape(8, 20),
                       "passage")  # query 0's two negatives, then query 1's, ...
 
-  def numpy_loss(candidates):
-    logits = scale * np.concatenate([_numpy_maxsim(q, qm, *c) for c in candidates], axis=1)
-    logits -= logits.max(axis=1, keepdims=True)  # [b, c]
+  def diagonal_nll(logits):  # [r, k] -> [r]: -log softmax(row i)[i]
+    logits = logits - logits.max(axis=1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    return -np.mean(np.diag(log_probs[:, :4]))  # the positive of query i is candidate i
+    return -np.diag(log_probs[:, :len(logits)])
+
+  def numpy_loss(candidates):
+    """T5X Retrieval's two-way loss, averaged: query -> passage over all candidates (the
+    positive of query i is candidate i), passage -> query over the 4 queries."""
+    logits = scale * np.concatenate([_numpy_maxsim(q, qm, *c) for c in candidates], axis=1)
+    return np.mean((diagonal_nll(logits) + diagonal_nll(logits[:, :4].T)) / 2)
 
   loss = float(with_negatives.loss_fn(params, batch, None)[0])
   np.testing.assert_allclose(loss, numpy_loss([positives, negatives]), rtol=1e-5)
