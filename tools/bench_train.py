@@ -332,11 +332,19 @@ def parse_args(argv):
   return args, gin_utils.split_args(gin_argv)
 
 
+def overridden(bindings: Sequence[str], overrides: Sequence[str]) -> List[str]:
+  """`bindings` with each of `overrides` in place of an earlier binding of the same name
+  (gin refuses a macro bound twice on one command line)."""
+  name = lambda binding: binding.split("=", 1)[0].strip()
+  replaced = {name(b) for b in overrides}
+  return [b for b in bindings if name(b) not in replaced] + list(overrides)
+
+
 def main(argv=None):
   args, (files, paths, bindings) = parse_args(sys.argv[1:] if argv is None else argv)
   setups = [build(args.label or _describe(files, bindings), files, paths, bindings, args)]
   if args.compare or args.compare_gin_file:
-    files_b, bindings_b = files + args.compare_gin_file, bindings + args.compare
+    files_b, bindings_b = files + args.compare_gin_file, overridden(bindings, args.compare)
     setups.append(build(args.compare_label or _describe(args.compare_gin_file, args.compare),
                         files_b, paths, bindings_b, args))
   runners = [Runner(setup, args.seed, args.init_on_host) for setup in setups]

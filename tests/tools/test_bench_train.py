@@ -139,7 +139,8 @@ def test_decal_breakeven_measures_the_networks_its_flop_column_counts(monkeypatc
   assert seen[0][0] == "tools.bench_train" and len(out.read_text().splitlines()) == 2
   args, (files, paths_, bindings) = bench.parse_args(seen[0][1])
   assert (args.batch_size, args.inputs_length, args.targets_length) == (4, 512, 128)
-  configs = [gin_utils.load_model(files, search_paths=paths_, bindings=bindings + extra
+  configs = [gin_utils.load_model(files, search_paths=paths_,
+                                  bindings=bench.overridden(bindings, extra)
                                   ).model.module.config for extra in ([], args.compare)]
   assert [c.compression_ratio for c in configs] == [1, 4]
   assert (configs[0].emb_dim, configs[0].num_encoder_layers, configs[0].vocab_size) == (
@@ -193,3 +194,12 @@ def test_a_time_budget_cuts_the_warm_up_and_the_timing_but_keeps_a_median(monkey
   unbounded = Slow()
   bench.time_steps([unbounded], warmup=3, steps=20)
   assert (unbounded.calls, len(unbounded.times)) == (23, 20)
+
+
+def test_compare_bindings_replace_the_same_names():
+  """--compare rebinds a macro of A's command line for B: B gets one binding per name (gin
+  refuses a macro bound twice), the others kept in order."""
+  a = ["COMPRESSION_RATIO = 4", "BATCH_SIZE = 8", "ACTIVATION_DTYPE = 'bfloat16'"]
+  assert bench.overridden(a, ["COMPRESSION_RATIO = 1"]) == [
+      "BATCH_SIZE = 8", "ACTIVATION_DTYPE = 'bfloat16'", "COMPRESSION_RATIO = 1"]
+  assert bench.overridden(a, []) == a
