@@ -25,8 +25,9 @@ from decal_jax import fileio
 from decal_jax.data import convert
 
 
-def _convert(parser, args, folder):
-  """Converts every record, then writes; {split: (written, left out)}."""
+def _convert(parser, args, folder, notes):
+  """Converts every record, then writes; {split: (written, left out)}; what the
+  conversion did beyond reading goes to `notes`."""
   if args.format == "mediasum" and len(args.files) == 2:
     return convert.write_splits(convert.mediasum(*args.files), folder, "summarization")
   if args.split not in ("train", "validation", "test"):
@@ -34,7 +35,7 @@ def _convert(parser, args, folder):
   if args.format == "mediasum":
     records, kind = convert.mediasum_split(args.files[0]), "summarization"
   else:
-    records, kind = getattr(convert, args.format)(args.files[0]), "qa"
+    records, kind = getattr(convert, args.format)(args.files[0], notes=notes), "qa"
   return {args.split: convert.write(records, folder / f"{args.split}.jsonl", kind)}
 
 
@@ -55,10 +56,13 @@ def main(argv=None):
   for path in args.files:
     if not pathlib.Path(path).is_file():
       parser.error(f"no such file: {path}")
+  notes = []
   try:
-    counts = _convert(parser, args, folder)
+    counts = _convert(parser, args, folder, notes)
   except (convert.ReleaseLayoutError, fileio.NotUtf8Error) as e:
     parser.exit(2, f"error: {e}\nNothing was written.\n")
+  for note in notes:
+    print(f"Note: {note}")
   for split, (written, skipped) in counts.items():
     print(f"{folder / (split + '.jsonl')}: {written} records"
           + (f" ({skipped} left out: empty fields / no answer)" if skipped else ""))

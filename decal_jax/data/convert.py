@@ -129,9 +129,9 @@ def _qa(id_: Any, question: Any, context: Any, answers: List[str]) -> Record:
   return {"id": id_, "question": question, "context": context, "answers": answers}
 
 
-def squad(path: str) -> List[Record]:
+def squad(path: str, notes: Optional[List[str]] = None) -> List[Record]:
   """SQuAD v1.1 / v2.0 records; unanswerable v2 questions have no answer (left out when
-  written)."""
+  written). `notes`: unused (called as `hotpotqa` is)."""
   release = load_json(path)
   if isinstance(release, dict) and "data" in release:
     articles = convert_rows(path, release["data"], _squad_article, "squad")
@@ -159,14 +159,23 @@ def _hotpot_row(row: dict) -> Record:
   context = "\n".join(f"{title}: {''.join(sentences)}"
                       for title, sentences in _hotpot_paragraphs(row["context"]))
   answer = row.get("answer")
-  return _qa(row["_id"] if "_id" in row else row["id"], row["question"], context,
+  return _qa(row["_id"] if "_id" in row else row.get("id"), row["question"], context,
              [answer] if answer else [])
 
 
-def hotpotqa(path: str) -> List[Record]:
+def hotpotqa(path: str, notes: Optional[List[str]] = None) -> List[Record]:
   """HotpotQA records (distractor or fullwiki); each context paragraph becomes
-  'title: sentences' on its own line."""
-  return convert_rows(path, load_json(path), _hotpot_row, "hotpotqa")
+  'title: sentences' on its own line. A row without an id (some Hugging Face exports drop
+  the column) gets `row-<n>`, n its 0-based row number, with a line in `notes`."""
+  records = convert_rows(path, load_json(path), _hotpot_row, "hotpotqa")
+  missing = [n for n, record in enumerate(records) if record["id"] is None]
+  for n in missing:
+    records[n]["id"] = f"row-{n}"
+  if missing and notes is not None:
+    notes.append(f"{path}: {len(missing)} of {len(records)} record(s) have no id (no `_id` / "
+                 "`id` field); gave each the id row-<n>, n its 0-based row number in the "
+                 "file (stable while the file's order is).")
+  return records
 
 
 # ------------------------------------------------------------------------------ MediaSum

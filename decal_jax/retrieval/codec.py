@@ -44,6 +44,7 @@ vector instead of 32,768, and some vectors get a near rather than the nearest ce
 """
 import functools
 import json
+import logging
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -404,6 +405,19 @@ def check_bits(bits: Optional[int], dim: int) -> None:
 
 
 # ------------------------------------------------------------------------------- training
+def _centroid_count(requested: Optional[int], num_vectors: int, sample_size: int) -> int:
+  """The centroids k-means can train: `requested` (None: the default) clamped to the
+  sample's vectors, with a WARNING naming both counts when a requested one is (the
+  default exceeds a tiny index's vectors, and is clamped quietly)."""
+  if requested is None or requested <= sample_size:
+    return min(requested or default_num_centroids(num_vectors), sample_size)
+  logging.warning(
+      "num_centroids = %d is more than the %d vector(s) k-means trains on (the index has %d"
+      " vector(s); each centroid needs one); using %d centroids. Ask for at most %d, or "
+      "None for the default.", requested, sample_size, num_vectors, sample_size, sample_size)
+  return sample_size
+
+
 def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optional[int] = None,
                 sample_vectors: int = 1 << 16, kmeans_iterations: int = 10, seed: int = 0,
                 kmeans_backend: str = "auto", centroids: Optional[np.ndarray] = None,
@@ -417,8 +431,8 @@ def train_codec(source: exact.Index, bits: Optional[int], num_centroids: Optiona
   sample_size = min(sample_vectors, source.num_vectors)
   rows = np.sort(rng.choice(source.num_vectors, size=sample_size, replace=False))
   sample = np.asarray(source.vectors[rows], np.float32)  # [sample, d]
-  k = len(centroids) if centroids is not None else min(
-      num_centroids or default_num_centroids(source.num_vectors), sample_size)
+  k = len(centroids) if centroids is not None else _centroid_count(
+      num_centroids, source.num_vectors, sample_size)
   codec, backend = Codec.train(sample, bits, k, kmeans_iterations, seed, kmeans_backend,
                                centroids, quantizer, centroid_probe)
   return codec, {"bits": bits, "num_centroids": k, "sample_vectors": sample_size,

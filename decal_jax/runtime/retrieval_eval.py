@@ -388,7 +388,8 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                 metrics_implementation=ir_metrics.implementation(),
                 backend=search_backend if search == "approximate" else EXACT_BACKEND,
                 **(dict(residual_bits=residual_bits, nprobe=nprobe, query_cells=query_cells,
-                        candidates=candidates, quantizer=recorded)
+                        candidates=candidates, quantizer=recorded,
+                        num_centroids=searcher.meta["codec"]["num_centroids"])
                    if search == "approximate" else {}))
   _write_results(model_dir, results, name, split, step, run, scores, top_k)
   return scores

@@ -129,6 +129,27 @@ def test_prepare_jsonl_reads_the_hugging_face_layout_as_the_official_one(
     assert expected[0]["context"] == "Oslo: Oslo was founded in 1040.\nBergen: Bergen in 1070."
 
 
+def test_prepare_jsonl_gives_hugging_face_hotpotqa_rows_without_ids_row_ids(tmp_path,
+                                                                           capsys):
+  """An HF export of hotpot_qa without its `id` column was refused as in no known layout."""
+  rows = [{k: v for k, v in HOTPOT_HF[0].items() if k != "id"},
+          dict({k: v for k, v in HOTPOT_HF[0].items() if k != "id"}, question="Which?")]
+  source = tmp_path / "hf.jsonl"
+  source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  _prepare(["hotpotqa", str(source), "--split", "train"], tmp_path / "out")
+  out = capsys.readouterr().out
+  records = _jsonl(tmp_path / "out" / "hotpotqa" / "train.jsonl")
+  assert [(r["id"], r["question"]) for r in records] == [("row-0", "Which is older?"),
+                                                         ("row-1", "Which?")]
+  assert out.count("Note: ") == 1
+  assert (f"Note: {source}: 2 of 2 record(s) have no id (no `_id` / `id` field); gave each "
+          "the id row-<n>, n its 0-based row number in the file") in out
+  with_ids = tmp_path / "ids.jsonl"
+  with_ids.write_text("".join(json.dumps(r) + "\n" for r in HOTPOT_HF))
+  _prepare(["hotpotqa", str(with_ids), "--split", "train"], tmp_path / "ids")
+  assert "Note:" not in capsys.readouterr().out
+
+
 def test_prepare_jsonl_reads_one_hugging_face_mediasum_split(tmp_path):
   rows = [{"id": "NPR-1", "program": "p", "summary": "Talk.", "utt": ["Hi.", "Hello."],
            "speaker": ["A", "B"]},

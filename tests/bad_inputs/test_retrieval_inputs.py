@@ -240,3 +240,25 @@ def test_an_empty_corpus_is_named_as_empty_not_as_a_missing_document(tmp_path, c
   assert 'Fill it with one JSON object per line, {"_id", "title", "text"}' in message
   assert "qrels" not in message
   assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+def test_more_centroids_than_vectors_are_clamped_with_a_warning_and_recorded(tmp_path,
+                                                                            caplog):
+  """NUM_CENTROIDS=100000 on a small index was clamped silently to its vector count while
+  the run's settings said 100000; the clamp is now a WARNING and the metrics record the
+  count used."""
+  folder = tmp_path / "beir_fixture"
+  _write_fixture(folder)
+  model_dir = tmp_path / "dual"
+  _dual_encoder_checkpoint(model_dir)
+  with caplog.at_level(logging.WARNING):
+    _retrieve(model_dir, folder, "--gin.SEARCH='approximate'", "--gin.RESIDUAL_BITS=None",
+              "--gin.NUM_CENTROIDS=100000")
+  vectors = index.Index.open(str(model_dir / "index" / "beir_fixture.step1")).num_vectors
+  warnings = [r.getMessage() for r in caplog.records if "num_centroids" in r.getMessage()]
+  assert warnings == [
+      f"num_centroids = 100000 is more than the {vectors} vector(s) k-means trains on (the "
+      f"index has {vectors} vector(s); each centroid needs one); using {vectors} centroids. "
+      f"Ask for at most {vectors}, or None for the default."]
+  metrics_file, = (model_dir / "retrieval").glob("*.approximate-*.metrics.json")
+  assert json.loads(metrics_file.read_text())["num_centroids"] == vectors
