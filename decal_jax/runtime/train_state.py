@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from decal_jax import partitioning
-from decal_jax.runtime import checkpoints, optimizers, vocabulary_record
+from decal_jax.runtime import checkpoints, optimizers, t5x_model_dir, vocabulary_record
 from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 
@@ -149,8 +149,8 @@ def restore_params(model: BaseModel, model_dir: str, cfg: DatasetConfig, partiti
   """(params, step) of checkpoint_<step> in `model_dir`, by default the latest (clear error
   if there is none, if it is damaged: `checkpoints.DamagedCheckpointError`, or if the run
   was trained with another vocabulary: `vocabulary_record.VocabularyMismatchError`). A T5X
-  run's MODEL_DIR (`checkpoints.t5x_steps`) is read by `restore_t5x_params`."""
-  t5x = checkpoints.t5x_steps(model_dir)
+  run's MODEL_DIR (`t5x_model_dir.t5x_steps`) is read by `restore_t5x_params`."""
+  t5x = t5x_model_dir.t5x_steps(model_dir)
   if t5x:
     return restore_t5x_params(model, model_dir, t5x, cfg, partitioner, step)
   ckpt = checkpoints.Checkpointer(model_dir)
@@ -172,7 +172,7 @@ def restore_t5x_params(model: BaseModel, model_dir: str, t5x: Dict[int, pathlib.
                        cfg: DatasetConfig, partitioner, step: Optional[int] = None):
   """(params, step) of the T5X checkpoint_<step> folders `t5x` ({step: folder}) of a T5X
   run's `model_dir`, by default the latest, mapped into the model (T5X network names to
-  ours, `checkpoints.restore_t5x_params`; another architecture than the gin's model is
+  ours, `t5x_model_dir.restore_t5x_params`; another architecture than the gin's model is
   refused naming the shapes and the gin files). Nothing is written into `model_dir`, and
   the vocabulary is not checked: T5X records none."""
   steps = sorted(t5x)
@@ -183,7 +183,7 @@ def restore_t5x_params(model: BaseModel, model_dir: str, t5x: Dict[int, pathlib.
                             "of them.")
   files = gin_files_given()
   fix = f" (--gin_file={', '.join(files)})" if files else ""
-  params = checkpoints.restore_t5x_params(t5x[step], abstract_params(model, cfg, partitioner)[0],
+  params = t5x_model_dir.restore_t5x_params(t5x[step], abstract_params(model, cfg, partitioner)[0],
                                           fix)
   partitioning.log(f"Read the T5X checkpoint {t5x[step]} (step {step}); its vocabulary is "
                    "not recorded: decode with the one the T5X run was trained with.")
