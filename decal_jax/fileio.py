@@ -8,9 +8,22 @@ failure (an exception, Ctrl-C) removes the temporary file and leaves the target 
 outright (`kill -9`, a lost machine) leaves its `<name>.tmp-<random>` folder, which the next
 build of the same folder removes (`remove_stale_temporaries`). `read_utf8` reads a user's
 text file whole, naming the file and line of any bytes that are not UTF-8.
+
+Every one of them also takes a URL (`gs://bucket/run`, or any scheme etils.epath reads):
+`as_path` gives a local path as a `pathlib.Path` and a URL as an `etils.epath.Path`. An
+object store writes an object whole when its upload completes, so `atomic_write` uploads the
+finished file in one request; `atomic_directory` builds the folder locally and uploads it
+when complete (a crash during the upload can leave part of it: object stores have no folder
+rename). `local_mirror` gives a local copy of a remote folder for what must be memory-mapped
+(retrieval indexes). Remote storage goes through gcsfs (fsspec) when it is installed
+(`pip install 'decal_jax[gcs]'`), else through epath's TensorFlow backend; the environment
+variable STORAGE_EMULATOR_HOST points gcsfs, and Orbax's TensorStore, at a GCS emulator
+(docs/t5x.md, "Remote paths").
 """
 import contextlib
 import fcntl
+import importlib.util
+import io
 import json
 import logging
 import os
@@ -20,7 +33,9 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import IO, Iterator, List, Optional, Union
+from typing import IO, Any, Dict, Iterator, List, Optional, Union
+
+from decal_jax import settings
 
 PathLike = Union[str, os.PathLike]
 log = logging.getLogger(__name__)  # decal_jax.* warnings: console.py routes them in the CLI
@@ -35,7 +50,7 @@ class NotUtf8Error(ValueError):
 
 def read_utf8(path: PathLike) -> str:
   """The whole of a UTF-8 text file; NotUtf8Error names the line of a bad byte."""
-  raw = pathlib.Path(path).read_bytes()
+  raw = as_path(path).read_bytes()
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -54,6 +69,12 @@ def atomic_write(path: PathLike, mode: str = "w",
   """
   if mode not in ("w", "wb"):
     raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', not {mode!r}")
+  if is_url(path):
+    buffer = io.BytesIO() if mode == "wb" else io.StringIO()
+    yield buffer  # uploaded once complete: an object appears whole or not at all
+    data = buffer.getvalue()
+    as_path(path).write_bytes(data if mode == "wb" else data.encode(encoding))
+    return
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
@@ -90,8 +111,14 @@ def atomic_directory(path: PathLike, replace: bool = True) -> Iterator[pathlib.P
   another process finished meanwhile. The temporary folder is named
   `<name>.tmp-<random>`, so a crash that skips the cleanup leaves a name that says what it
   is; a failure inside the `with` body deletes it and leaves `path` as it was. The folder
-  gets mode 0o755 (mkdtemp's 0o700 would outlive the rename).
+  gets mode 0o755 (mkdtemp's 0o700 would outlive the rename). A URL's folder is built in a
+  local temporary folder and uploaded when complete (`upload_tree`).
   """
+  if is_url(path):
+    with tempfile.TemporaryDirectory(prefix="decal_jax-upload-") as tmp:
+      yield pathlib.Path(tmp)
+      upload_tree(tmp, path, replace)
+    return
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   remove_stale_temporaries(path)
@@ -191,3 +218,155 @@ def _replace_directory(new: pathlib.Path, path: pathlib.Path) -> None:
   path.rename(old)
   new.rename(path)
   shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------- remote paths
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"  # google-cloud-storage's and gcsfs's own name
+_remote = {"ready": False}
+
+
+class RemoteStorageError(RuntimeError):
+  """A URL that this installation cannot reach as it is set up (the message says why)."""
+
+
+def is_url(path: PathLike) -> bool:
+  """Whether `path` is a URL (`gs://bucket/run`, `s3://...`), not a local path."""
+  return bool(URL.match(os.fspath(path)))
+
+
+def as_path(path: PathLike) -> Any:
+  """A local path as a `pathlib.Path`; a URL as an `etils.epath.Path` (the same methods:
+  exists, is_dir, iterdir, open, read_text, write_bytes, `/`)."""
+  if not is_url(path):
+    return pathlib.Path(path)
+  _prepare_remote()
+  from etils import epath
+  return epath.Path(os.fspath(path))
+
+
+def resolved(path: PathLike) -> Any:
+  """`as_path`, a local path also with `~` expanded and made absolute (Orbax's need)."""
+  return as_path(path) if is_url(path) else pathlib.Path(path).expanduser().absolute()
+
+
+def join(folder: PathLike, *names: str) -> str:
+  """`folder/name/...` as a string, for a local folder or a URL."""
+  return os.fspath(as_path(folder).joinpath(*names))
+
+
+def _prepare_remote() -> None:
+  """Once per process, before the first remote path: remote storage through gcsfs when it
+  is installed (epath's TensorFlow backend otherwise), and, with STORAGE_EMULATOR_HOST set,
+  gcsfs and TensorStore (Orbax's arrays) pointed at that emulator, unauthenticated."""
+  if _remote["ready"]:
+    return
+  has_gcsfs = importlib.util.find_spec("gcsfs") is not None
+  emulator = os.environ.get(EMULATOR_VARIABLE, "")
+  if emulator and not has_gcsfs:
+    raise RemoteStorageError(
+        f"{EMULATOR_VARIABLE}={emulator} is set but gcsfs is not installed: TensorFlow's GCS "
+        "client (epath's other backend) always talks to storage.googleapis.com and cannot be "
+        "pointed at an emulator. Install it: pip install 'decal_jax[gcs]'.")
+  if emulator:
+    _point_at_emulator(emulator if "://" in emulator else f"http://{emulator}")
+  if has_gcsfs:
+    os.environ.setdefault("EPATH_USE_TF", "false")  # epath: gs:// through fsspec (gcsfs)
+    from etils.epath import gpath
+    getattr(gpath._is_tf_installed, "cache_clear", lambda: None)()  # read again: the above
+  _remote["ready"] = True
+
+
+def _point_at_emulator(url: str) -> None:
+  """gcsfs reads STORAGE_EMULATOR_HOST itself; TensorStore reads its own variable; neither
+  needs credentials there (gcsfs anonymous, TensorStore a fixed test token), and gcsfs's
+  bucket-type probe (a gRPC call an emulator does not answer) is off."""
+  os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url)
+  os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+  os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  import fsspec
+  fsspec.config.conf.setdefault("gcs", {}).setdefault("token", "anon")
+
+
+def upload_file(local: PathLike, url: PathLike) -> None:
+  """Copies the local file `local` to `url` (one object, written whole)."""
+  with open(local, "rb") as source, as_path(url).open("wb") as target:
+    shutil.copyfileobj(source, target, 1 << 24)
+
+
+def download_file(url: PathLike, local: PathLike) -> None:
+  """Copies the object (or file) at `url` to the local file `local`."""
+  pathlib.Path(local).parent.mkdir(parents=True, exist_ok=True)
+  with as_path(url).open("rb") as source, open(local, "wb") as target:
+    shutil.copyfileobj(source, target, 1 << 24)
+
+
+def upload_tree(local: PathLike, url: PathLike, replace: bool = True) -> None:
+  """Copies the local folder `local` to the folder `url`. An existing one is deleted first
+  (replace=True) or, when it holds anything, refused with FileExistsError."""
+  target = as_path(url)
+  if target.exists():
+    if not replace and any(target.iterdir()):
+      raise FileExistsError(f"{url} already exists and holds files; it was left as it is.")
+    target.rmtree()
+  for file in sorted(pathlib.Path(local).rglob("*")):
+    if file.is_file():
+      upload_file(file, target / file.relative_to(local).as_posix())
+
+
+def download_tree(url: PathLike, local: PathLike) -> None:
+  """Copies the folder `url` into the local folder `local`."""
+  for name, _ in remote_listing(url).items():
+    download_file(as_path(url) / name, pathlib.Path(local) / name)
+
+
+def remote_listing(url: PathLike) -> Dict[str, int]:
+  """{relative name: size} of every file under the folder `url` ({} when there is none)."""
+  root, out = as_path(url), {}
+  if not root.is_dir():
+    return out
+  folders = [root]
+  while folders:  # epath refuses `**` on GCS: one listing per folder
+    for path in folders.pop().iterdir():
+      if path.is_dir():
+        folders.append(path)
+      else:
+        out[os.fspath(path)[len(os.fspath(root)) + 1:]] = path.stat().length
+  return out
+
+
+def _local_listing(folder: pathlib.Path) -> Dict[str, Any]:
+  return {file.relative_to(folder).as_posix(): (file.stat().st_size, file.stat().st_mtime_ns)
+          for file in folder.rglob("*") if file.is_file()} if folder.is_dir() else {}
+
+
+def mirror_folder(url: PathLike) -> pathlib.Path:
+  """Where `local_mirror` keeps its copy of `url`: DECAL_CACHE_DIR/remote/<scheme>/<rest>."""
+  scheme, rest = os.fspath(url).split("://", 1)
+  cache = pathlib.Path(settings.get("DECAL_CACHE_DIR")).expanduser()
+  return cache / "remote" / scheme / rest.strip("/")
+
+
+@contextlib.contextmanager
+def local_mirror(folder: PathLike) -> Iterator[str]:
+  """A local folder standing for `folder`, for files that must be local (memory-mapped
+  retrieval indexes): `folder` itself when it is local. For a URL: its copy under
+  DECAL_CACHE_DIR/remote/ (`mirror_folder`), replaced by the remote folder's files (none:
+  emptied) when their names or sizes differ from the copy's; after the block, a copy the
+  block changed (built or rebuilt) is uploaded in place of the remote folder."""
+  if not is_url(folder):
+    yield os.fspath(folder)
+    return
+  local = mirror_folder(folder)
+  remote = remote_listing(folder)
+  if _sizes(local) != remote:  # the bucket is the truth: a copy it lacks is stale
+    shutil.rmtree(local, ignore_errors=True)
+    download_tree(folder, local)
+  before = _local_listing(local)
+  yield os.fspath(local)
+  if local.is_dir() and _local_listing(local) != before:
+    upload_tree(local, folder, replace=True)
+
+
+def _sizes(folder: pathlib.Path) -> Dict[str, int]:
+  return {name: size for name, (size, _) in _local_listing(folder).items()}

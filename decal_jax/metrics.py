@@ -3,11 +3,15 @@
 every model uses needs no clu)."""
 import math
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, Callable, Dict, Mapping
 
 import gin
 import jax
+
+from decal_jax import fileio
 
 
 def summarize(sums: Mapping[str, float]) -> Dict[str, float]:
@@ -60,24 +64,40 @@ class Window:
 
 class MetricsWriter:
   """TensorBoard summaries under MODEL_DIR/<folder> (T5X's `train`, `training_eval/<task>`),
-  written by `clu.metric_writers.SummaryWriter` from process 0 only."""
+  written by `clu.metric_writers.SummaryWriter` from process 0 only.
+
+  A remote MODEL_DIR (gs://...): the event files are written in a local temporary folder
+  and uploaded through `fileio` after every flush (TensorFlow's summary writer reaches GCS
+  only through its own client, which cannot be pointed at an emulator)."""
 
   def __init__(self, model_dir: str):
     self.model_dir = model_dir
     self._writers: Dict[str, Any] = {}  # folder -> clu.metric_writers.MetricWriter
+    self._staging = (tempfile.mkdtemp(prefix="decal_jax-events-")
+                     if fileio.is_url(model_dir) else None)
+
+  def _local(self, folder: str) -> str:
+    return os.path.join(self._staging or self.model_dir, folder)
 
   def _writer(self, folder: str):
     if folder not in self._writers:
       from clu import metric_writers
-      self._writers[folder] = metric_writers.SummaryWriter(os.path.join(self.model_dir, folder))
+      self._writers[folder] = metric_writers.SummaryWriter(self._local(folder))
     return self._writers[folder]
+
+  def _flush(self, folder: str) -> None:
+    self._writers[folder].flush()
+    if self._staging:
+      for name in os.listdir(self._local(folder)):
+        fileio.upload_file(os.path.join(self._local(folder), name),
+                           fileio.join(self.model_dir, folder, name))
 
   def write(self, folder: str, step: int, values: Mapping[str, float]) -> None:
     if jax.process_index() != 0:
       return
     writer = self._writer(folder)
     writer.write_scalars(step, {name: float(value) for name, value in values.items()})
-    writer.flush()
+    self._flush(folder)
 
   def write_config(self, step: int, gin_config_text: str, hparams: Mapping[str, Any]) -> None:
     """The run's gin config as a text summary (T5X's `summarize_gin_config`) and its
@@ -88,11 +108,14 @@ class MetricsWriter:
     if gin_config_text:
       writer.write_texts(step, {"config": gin.markdown(gin_config_text)})
     writer.write_hparams(dict(hparams))
-    writer.flush()
+    self._flush("train")
 
   def close(self) -> None:
-    for writer in self._writers.values():
+    for folder, writer in self._writers.items():
+      self._flush(folder)
       writer.close()
+    if self._staging:
+      shutil.rmtree(self._staging, ignore_errors=True)
 
 
 def run_hparams(model, cfg, total_steps: int, seed: int) -> Dict[str, Any]:

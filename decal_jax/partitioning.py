@@ -302,6 +302,7 @@ ENV_NUM_PROCESSES = "DECAL_NUM_PROCESSES"
 ENV_PROCESS_ID = "DECAL_PROCESS_ID"
 ENV_LOCAL_DEVICE_IDS = "DECAL_LOCAL_DEVICE_IDS"        # e.g. "0,1,2,3" (GPU: one per rank)
 ENV_DISTRIBUTED = "DECAL_DISTRIBUTED"                  # "auto": JAX's cluster detection
+ENV_PEER_TIMEOUT = "DECAL_PEER_TIMEOUT"                # seconds of silence: a process is lost
 
 
 def initialize_distributed(coordinator_address: Optional[str] = None,
@@ -309,7 +310,8 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                            process_id: Optional[int] = None,
                            local_device_ids: Optional[Sequence[int]] = None,
                            auto_detect: bool = False, cpu_collectives: str = "gloo",
-                           initialization_timeout: int = 300) -> bool:
+                           initialization_timeout: int = 300,
+                           peer_timeout: Optional[int] = None) -> bool:
   """Joins this process to a multi-process (multi-host) JAX job; True if it did.
 
   Must run before anything touches devices (the entry points call it right after gin is
@@ -318,14 +320,26 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   optionally DECAL_LOCAL_DEVICE_IDS). `auto_detect=True` or DECAL_DISTRIBUTED=auto lets
   JAX find them itself (Cloud TPU pod slices, SLURM, Open MPI, Kubernetes). With none of
   these, or a single process, it does nothing: the run is single-process.
+
+  `peer_timeout` (default DECAL_PEER_TIMEOUT, 60 s): a process silent that long is lost
+  (`runtime/peer_watch.py` stops the others naming it); JAX's own heartbeat timeout, after
+  which its coordination service aborts the job, is set to twice that.
   """
   settings = distributed_settings(coordinator_address, num_processes, process_id,
                                   local_device_ids, auto_detect, os.environ)
   if settings is None or jax.distributed.is_initialized():
     return jax.distributed.is_initialized()
   jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
-  jax.distributed.initialize(initialization_timeout=initialization_timeout, **settings)
+  jax.distributed.initialize(initialization_timeout=initialization_timeout,
+                             heartbeat_timeout_seconds=2 * peer_timeout_of(peer_timeout),
+                             **settings)
   return True
+
+
+def peer_timeout_of(peer_timeout: Optional[int] = None) -> int:
+  """Seconds of silence after which a process of the job is lost: the argument, else
+  DECAL_PEER_TIMEOUT."""
+  return int(peer_timeout) if peer_timeout is not None else settings.get(ENV_PEER_TIMEOUT)
 
 
 def distributed_settings(coordinator_address, num_processes, process_id, local_device_ids,

@@ -82,6 +82,8 @@ SETTINGS = {s.name: s for s in (
     Setting("DECAL_DISTRIBUTED", "multi-host: 'auto' lets JAX detect the cluster (TPU pod, "
             "SLURM, Open MPI, Kubernetes); --multiprocess_gpu sets it", "off", CHOICE,
             ("auto", "off")),
+    Setting("DECAL_PEER_TIMEOUT", "multi-host: seconds a process may give no sign of life "
+            "before the others stop, naming it (runtime/peer_watch.py)", 60, COUNT),
     Setting("DECAL_SKIPPED_TESTS", "the test suite only: a file to which each skipped "
             "test's id and reason is appended (tests/conftest.py)", None, PATH),
 )}

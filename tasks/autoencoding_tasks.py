@@ -5,9 +5,9 @@ on your own text.
 | name | source | vocabulary |
 |---|---|---|
 | decal_builtin_autoencode, decal_builtin_continuation | built-in corpus (no download) | built-in |
-| decal_builtin_autoencode_continuation | the two above, 1:1 | built-in |
+| decal_builtin_autoencode_continuation | the two above with task markers, 1:1 | built-in |
 | decal_c4_autoencode, decal_c4_continuation | TFDS c4/en:3.1.0 | the model's |
-| decal_c4_autoencode_continuation | the two above, 1:1 | the model's |
+| decal_c4_autoencode_continuation | the two above with task markers, 1:1 | the model's |
 | decal_text_autoencode | `<local dir>/text_autoencode/<split>.jsonl`, field "text" | the model's |
 | decal_public_text_autoencode | C4 / WikiText-2 / TinyStories samples in `../shared/data/text` (`data/public_text.py`) | built-in |
 
@@ -21,6 +21,12 @@ Autoencoding tasks report BLEU of the reconstruction (`text_metrics.bleu`) when 
 Their targets are the whole input, so they want TASK_FEATURE_LENGTHS with 'targets' >=
 'inputs' (the trainer refuses shorter targets). Documents are read back to back and cut into
 chunks of inputs_length - 1 tokens (see decal_jax/data/autoencoding.py).
+
+The 1:1 mixtures read `<prefix>_autoencode_marked` and `<prefix>_continuation_marked`: the
+same objectives with each target opened by a task marker ('reconstruct:' / 'continue:',
+`autoencoding.marked_*`), so that the decoder is told which of the two it is doing. The
+plain tasks (`<prefix>_autoencode`, `decal_text_autoencode`, `decal_public_text_autoencode`)
+have no marker: their targets are the input itself.
 """
 import functools
 from typing import Dict, Mapping, Optional, Tuple
@@ -33,6 +39,8 @@ from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource
 
 OBJECTIVES = {"autoencode": autoencoding.autoencode, "continuation": autoencoding.continuation}
+MARKED_OBJECTIVES = {"autoencode_marked": autoencoding.marked_autoencode,
+                     "continuation_marked": autoencoding.marked_continuation}
 TEXT_AUTOENCODE_TASK = "decal_text_autoencode"
 TEXT_AUTOENCODE_FOLDER = "text_autoencode"
 PUBLIC_TEXT_AUTOENCODE_TASK = "decal_public_text_autoencode"
@@ -53,11 +61,13 @@ def _register(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary,
 
 
 def register_mixture(prefix: str, source_fn, vocabulary: seqio.Vocabulary) -> seqio.Mixture:
-  """`<prefix>_autoencode`, `<prefix>_continuation` and their 1:1 mixture
+  """`<prefix>_autoencode`, `<prefix>_continuation`, their marked forms
+  `<prefix>_{autoencode,continuation}_marked` and the 1:1 mixture of the marked ones,
   `<prefix>_autoencode_continuation`."""
-  names = [f"{prefix}_{objective}" for objective in OBJECTIVES]
-  for name, objective in zip(names, OBJECTIVES.values()):
-    _register(name, source_fn(), vocabulary, objective)
+  objectives = {**OBJECTIVES, **MARKED_OBJECTIVES}
+  for name, objective in objectives.items():
+    _register(f"{prefix}_{name}", source_fn(), vocabulary, objective)
+  names = [f"{prefix}_{name}" for name in MARKED_OBJECTIVES]
   mixture = f"{prefix}_autoencode_continuation"
   if mixture in seqio.MixtureRegistry.names():
     seqio.MixtureRegistry.remove(mixture)

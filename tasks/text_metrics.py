@@ -6,6 +6,10 @@
 * `squad`: exact match and token F1 after SQuAD answer normalisation (lower case, no
   punctuation, no articles a/an/the, single spaces); each prediction takes its best score
   over the reference answers. x 100.
+* `contains_answer` (also in `squad`'s output): Dodo's QA accuracy (dodo.md Appendix E) —
+  the share of predictions that contain a reference answer after number words become
+  digits, punctuation becomes spaces, and both are lower-cased; x 100. Containment is by
+  whole words ("2" is not found in "12").
 * `bleu`: corpus BLEU (sacrebleu's defaults: 13a tokenisation, exponential smoothing),
   0-100; the reconstruction score of Dodo's autoencoding.
 
@@ -83,11 +87,39 @@ def exact_match(reference: str, prediction: str) -> float:
 
 
 def squad(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:
-  """{'em': ..., 'f1': ...} x 100, max over each example's reference answers."""
+  """{'em', 'f1', 'contains_answer'} x 100, max over each example's reference answers."""
   _check_lengths(targets, predictions)
   em = [max(exact_match(r, p) for r in _references(t)) for t, p in zip(targets, predictions)]
   f1 = [max(token_f1(r, p) for r in _references(t)) for t, p in zip(targets, predictions)]
-  return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
+  return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1)),
+          **contains_answer(targets, predictions)}
+
+
+NUMBER_WORDS = dict(zip(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty".split(), range(21)))
+NUMBER_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+                     "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000})
+
+
+def normalize_for_containment(text: str) -> str:
+  """dodo.md Appendix E: punctuation -> spaces, lower case, number words -> digits, trimmed."""
+  text = "".join(" " if ch in string.punctuation else ch for ch in text.lower())
+  return " ".join(str(NUMBER_WORDS.get(word, word)) for word in text.split())
+
+
+def answer_contained(reference: str, prediction: str) -> float:
+  """1.0 when the normalised reference occurs in the normalised prediction as whole words."""
+  ref = normalize_for_containment(reference)
+  return float(bool(ref) and f" {ref} " in f" {normalize_for_containment(prediction)} ")
+
+
+def contains_answer(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:
+  """{'contains_answer': % of predictions containing one of their reference answers}."""
+  _check_lengths(targets, predictions)
+  hits = [max(answer_contained(r, p) for r in _references(t))
+          for t, p in zip(targets, predictions)]
+  return {"contains_answer": 100.0 * float(np.mean(hits))}
 
 
 def bleu(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:

@@ -37,7 +37,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # in behind them, so both workers finish together.
 SLOWEST_FIRST = ("test_entry_points.py", "test_ablation.py", "test_trainer.py",
                  "test_fault_tolerance.py", "test_partitioning.py", "test_squid_train.py",
-                 "test_dodo_lm.py", "test_dodo.py", "test_retrieval_e2e.py")
+                 "test_dodo_lm.py", "test_dodo.py", "test_retrieval_e2e.py",
+                 "test_multiprocess_faults.py")
 
 
 def pytest_configure(config):

@@ -44,6 +44,21 @@ def test_budgets_that_cannot_fit_are_refused_before_training(change, match):
     ablation.check(budget, ablation.load_variants(budget.variants))
 
 
+@pytest.mark.parametrize("name", ["ccproxy_2x", "decal_2x_autoencode"])
+def test_autoencode_pretraining_continues_from_the_baseline(name, tmp_path):
+  """CCProxy and the autoencode ablation (paper §4.2.5, §4.4): the baseline is trained
+  first, and their autoencode + continuation stage restores its pretrained checkpoint."""
+  budget = ablation.load_budget("smoke")
+  order = [v.name for v in ablation.load_variants([name])]
+  assert order == ["baseline", name]
+  variant = ablation.load_variants([name])[1]
+  stage, _, bindings = ablation.stage_configs(budget, variant, tmp_path)[0]
+  assert stage == "pretrain"
+  assert f"MIXTURE_OR_TASK_NAME = {budget.autoencode_task!r}" in bindings
+  start = str(tmp_path / "baseline" / "pretrain")
+  assert f"trainer.train.initial_checkpoint_path = {start!r}" in bindings
+
+
 TINY_BUDGET = """
 Budget.variants = ['ccproxy_2x', 'decal_2x_finetune_only']
 Budget.model_gin = 'experiments/models/mini.gin'

@@ -8,6 +8,8 @@ absl's logging flags, JAX's configuration).
 """
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -217,6 +219,40 @@ def test_every_t5x_flag_reaches_the_job(module, tmp_path):
   assert result.returncode != 0 and f"No checkpoint in {tmp_path / 'm'}" in result.stderr, (
       result.stderr)
   _settings_applied(result, tmp_path)
+
+
+def _stale_lock(model_dir):
+  """MODEL_DIR/.lock as a killed trainer of this host leaves it; the warning a run prints
+  when it takes the lock over."""
+  dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True).stdout)
+  lock = model_dir / ".lock"
+  lock.write_text(json.dumps({"pid": dead, "host": socket.gethostname(),
+                              "start_time": "2026-01-02T03:04:05+00:00", "command": "train"}))
+  return (f"{lock} was left by pid {dead} (2026-01-02T03:04:05+00:00), which is no longer "
+          "running (a stale lock); taking it over.")
+
+
+@pytest.mark.parametrize("also_stderr", [[], ["--alsologtostderr"]])
+def test_the_librarys_warnings_reach_the_log_dir_file_and_stderr_once_each(tmp_path,
+                                                                          also_stderr):
+  """A decal_jax warning logged mid-run (taking over a dead trainer's lock; the run is then
+  refused for a mistyped task, before any compile) is a line of absl's --log_dir file in
+  absl's format, and printed once on stderr above the progress bar, with or without
+  --alsologtostderr (which copies absl's own lines, not this one, to stderr)."""
+  (tmp_path / "m").mkdir()
+  warning = _stale_lock(tmp_path / "m")
+  result = _cli("train", f"--gin_file={ENTRY_POINTS['train']}",
+                f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+                "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_span_corruptoin'",
+                f"--log_dir={tmp_path / 'logs'}", *also_stderr)
+  assert result.returncode != 0, result.stderr
+  assert "Did you mean decal_builtin_span_corruption" in result.stderr
+  log = (tmp_path / "logs" / "decal_jax.train.INFO").read_text()  # absl's link to the file
+  assert re.findall(r"^W\d{4} [\d:.]+ +\d+ run_lock\.py:\d+\] (.*)$", log, re.M) == [warning]
+  assert "] JAX backend: cpu, 1 device (cpu)" in log  # the INFO lines are there as before
+  assert result.stderr.count(warning) == 1 and f"WARNING: {warning}" in result.stderr
+  assert ("] JAX backend: cpu" in result.stderr) == bool(also_stderr)
 
 
 def test_multiprocess_gpu_alone_asks_jax_to_detect_the_cluster(monkeypatch):

@@ -3,6 +3,7 @@ INFO lines through the root logger's handlers; the C++ stderr of a block is hidd
 Python's stays; the bar is off off a terminal; the device line and the warning for an
 accelerator extra that found no accelerator (the CLI's own run: test_entry_points)."""
 import importlib.util
+import io
 import logging
 import os
 import subprocess
@@ -27,6 +28,27 @@ def test_library_warnings_go_through_tqdm_write_only_inside_the_block(monkeypatc
     source.warning("after the run")
   assert written == ["WARNING: t: 1 sequence(s) cut"]  # printed once, through tqdm
   assert [r.getMessage() for r in caplog.records] == ["after the run"]  # not also via root
+
+
+def test_library_warnings_also_reach_a_log_file_handler_in_its_format_and_only_there(
+    monkeypatch, caplog):
+  """--log_dir: the warnings go into absl's log file (`log_file`, a StreamHandler on it), in
+  that handler's line format, once; INFO lines are left to the root handlers; a handler that
+  writes to stderr (--logtostderr) gets no copy, tqdm already printed it there."""
+  written = []
+  monkeypatch.setattr(tqdm.tqdm, "write", lambda text, file=None: written.append(text))
+  log_file = logging.StreamHandler(io.StringIO())
+  log_file.setFormatter(logging.Formatter("%(levelname).1s %(name)s] %(message)s"))
+  source = logging.getLogger("decal_jax.runtime.run_lock")
+  with caplog.at_level(logging.INFO, logger="decal_jax"):
+    with console.library_warnings_through_tqdm(log_file):
+      source.warning("stale %s", "lock")
+      source.info("train step 1/2")
+    source.warning("after the run")
+    with console.library_warnings_through_tqdm(logging.StreamHandler(sys.stderr)):
+      source.warning("to stderr")
+  assert log_file.stream.getvalue() == "W decal_jax.runtime.run_lock] stale lock\n"
+  assert written == ["WARNING: stale lock", "WARNING: to stderr"]
 
 
 def test_native_stderr_is_hidden_only_inside_the_block():

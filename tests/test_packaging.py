@@ -2,8 +2,11 @@
 reuses this test venv's packages (a .pth file: `--system-site-packages` does not chain from a
 venv), it ships every gin file and every tool, and runs the README's main job (shortened)
 and a tool from an empty directory through their console scripts."""
+import email
+import importlib.util
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +21,10 @@ REPO = paths.REPO
 # Not copied from the checkout's root: git, venvs, caches, run outputs, earlier builds.
 NOT_SOURCES = {".git", ".ci-venv", ".ci-cache", ".venv", "venv", "build", "dist", "runs", "tmp",
                "data", "tests", "decal_jax.egg-info"}
+
+
+# A Markdown link or image, its target captured.
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _not_sources(folder, names):
@@ -78,6 +85,81 @@ def test_the_wheel_carries_the_library_not_the_lab(wheel):
   assert {"decal_jax/runtime/trainer.py", "decal_jax/interop/hf_import.py",
           "decal_jax/commands/make_vocab.py", "decal_jax/train.py"} <= modules
   assert not [n for n in modules if "benchmarking" in n or "gpu_suite" in n or "bench_" in n]
+
+
+def _setup_script():
+  """setup.py's functions, without setuptools running (its setup() call runs as __main__)."""
+  spec = importlib.util.spec_from_file_location("setup_script", REPO / "setup.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _absolute(target):
+  return re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target) is not None
+
+
+def _anchors(markdown):
+  """GitHub's anchors of a Markdown file's headings."""
+  return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+          for title in re.findall(r"^#+ (.+)$", markdown, re.M)}
+
+
+def test_every_relative_readme_link_names_a_file_and_becomes_its_repository_url():
+  """On a package index the README's links relative to the repository would not resolve:
+  the long description points each at the file in the Source repository (blob/, an image
+  raw/), in order, every other character unchanged; each link's file (and #anchor) exists."""
+  setup, readme = _setup_script(), (REPO / "README.md").read_text(encoding="utf-8")
+  targets = MARKDOWN_LINK.findall(readme)
+  relative = [t for t in targets if not _absolute(t)]
+  assert len(relative) >= 20
+  for target in relative:
+    path, _, anchor = target.partition("#")
+    assert (REPO / path).is_file(), target
+    assert not anchor or anchor in _anchors((REPO / path).read_text(encoding="utf-8")), target
+  url = "https://github.com/owner/repo"
+  out = setup.long_description(readme, url)
+  images = {t for t in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", readme)}
+  assert MARKDOWN_LINK.findall(out) == [
+      t if _absolute(t) else f"{url}/{'raw' if t in images else 'blob'}/main/{t}"
+      for t in targets]
+  assert MARKDOWN_LINK.sub("", out) == MARKDOWN_LINK.sub("", readme)
+
+
+def test_the_wheels_long_description_is_the_readme_with_no_relative_link(wheel):
+  """What the index shows (METADATA's body): the README, whose repository links point into
+  pyproject's [project.urls] Source, or, while none is declared, name their file's path."""
+  (name,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA")]
+  metadata = email.message_from_bytes(zipfile.ZipFile(wheel).read(name))
+  body = metadata.get_payload()
+  assert metadata["Description-Content-Type"] == "text/markdown"
+  assert body.startswith("# decal_jax\n") and "pip install -e ." in body
+  assert [t for t in MARKDOWN_LINK.findall(body) if not _absolute(t)] == []
+  source = _setup_script().source_url()
+  readme = (REPO / "README.md").read_text(encoding="utf-8")
+  for image, target in re.findall(r"(!?)\[[^\]]*\]\(([^)\s]+)\)", readme):
+    if _absolute(target):
+      continue
+    if source:
+      assert f"({source.rstrip('/')}/{'raw' if image else 'blob'}/main/{target})" in body
+    elif not image:
+      assert f"`{target.split('#')[0]}`" in body
+
+
+def test_tensorflow_text_still_requires_tensorflow_so_not_tensorflow_cpu():
+  """Why pyproject asks for `tensorflow` where T5X asks for `tensorflow-cpu` (docs/t5x.md,
+  Install): seqio requires tensorflow-text, and tensorflow-text requires `tensorflow` by
+  that name outside any extra, so tensorflow-cpu would install beside it, not instead. When
+  this fails, the switch to tensorflow-cpu has become possible."""
+  from importlib import metadata
+  from packaging.requirements import Requirement
+
+  def needs(dist):
+    rows = [Requirement(line) for line in metadata.requires(dist)]
+    return {r.name for r in rows if r.marker is None or r.marker.evaluate({"extra": ""})}
+  assert "tensorflow-text" in needs("seqio")
+  assert "tensorflow" in needs("tensorflow-text")
+  assert "tensorflow-cpu" not in needs("tensorflow-text")
 
 
 def test_the_commands_run_from_the_wheel_as_console_scripts(venv, tmp_path):

@@ -27,6 +27,7 @@ DEFAULTS = {
     "DECAL_PROCESS_ID": None,
     "DECAL_LOCAL_DEVICE_IDS": None,
     "DECAL_DISTRIBUTED": "off",
+    "DECAL_PEER_TIMEOUT": 60,
     "DECAL_SKIPPED_TESTS": None,
 }
 # name: (what is set, what get() returns)
@@ -45,6 +46,7 @@ GOOD = {
     "DECAL_PROCESS_ID": ("0", 0),
     "DECAL_LOCAL_DEVICE_IDS": ("0, 1,2", (0, 1, 2)),
     "DECAL_DISTRIBUTED": ("AUTO", "auto"),
+    "DECAL_PEER_TIMEOUT": ("30", 30),
     "DECAL_SKIPPED_TESTS": ("/tmp/skipped.jsonl", "/tmp/skipped.jsonl"),
 }
 PATH_RULE = "must be a path (no leading or trailing blanks, no control characters)"
@@ -81,6 +83,9 @@ BAD = {
     "DECAL_DISTRIBUTED": ("sometimes", ": DECAL_DISTRIBUTED (multi-host: 'auto' lets JAX "
                           "detect the cluster (TPU pod, SLURM, Open MPI, Kubernetes); "
                           "--multiprocess_gpu sets it) must be one of auto, off."),
+    "DECAL_PEER_TIMEOUT": ("0", " (below 1): DECAL_PEER_TIMEOUT (multi-host: seconds a process "
+                           "may give no sign of life before the others stop, naming it "
+                           "(runtime/peer_watch.py)) must be a whole number >= 1."),
     "DECAL_SKIPPED_TESTS": ("skipped.jsonl\r", f" {BLANKS}"),
 }
 

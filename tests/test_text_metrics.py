@@ -33,6 +33,28 @@ def test_squad_takes_the_best_reference_and_averages_times_100():
   assert got["f1"] == pytest.approx(100 * (1 + 2 / 3 + 0) / 3)
 
 
+@pytest.mark.parametrize("reference,prediction,hit", [
+    ("Denver Broncos", "The answer is the Denver Broncos.", 1.0),  # inside a longer output
+    ("2", "There were two of them", 1.0),                          # number word -> digit
+    ("two", "2 of them", 1.0),                                     # both sides normalised
+    ("Saint-Denis", "saint denis, near Paris", 1.0),               # '-' and ',' -> spaces
+    ("2", "in 12 days", 0.0),                                      # whole words only
+    ("Paris", "London", 0.0),
+    ("...", "anything", 0.0),                                      # empty once normalised
+])
+def test_contains_answer_hand_worked(reference, prediction, hit):
+  assert text_metrics.answer_contained(reference, prediction) == hit
+
+
+def test_contains_answer_takes_any_reference_and_sits_beside_em_f1():
+  targets = [["Paris", "City of Light"], "Denver Broncos", ("five",)]
+  predictions = ["It is the City of Light.", "the Broncos", "5 players"]
+  # hits: 1 (2nd reference), 0 ('denver broncos' not in 'the broncos'), 1 (five -> 5)
+  assert text_metrics.contains_answer(targets, predictions) == {
+      "contains_answer": pytest.approx(200 / 3)}
+  assert text_metrics.squad(targets, predictions)["contains_answer"] == pytest.approx(200 / 3)
+
+
 def test_rouge_matches_the_package_on_the_same_strings():
   targets = ["police killed the gunman .\nthe gunman had hostages .",
              "the cat sat on the mat", ["a plane landed", "the plane landed safely"]]

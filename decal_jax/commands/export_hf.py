@@ -179,12 +179,12 @@ def export(fmt: str, network, config, vocabulary, flat, gin_text, adapter, tmp) 
 # ------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)  # before JAX / TensorFlow load
-  out = pathlib.Path(args.out).absolute()
+  from decal_jax import fileio  # standard library only: no JAX / TensorFlow yet
+  out = fileio.resolved(args.out)  # a URL (gs://...): built locally, uploaded when complete
   if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
     sys.exit(f"error: --out {out} exists; pass --overwrite to replace it.")
   files = gin_files(args)
   network, config, vocabulary, gin_text = read_model(files, args.gin_bindings)
-  from decal_jax import fileio
   from decal_jax.runtime import checkpoints
   try:
     fmt = choose_format(args.format, network, config)

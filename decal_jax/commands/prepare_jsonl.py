@@ -5,6 +5,8 @@
       --out data/local
 
   squad     SQuAD v1.1 / v2.0 JSON file, or HF squad rows  -> <out>/squad/<split>.jsonl
+            (v2's unanswerable questions: left out, or with --keep_unanswerable kept with
+            the empty string as their target)
   hotpotqa  HotpotQA JSON file, or HF hotpot_qa rows        -> <out>/hotpotqa/<split>.jsonl
   mediasum  news_dialogue.json train_val_test_split.json
                                         -> <out>/mediasum/{train,validation,test}.jsonl
@@ -34,8 +36,10 @@ def _convert(parser, args, folder, notes):
     parser.error("--split must be train, validation or test.")
   if args.format == "mediasum":
     records, kind = convert.mediasum_split(args.files[0]), "summarization"
+  elif args.format == "squad":
+    records, kind = convert.squad(args.files[0], notes, args.keep_unanswerable), "qa"
   else:
-    records, kind = getattr(convert, args.format)(args.files[0], notes=notes), "qa"
+    records, kind = convert.hotpotqa(args.files[0], notes=notes), "qa"
   return {args.split: convert.write(records, folder / f"{args.split}.jsonl", kind)}
 
 
@@ -47,7 +51,12 @@ def main(argv=None):
   parser.add_argument("--split", help="split name for squad / hotpotqa / one mediasum file "
                       "(train, validation, test)")
   parser.add_argument("--out", required=True, help="folder to write <name>/<split>.jsonl into")
+  parser.add_argument("--keep_unanswerable", action="store_true",
+                      help="squad: keep SQuAD v2's unanswerable questions, with the empty "
+                      "string as their target (answers [\"\"]); by default left out")
   args = parser.parse_args(argv)
+  if args.keep_unanswerable and args.format != "squad":
+    parser.error("--keep_unanswerable is for squad (SQuAD v2's unanswerable questions).")
   folder = pathlib.Path(args.out) / args.format
   max_files = 2 if args.format == "mediasum" else 1
   if not 1 <= len(args.files) <= max_files:

@@ -61,15 +61,22 @@ class Latents(NamedTuple):
   assignment: Array   # [batch, n] int32: latent index of every token (-1 = none)
 
 
-def fixed_assignment(token_valid: Array, segment_ids: Array, ratio: int) -> Array:
-  """Token i -> latent i // C; a token whose segment differs from its window's first is
-  left out (-1), so packed examples never share a latent. `[batch, n]` -> `[batch, n]`."""
+def fixed_assignment(token_valid: Array, segment_ids: Array, ratio: int,
+                     num_latents: int) -> Array:
+  """Windows of C tokens counted from the start of each segment: a packed example gets
+  ceil(n_i / C) windows aligned to its own first token, numbered after the previous
+  example's. Token -> window index; pads, segment 0 and windows past `num_latents` -> -1.
+  Unpacked (one segment per row, segment ids all 1) this is token i -> latent i // C,
+  whatever pads the row holds. `[batch, n]` -> `[batch, n]`."""
   n = token_valid.shape[1]
-  window = jnp.arange(n) // ratio  # [n]
-  first_of_window = (window * ratio)  # [n] index of each token's window start
-  same_segment = segment_ids == segment_ids[:, first_of_window]  # [batch, n]
-  keep = token_valid & same_segment
-  return jnp.where(keep, window[None, :], -1).astype(jnp.int32)
+  index = jnp.arange(n, dtype=jnp.int32)  # [n]
+  prev_segment = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]  # [batch, n]
+  starts = (segment_ids != prev_segment) & (segment_ids > 0)  # [batch, n] segment starts
+  start_index = jax.lax.cummax(jnp.where(starts, index[None, :], 0), axis=1)  # [batch, n]
+  opens = (segment_ids > 0) & ((index[None, :] - start_index) % ratio == 0)  # [batch, n]
+  window = jnp.cumsum(opens.astype(jnp.int32), axis=1) - 1  # [batch, n]
+  keep = token_valid & (segment_ids > 0) & (window < num_latents)
+  return jnp.where(keep, window, -1).astype(jnp.int32)
 
 
 def boundary_assignment(tokens: Array, token_valid: Array, segment_ids: Array,
@@ -110,16 +117,19 @@ class LatentLayout(NamedTuple):
 
 def latent_layout(config: LatentConfig, tokens: Array, positions: Array,
                   segment_ids: Optional[Array] = None) -> LatentLayout:
-  """Assigns tokens `[batch, n]` to m = ceil(n / C) latents; see `LatentLayout`."""
+  """Assigns tokens `[batch, n]` to m = ceil(n / C) latents; see `LatentLayout`. Packed
+  (`segment_ids` given), windows restart at each example's first token; if a row's examples
+  need more than m windows in all, the last one's final windows are dropped (never when
+  the row keeps (examples) x (C - 1) positions of padding)."""
   token_valid = tokens > 0  # [batch, n]
-  if segment_ids is None:
-    segment_ids = token_valid.astype(jnp.int32)
+  if segment_ids is None:  # one example per row: token i -> i // C, pads anywhere or not
+    segment_ids = jnp.ones_like(tokens, dtype=jnp.int32)
   m = config.num_latents(tokens.shape[1])
   if config.boundary_token_ids:
     assignment = boundary_assignment(tokens, token_valid, segment_ids, config.boundary_token_ids,
                                      config.max_window or 2 * config.ratio, m)
   else:
-    assignment = fixed_assignment(token_valid, segment_ids, config.ratio)
+    assignment = fixed_assignment(token_valid, segment_ids, config.ratio, m)
   onehot = jax.nn.one_hot(assignment, m, dtype=jnp.float32)  # [batch, n, m] (-1 -> all 0)
   count = jnp.sum(onehot, axis=1)  # [batch, m]
   valid = count > 0
@@ -135,7 +145,8 @@ def window_validity(config: LatentConfig, tokens: Array, segment_ids: Optional[A
                     ) -> Tuple[Array, Optional[Array]]:
   """(valid `[batch, m]`, segment ids `[batch, m]` or None) of the windows from the raw tokens
   `[batch, n]`: the cheap fixed-window path for unpacked inputs without boundary tokens,
-  else the full layout."""
+  else the full layout. The one latent mask: the encoder's self-attention and the decoder's
+  cross-attention both read it, so a pad inside a row cannot make them disagree."""
   if segment_ids is None and not config.boundary_token_ids:
     return fixed_window_validity(tokens, config.ratio), None
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
@@ -217,11 +228,13 @@ class DecalCompressor(Compressor):
     """[latents; tokens]: x `[batch, m + n, embed]` and its valid / positions / segments."""
     lat = self.module(cfg)(x, tokens, positions, segment_ids)
     m = lat.embeddings.shape[1]
+    # The latents' mask is the decoder's (`encoded_validity`): one function for both sides.
+    latent_valid, _ = self.encoded_validity(tokens, segment_ids)  # [batch, m]
     seg = None
     if segment_ids is not None:
       seg = jnp.concatenate([lat.segment_ids, segment_ids], axis=1)  # [batch, m + n]
     return EncoderStream(jnp.concatenate([lat.embeddings, x], axis=1),  # [batch, m + n, embed]
-                         jnp.concatenate([lat.valid, tokens > 0], axis=1),
+                         jnp.concatenate([latent_valid, tokens > 0], axis=1),
                          jnp.concatenate([lat.positions, positions], axis=1), seg,
                          separate_prefix=m if self.separate_params else 0)
 

@@ -6,6 +6,8 @@
   earlier token. The kept indices come back in text order.
 * `calibrate_threshold` / `select_threshold` (autoregressive mode, §2.2): a token is a nugget
   when its score exceeds Λ, set on sample text so that 1/r of its scores exceed it.
+* `select_prefix_rank`: the causal rule used before Λ exists — token i is kept when its
+  score ranks within the top ceil((i + 1) / r) of its row's first i + 1 scores.
 * `straight_through`: `s - stop_gradient(s)`, zero in the forward pass, added to every
   attention logit toward a nugget so the scorer learns from the LM loss alone (§2.4).
 * `segment_means`: the Compressive Transformer baseline — the mean of each fixed segment
@@ -102,6 +104,23 @@ def calibrate_threshold(scores: np.ndarray, valid: np.ndarray, ratio: float) -> 
 def select_threshold(scores: Array, valid: Array, threshold: float) -> Array:
   """Autoregressive-mode selection: `[batch, n]` bool, score > Λ on real tokens only."""
   return jnp.logical_and(valid, scores > threshold)
+
+
+def select_prefix_rank(scores: Array, valid: Array, ratio: float) -> Array:
+  """Causal selection without a threshold: `[batch, n]` bool, token i kept when its score
+  is among the ceil((i + 1) / r) highest of its own row's s_0 .. s_i (ties: the earlier
+  token ranks higher), real tokens only. About 1 / r of a row's tokens pass, and whether i
+  passes never depends on later tokens or on other rows."""
+  check_ratio(ratio)
+  n = scores.shape[1]
+  i = jnp.arange(n)
+  earlier = i[None, :] < i[:, None]  # [n (i), n (j)]: j < i
+  prefix = i[None, :] <= i[:, None]  # j <= i
+  s_i, s_j = scores[:, :, None], scores[:, None, :]  # [b, n, 1], [b, 1, n]
+  above = (s_j > s_i) | ((s_j == s_i) & earlier[None])  # [b, n, n]: j ranks above i
+  rank = jnp.sum(above & prefix[None], axis=-1)  # [b, n]
+  quota = jnp.ceil((i + 1) / ratio).astype(rank.dtype)  # [n]
+  return jnp.logical_and(valid, rank < quota[None, :])
 
 
 def straight_through(scores: Array) -> Array:

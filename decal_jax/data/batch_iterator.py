@@ -21,6 +21,8 @@ import numpy as np
 import tensorflow as tf
 import tqdm
 
+from decal_jax import fileio
+
 Batch = Dict[str, np.ndarray]
 _UNSAVABLE = (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError)
 _UNPROBED = "not probed yet"
@@ -74,12 +76,30 @@ class BatchIterator(Iterator[Batch]):
     return {k: v.numpy() for k, v in next(self._iterator).items()}
 
   def save(self, prefix: str) -> None:
-    """Writes the position to `prefix.index` / `prefix.data-*` (local or gs:// paths)."""
-    self._checkpoint.write(prefix)
+    """Writes the position to `prefix.index` / `prefix.data-*`. A URL prefix (gs://...) is
+    written locally, then uploaded through `fileio` (TensorFlow's own GCS client cannot be
+    pointed at an emulator, and gcsfs is the library's one route to remote storage)."""
+    if not fileio.is_url(prefix):
+      self._checkpoint.write(prefix)
+      return
+    with tempfile.TemporaryDirectory() as tmp:
+      self._checkpoint.write(os.path.join(tmp, "position"))
+      for name in os.listdir(tmp):
+        suffix = name[len("position"):]
+        if suffix.startswith("."):  # .index, .data-00000-of-00001
+          fileio.upload_file(os.path.join(tmp, name), prefix + suffix)
 
   def restore(self, prefix: str) -> None:
     """Continues from the position saved at `prefix` (same pipeline, same process)."""
-    self._checkpoint.read(prefix).assert_consumed()
+    if not fileio.is_url(prefix):
+      self._checkpoint.read(prefix).assert_consumed()
+      return
+    folder, stem = prefix.rsplit("/", 1)
+    with tempfile.TemporaryDirectory() as tmp:
+      for path in fileio.as_path(folder).iterdir():
+        if path.name.startswith(stem + "."):
+          fileio.download_file(path, os.path.join(tmp, "position" + path.name[len(stem):]))
+      self._checkpoint.read(os.path.join(tmp, "position")).assert_consumed()
 
   def advance(self, batches: int, show_progress: bool = True) -> None:
     """Reads and drops `batches` batches: the way to a position that was not saved."""

@@ -3,7 +3,8 @@
 `<out>/<name>/<split>.jsonl`, one record per line: QA {"id", "question", "context",
 "answers": [...]}; summarization {"id", "document", "summary"}. `decal_jax/commands/prepare_jsonl.py` is
 the command line. Records with an empty question, context, document, summary or answer
-list are left out and counted.
+list are left out and counted; SQuAD v2's unanswerable questions are named as such and
+may be kept with the answers [""] (the empty string as the target).
 
 Each dataset is read in its official release layout or as Hugging Face `datasets` rows (a
 JSON list, or JSONL as `Dataset.to_json` writes); `LAYOUTS` describes them. A file in
@@ -129,14 +130,41 @@ def _qa(id_: Any, question: Any, context: Any, answers: List[str]) -> Record:
   return {"id": id_, "question": question, "context": context, "answers": answers}
 
 
-def squad(path: str, notes: Optional[List[str]] = None) -> List[Record]:
-  """SQuAD v1.1 / v2.0 records; unanswerable v2 questions have no answer (left out when
-  written). `notes`: unused (called as `hotpotqa` is)."""
+def squad(path: str, notes: Optional[List[str]] = None,
+          keep_unanswerable: bool = False) -> List[Record]:
+  """SQuAD v1.1 / v2.0 records. Unanswerable v2 questions (no answer) are counted in
+  `notes`; they keep an empty answer list (left out when written) or, with
+  `keep_unanswerable`, get the answers [""]: the empty string as their target."""
   release = load_json(path)
   if isinstance(release, dict) and "data" in release:
     articles = convert_rows(path, release["data"], _squad_article, "squad")
-    return [record for article in articles for record in article]
-  return convert_rows(path, release, _squad_row, "squad")
+    records = [record for article in articles for record in article]
+  else:
+    records = convert_rows(path, release, _squad_row, "squad")
+  return _unanswerable(path, records, notes, keep_unanswerable)
+
+
+NO_ANSWER = [""]  # the answers of an unanswerable question kept: the empty-string target
+
+
+def _unanswerable(path: str, records: List[Record], notes: Optional[List[str]],
+                  keep: bool) -> List[Record]:
+  """Names the questions without an answer (SQuAD v2's unanswerable ones) in `notes`;
+  `keep` gives them the answers NO_ANSWER."""
+  count = sum(1 for r in records if r["answers"] == [])
+  if not count:
+    return records
+  what = (f"{path}: {count} of {len(records)} question(s) are unanswerable (SQuAD v2: no "
+          "answer); ")
+  if keep:
+    records = [dict(r, answers=list(NO_ANSWER)) if r["answers"] == [] else r for r in records]
+    what += "kept with the empty string as their target (answers [\"\"])."
+  else:
+    what += ("left out. --keep_unanswerable keeps them with the empty string as their "
+             "target (answers [\"\"]).")
+  if notes is not None:
+    notes.append(what)
+  return records
 
 
 # ------------------------------------------------------------------------------ HotpotQA
@@ -215,7 +243,10 @@ REQUIRED = {"qa": ("question", "context", "answers"), "summarization": ("documen
 
 
 def usable(record: Mapping[str, object], kind: str) -> bool:
+  """Every required field non-empty; a QA record's answers may be NO_ANSWER."""
   def ok(value):
+    if value == NO_ANSWER and kind == "qa":
+      return True
     if isinstance(value, list):
       return bool(value) and all(isinstance(v, str) and v.strip() for v in value)
     return isinstance(value, str) and bool(value.strip())

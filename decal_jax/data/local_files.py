@@ -49,6 +49,8 @@ def _as_text(value: Any, joiner: str) -> Optional[str]:
 
 
 def _as_texts(value: Any) -> Optional[List[str]]:
+  if value == [""]:  # one empty answer: an unanswerable question's target (prepare_jsonl)
+    return value
   if isinstance(value, str):
     value = [value]
   if not isinstance(value, list) or not value:
@@ -90,7 +92,7 @@ def parse_line(line: Union[bytes, str], schema: Schema,
     parsed = _as_text(value, schema.joiner) if kind == "text" else _as_texts(value)
     if parsed is None:
       want = ("a non-empty string (or list of strings)" if kind == "text"
-              else "a non-empty string or a non-empty list of non-empty strings")
+              else "a non-empty string or a non-empty list of non-empty strings (or [\"\"])")
       raise BadRecordError(f"field {key!r} must be {want}, got {_preview(value)}")
     check_unicode(key, parsed)
     out[name] = parsed
@@ -126,6 +128,11 @@ def expand(pattern: str) -> List[str]:
   paths = sorted(glob.glob(os.path.expanduser(pattern)))
   if not paths:
     raise FileNotFoundError(f"No file matches {pattern!r}.")
+  folders = [p for p in paths if os.path.isdir(p)]
+  if folders:
+    raise IsADirectoryError(f"{folders[0]} is a folder, not a data file: each split is one "
+                            "file (or a glob of files). Put the file there instead of the "
+                            "folder, or move the folder away.")
   return paths
 
 

@@ -61,7 +61,8 @@ def check_feature_lengths(cfg: DatasetConfig, model) -> None:
       raise ValueError(f"Span corruption of {lengths['inputs']} input tokens makes targets of "
                        f"{need} tokens, but TASK_FEATURE_LENGTHS['targets'] is "
                        f"{lengths['targets']}: targets would be cut. Set 'targets' >= {need}.")
-  if (any(autoencoding.autoencode in t.preprocessors for t in tasks)
+  autoencoders = (autoencoding.autoencode, autoencoding.marked_autoencode)
+  if (any(p in t.preprocessors for t in tasks for p in autoencoders)
       and lengths["targets"] < lengths["inputs"]):
     raise ValueError(f"{cfg.mixture_or_task_name!r} autoencodes: its targets are the whole "
                      f"input, but TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} < "
@@ -75,6 +76,19 @@ def check_feature_lengths(cfg: DatasetConfig, model) -> None:
     raise ValueError(f"The task's vocabulary has {task_vocabulary.vocab_size} ids but the "
                      f"model's vocab_size is {model.vocab_size}; bind T5Config.vocab_size >= "
                      f"{task_vocabulary.vocab_size}.")
+
+
+def check_first_example(cfg: DatasetConfig, what: str) -> None:
+  """Reads and tokenizes the first example of `cfg`'s split, as training reads it (a local
+  source checks its files then; the vocabulary loads), so that a bad data file or
+  vocabulary is refused before a run writes anything; `what` ('train', 'eval') names the
+  dataset when the split is empty. Costs one example, not one batch."""
+  task = get_task(cfg.mixture_or_task_name)
+  ds = task.get_dataset(cfg.task_feature_lengths, split=cfg.split, use_cached=cfg.use_cached,
+                        shuffle=False, num_epochs=1, seed=cfg.seed)
+  if next(iter(ds.take(1)), None) is None:
+    raise ValueError(f"The {what} data, split {cfg.split!r} of {cfg.mixture_or_task_name!r}, "
+                     "gives no example: fill its file(s), or give another split or task.")
 
 
 def get_dataset(cfg: DatasetConfig, model, num_epochs: Optional[int],

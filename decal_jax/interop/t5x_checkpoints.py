@@ -284,7 +284,7 @@ def write_t5x_checkpoint(flat: Flat, model_dir: str, step: int) -> pathlib.Path:
   restore it) in `model_dir`, into a temporary folder renamed when complete
   (`fileio.atomic_directory`, which also removes one an export killed outright left).
   Refuses an existing step folder."""
-  final = pathlib.Path(model_dir).expanduser().absolute() / f"checkpoint_{step}"
+  final = fileio.resolved(model_dir) / f"checkpoint_{step}"  # a URL: built here, uploaded
   if final.exists():
     raise FileExistsError(f"{final} exists already; export to another folder or step.")
   with fileio.atomic_directory(final, replace=False) as tmp:

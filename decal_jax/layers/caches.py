@@ -136,10 +136,10 @@ class AppendCache(_SlotCache):
 
   @nn.compact
   def __call__(self, batch: int, keys=None, values=None, position=None, split=None,
-               keep=None):
+               keep=None, start=None):
     """keys/values `[b, 1, kv, d]` of the token at `position` (scalar or `[b, 1]`), kept
     where `keep` `[b]` -> every kept key, value and validity `[b, slots]`: kept before
-    `split` (scalar or `[b, 1]`)."""
+    `split` (scalar or `[b, 1]`) and, given `start`, at or after it."""
     cache_k, cache_v = self._declare(batch)
     cache_pos = self.variable("cache", "positions",
                               lambda: jnp.full((batch, self.slots), -1, jnp.int32))
@@ -152,6 +152,8 @@ class AppendCache(_SlotCache):
     cache_pos.value = jnp.where(write, position, cache_pos.value)
     count.value = count.value + keep.astype(jnp.int32)
     valid = (cache_pos.value >= 0) & (cache_pos.value < split)
+    if start is not None:
+      valid = valid & (cache_pos.value >= start)
     return cache_k.value, cache_v.value, valid
 
 
@@ -182,11 +184,11 @@ class SegmentCache(nn.Module):
 
   @nn.compact
   def __call__(self, batch: int, x=None, position=None, split=None,
-               to_kv: Optional[Callable] = None):
+               to_kv: Optional[Callable] = None, start=None):
     """x `[b, 1, embed]`: the layer input of the token at `position` (scalar or `[b, 1]`);
     `to_kv` maps states `[b, 1, embed]` at positions `[b, 1]` to their keys/values
     `[b, 1, kv, d]`. -> pooled keys, values and validity `[b, slots]`: segments finished
-    before `split` (scalar or `[b, 1]`)."""
+    before `split` (scalar or `[b, 1]`) and, given `start`, starting at or after it."""
     shape = (batch, self.slots, self.kv_heads, self.head_dim)
     running = self.variable("cache", "running_sum", jnp.zeros, (batch, self.emb_dim),
                             jnp.float32)
@@ -202,5 +204,8 @@ class SegmentCache(nn.Module):
     write = (jnp.arange(self.slots)[None, :] == position // self.ratio) & finished  # [b, slots]
     _write(pooled_k, pooled_v, write, keys, values)
     running.value = jnp.where(finished, 0.0, total)
-    valid = (jnp.arange(self.slots)[None, :] + 1) * self.ratio <= jnp.reshape(split, (-1, 1))
+    segment = jnp.arange(self.slots)[None, :]  # [1, slots]
+    valid = (segment + 1) * self.ratio <= jnp.reshape(split, (-1, 1))
+    if start is not None:
+      valid = valid & (segment * self.ratio >= jnp.reshape(start, (-1, 1)))
     return pooled_k.value, pooled_v.value, jnp.broadcast_to(valid, (batch, self.slots))

@@ -5,6 +5,7 @@ module and answers the trainer through `base.BaseModel`'s methods.
   encoder_decoder.py  EncoderDecoderModel (T5 / DeCAL, Dodo autoencoding)
   decoder_only.py     DecoderOnlyModel (causal LMs: Decoder, DodoLM, GPTHF)
   squid.py            SquidModel and its feature converter
+  dodo.py             DodoQAModel (Dodo with the question on the decoder side)
   dual_encoder.py     DualEncoderModel (multi-vector retrieval)
   dual_encoder_features.py  its seqio feature converter (seqio, TF)
   t5x_dual_encoder.py DualEncoderModel as a T5X model class (imports t5x; not imported here)
@@ -16,6 +17,7 @@ named, so a T5 model needs neither TensorFlow nor the other models' feature conv
 import importlib
 
 _WHERE = {"BaseModel": "base", "TokenModel": "base", "DecoderOnlyModel": "decoder_only",
+          "DodoQAModel": "dodo",
           "DualEncoderFeatureConverter": "dual_encoder_features",
           "DualEncoderModel": "dual_encoder",
           "EncoderDecoderModel": "encoder_decoder", "SquidFeatureConverter": "squid",

@@ -9,6 +9,12 @@ compress: the context runs causally through the decoder (compressing adapter ϕ)
 decode_nuggets: target tokens (decoding adapter θ) attend at every layer to [that layer's
   nuggets; earlier targets]; logits toward nugget i get `s_i - stop_gradient(s_i)` (§2.4).
 
+read_query (QA, dodo.md §6 and Appendix D.2): only the document goes through the
+  compressor; the question is the decoder's prompt. The decoding side (θ) reads the
+  right-padded question after the nuggets, uncompressed, and its per-layer keys/values
+  join the nuggets' as extra slots, so answer tokens attend to [nuggets; question; earlier
+  answer tokens] (`__call__(..., query_tokens=...)`, `decode_memory`).
+
 `selection='compressive'` swaps the scorer for the Compressive Transformer baseline: the
 mean of every r-token segment's states, at the same ratio.
 
@@ -153,18 +159,90 @@ class Dodo(EncoderDecoderNetwork):
                             enable_dropout=enable_dropout)
     return jnp.stack([nuggets.keys, nuggets.values], axis=1)
 
+  def read_query(self, nuggets: Nuggets, encoder_input_tokens: Array, query_tokens: Array,
+                 *, enable_dropout: bool = True) -> Nuggets:
+    """[nuggets; question]: the right-padded question `[batch, q]` runs on the decoding
+    side after the context's positions, attending to the nuggets (straight-through term
+    included) and causally to itself; -> `Nuggets` with k + q slots (question slots: score
+    0, index -1, valid where the question has a real token)."""
+    cfg = self.config
+    query = check_tokens(query_tokens, "query_tokens")
+    real = query > 0  # [batch, q]
+    positions = (_context_length(encoder_input_tokens)[:, None]
+                 + jnp.arange(query.shape[1], dtype=jnp.int32)[None, :])  # [batch, q]
+    self_bias = attn.combine_biases(
+        causal_bias(positions, None, cfg.decoder.dtype),
+        attn.mask_to_bias(real[:, None, None, :], cfg.decoder.dtype))  # [batch, 1, q, q]
+    memory_bias = self._memory_bias(nuggets)[:, None, None, :]  # [batch, 1, 1, k]
+    memories = [MemoryKV(nuggets.keys[:, i], nuggets.values[:, i], memory_bias)
+                for i in range(nuggets.keys.shape[1])]
+    _, states = self.stack(self.stack.embed(query), positions, self_bias, memories,
+                           self._adapter("decode"), deterministic=not enable_dropout,
+                           return_layer_inputs=True)  # [layers, batch, q, embed]
+    keys, values = zip(*[layer.memory_kv(x, positions, self._adapter("decode"))
+                         for layer, x in zip(self.stack.layers, states)])
+    def join(a, b, axis=1):
+      return jnp.concatenate([a, b.astype(a.dtype)], axis)
+    return Nuggets(join(nuggets.keys, jnp.stack(keys, axis=1), 2),  # [b, layers, k + q, ...]
+                   join(nuggets.values, jnp.stack(values, axis=1), 2),
+                   join(nuggets.valid, real), join(nuggets.positions, positions),
+                   join(nuggets.scores, jnp.zeros(real.shape, jnp.float32)),
+                   join(nuggets.indices, jnp.full(real.shape, -1, jnp.int32)))
+
   # ------------------------------------------------------------------------- decode
   def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
                encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
                decoder_positions=None, *, enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None) -> Array:
-    """Teacher-forced logits `[batch, t, vocab]`, the nuggets' scores in the graph (§2.4)."""
+               max_decode_length: Optional[int] = None,
+               query_tokens: Optional[Array] = None) -> Array:
+    """Teacher-forced logits `[batch, t, vocab]`, the nuggets' scores in the graph (§2.4).
+    `query_tokens` `[batch, q]`: a question the decoder reads after the nuggets (QA)."""
     del decoder_target_tokens, decoder_positions, max_decode_length
     nuggets = self.compress(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                             enable_dropout=enable_dropout)
-    return self.decode_nuggets(nuggets, encoder_input_tokens, decoder_input_tokens,
-                               decoder_segment_ids, enable_dropout=enable_dropout,
-                               decode=decode)
+    if query_tokens is None:
+      return self.decode_nuggets(nuggets, encoder_input_tokens, decoder_input_tokens,
+                                 decoder_segment_ids, enable_dropout=enable_dropout,
+                                 decode=decode)
+    memory = self.read_query(nuggets, encoder_input_tokens, query_tokens,
+                             enable_dropout=enable_dropout)
+    return self.decode_memory(memory, self.prefix_length(encoder_input_tokens, query_tokens),
+                              decoder_input_tokens, decoder_segment_ids,
+                              enable_dropout=enable_dropout, decode=decode,
+                              prefix_width=encoder_input_tokens.shape[1] + query_tokens.shape[1])
+
+  def compress_query(self, encoder_input_tokens: Array, query_tokens: Array, *,
+                     enable_dropout: bool = False):
+    """(the document's nuggets with the question read after them, the prefix length
+    `[batch]`): what `decode_memory` answers from (`models.dodo.DodoQAModel`)."""
+    nuggets = self.compress(encoder_input_tokens, enable_dropout=enable_dropout)
+    memory = self.read_query(nuggets, encoder_input_tokens, query_tokens,
+                             enable_dropout=enable_dropout)
+    return memory, self.prefix_length(encoder_input_tokens, query_tokens)
+
+  @staticmethod
+  def prefix_length(encoder_input_tokens: Array, query_tokens: Optional[Array]) -> Array:
+    """`[batch]` positions before the first target: the context's, plus the question's."""
+    length = _context_length(encoder_input_tokens)
+    if query_tokens is None:
+      return length
+    return length + jnp.sum(query_tokens > 0, axis=1, dtype=jnp.int32)
+
+  def decode_memory(self, memory: Nuggets, prefix_length: Array, decoder_input_tokens,
+                    decoder_segment_ids=None, *, enable_dropout: bool = True,
+                    decode: bool = False, prefix_width: Optional[int] = None) -> Array:
+    """Logits `[batch, t, vocab]` of targets that follow `prefix_length` `[batch]`
+    positions (at most `prefix_width`, checked against max_length) and attend to
+    `memory`'s slots (nuggets, and a question from `read_query`)."""
+    return self._decode_memory(memory.keys, memory.values, self._memory_bias(memory),
+                               prefix_length, decoder_input_tokens, decoder_segment_ids,
+                               enable_dropout=enable_dropout, decode=decode,
+                               prefix_width=prefix_width)
+
+  def _memory_bias(self, nuggets: Nuggets) -> Array:
+    """`[batch, k]`: 0 / NEG_INF by validity, plus the straight-through term (§2.4)."""
+    return (attn.mask_to_bias(nuggets.valid.astype(jnp.float32), self.config.decoder.dtype)
+            + nug.straight_through(nuggets.scores))
 
   def decode(self, encoded: Array, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
@@ -177,36 +255,35 @@ class Dodo(EncoderDecoderNetwork):
     valid = nug.filled_slots(encoder_input_tokens, self.config.compression_ratio, k)  # [b, k]
     memory_bias = attn.mask_to_bias(valid.astype(jnp.float32), self.config.decoder.dtype
                                     ).astype(jnp.float32)  # as decode_nuggets' (+ scores)
-    return self._decode_memory(encoded[:, 0], encoded[:, 1], memory_bias, encoder_input_tokens,
-                               decoder_input_tokens, decoder_segment_ids,
-                               enable_dropout=enable_dropout, decode=decode)
+    return self._decode_memory(encoded[:, 0], encoded[:, 1], memory_bias,
+                               _context_length(encoder_input_tokens), decoder_input_tokens,
+                               decoder_segment_ids, enable_dropout=enable_dropout,
+                               decode=decode, prefix_width=encoder_input_tokens.shape[1])
 
   def decode_nuggets(self, nuggets: Nuggets, encoder_input_tokens, decoder_input_tokens,
                      decoder_segment_ids=None, *, enable_dropout: bool = True,
                      decode: bool = False) -> Array:
     """Logits `[batch, t, vocab]` of the targets given `compress`'s nuggets (scores and all)."""
-    memory_bias = (attn.mask_to_bias(nuggets.valid.astype(jnp.float32),
-                                     self.config.decoder.dtype)
-                   + nug.straight_through(nuggets.scores))  # [batch, k]
-    return self._decode_memory(nuggets.keys, nuggets.values, memory_bias, encoder_input_tokens,
-                               decoder_input_tokens, decoder_segment_ids,
-                               enable_dropout=enable_dropout, decode=decode)
+    return self.decode_memory(nuggets, _context_length(encoder_input_tokens),
+                              decoder_input_tokens, decoder_segment_ids,
+                              enable_dropout=enable_dropout, decode=decode,
+                              prefix_width=encoder_input_tokens.shape[1])
 
   def _decode_memory(self, keys: Array, values: Array, memory_bias: Array,
-                     encoder_input_tokens, decoder_input_tokens, decoder_segment_ids, *,
-                     enable_dropout: bool, decode: bool) -> Array:
-    """keys / values `[batch, layers, k, kv_heads, head_dim]`, memory_bias `[batch, k]`."""
+                     prefix_length: Array, decoder_input_tokens, decoder_segment_ids, *,
+                     enable_dropout: bool, decode: bool,
+                     prefix_width: Optional[int] = None) -> Array:
+    """keys / values `[batch, layers, k, kv_heads, head_dim]`, memory_bias `[batch, k]`;
+    targets start at position `prefix_length` `[batch]` (at most `prefix_width`)."""
     if decoder_segment_ids is not None and not decode:
       raise ValueError("Packed targets (decoder_segment_ids) are not supported; pack=False.")
     cfg = self.config
     tokens = decoder_input_tokens
     batch, length = tokens.shape
-    context_length = jnp.sum(encoder_input_tokens > 0, axis=1, dtype=jnp.int32)  # [batch]
     y = self.stack.embed(tokens)  # [batch, t, embed]
     stepping = decode and self.has_variable("cache", "step_counter")
-    if not stepping:
-      check_positions(cfg.decoder, encoder_input_tokens.shape[1] + length,
-                      "context + targets")
+    if not stepping and prefix_width is not None:
+      check_positions(cfg.decoder, prefix_width + length, "context (+ question) + targets")
     offsets, self_bias, index = target_steps(self.step_counter, stepping, decode, batch,
                                              length, cfg.decoder.dtype)  # offsets [b, t]
     if cfg.soft_prompt:  # the first target slot (BOS) carries the learned prompt
@@ -214,7 +291,12 @@ class Dodo(EncoderDecoderNetwork):
       y = jnp.where(first, jnp.asarray(self.soft_prompt, y.dtype), y)
     bias = memory_bias[:, None, None, :]  # [batch, 1, 1, k]
     memories = [MemoryKV(keys[:, i], values[:, i], bias) for i in range(keys.shape[1])]
-    positions = context_length[:, None] + offsets  # targets follow the context
+    positions = prefix_length[:, None] + offsets  # targets follow the context (+ question)
     y = self.stack(y, positions, self_bias, memories, self._adapter("decode"), decode=decode,
                    cache_index=index, deterministic=not enable_dropout)
     return self.stack.logits(y)
+
+
+def _context_length(encoder_input_tokens: Array) -> Array:
+  """`[batch]` real tokens of a right-padded context."""
+  return jnp.sum(encoder_input_tokens > 0, axis=1, dtype=jnp.int32)

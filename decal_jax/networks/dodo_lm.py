@@ -1,16 +1,23 @@
 """Dodo as an autoregressive language model with compressed history (dodo.md §2.2).
 
-Each token t reads the recent text [p(t), t] at full resolution and, before the split point
-p(t), only the nuggets: earlier tokens whose score exceeds a threshold Λ. Tokens come in
-chunks of c that share one split point, p(t) = max(0, chunk_start(t) + c - τ), so the last
-token of a chunk sees exactly τ recent tokens (mixed resolution) and training stays one
+Each token t reads its last τ tokens [p(t), t] at full resolution (Eq. 9's recent window)
+and, before the split point p(t), only the nuggets: earlier tokens whose score exceeds a
+threshold Λ (Eq. 8). p(t) = max(0, t + 1 - τ): a sliding window, so every token sees τ
+recent tokens. `chunk` c > 1 is the paper's training shortcut (tokens of a chunk share one
+split point); here a chunk's split is placed so that its *first* token still sees τ tokens
+(the last sees τ + c - 1), and the cache's ring holds τ + c - 1 slots. Training stays one
 parallel pass with a structured mask.
 
 * Scores come from a 2-layer FFN on base-model features (adapters off) after ι layers,
   computed over the recent window only, so selecting a nugget needs no cache beyond it.
-* Λ: `DodoLMConfig.threshold`, calibrated on sample text by `calibrate_threshold` so about
-  1 / r of tokens pass; while it is None (early training) each batch uses the
-  (1 - 1/r) quantile of its own scores.
+* Selection never looks ahead, nor at other rows. With Λ (`DodoLMConfig.threshold`, e.g.
+  calibrated by `calibrate_threshold` on a scorer started from a trained compressor, the
+  paper's footnote 2) training, evaluation and generation all use Eq. 8. While Λ is None
+  (training from scratch) token i is a nugget when its score is among the ceil((i + 1) / r)
+  highest of its own row's s_0 .. s_i (`nuggets.select_prefix_rank`).
+* `history` H (Table 1's fixed histories): the nuggets come only from the H tokens right
+  before the split point, [p(t) - H, p(t)), so every token attends to at most τ recent
+  states plus the nuggets of H tokens (about H / r); None: all earlier text.
 * With LoRA, a nugget token runs with the compressing adapter ϕ and every other token with
   the decoding adapter θ, on one frozen base; logits toward nugget i get
   `s_i - stop_gradient(s_i)` so the scorer learns from the next-token loss.
@@ -19,9 +26,9 @@ parallel pass with a structured mask.
 * `selection='window'`: no distant text at all, only the recent window (the paper's FULL
   model with its context cut to the same number of states).
 
-Cached decoding keeps, per layer, a ring of the last τ tokens' keys/values plus the nuggets'
-(or the pooled segments'), not the whole history: its size is fixed by τ, the nugget
-capacity (`DodoLMConfig.nugget_capacity`) and the layer count (`layers/caches.py`).
+Cached decoding keeps, per layer, a ring of the last τ + c - 1 tokens' keys/values plus the
+nuggets' (or the pooled segments'), not the whole history: its size is fixed by τ, the
+nugget capacity (`DodoLMConfig.nugget_capacity`) and the layer count (`layers/caches.py`).
 """
 import dataclasses
 import functools
@@ -45,14 +52,15 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class DodoLMConfig:
-  """Defaults: the paper's r = 10, ι = 3; τ = c = 64 recent tokens."""
+  """Defaults: the paper's r = 10, ι = 3; τ = 64 recent tokens for every position."""
   decoder: DecoderConfig = DecoderConfig()
   compression_ratio: float = 10.0
-  window: int = 64                  # τ: recent tokens read uncompressed
-  chunk: int = 64                   # c: tokens sharing one split point (c <= τ)
+  window: int = 64                  # τ: recent tokens every token reads uncompressed
+  chunk: int = 1                    # c: tokens sharing one split point (1: sliding window)
+  history: Optional[int] = None     # H: tokens before the window that nuggets cover
   scorer_layer: int = 3             # ι
   scorer_hidden_dim: Optional[int] = None
-  threshold: Optional[float] = None  # Λ; None: each batch's (1 - 1/r) score quantile
+  threshold: Optional[float] = None  # Λ; None: the causal prefix-rank rule
   selection: str = "nuggets"        # or 'compressive', 'window' (recent text only)
   nugget_capacity: Optional[int] = None  # cached nugget slots; None: 2 * max_length / r
 
@@ -65,9 +73,11 @@ class DodoLMConfig:
     if self.selection not in ("nuggets", "compressive", "window"):
       raise ValueError(f"DodoLMConfig.selection must be 'nuggets', 'compressive' or "
                        f"'window', got {self.selection!r}.")
-    if not 1 <= self.chunk <= self.window:
-      raise ValueError(f"Need 1 <= chunk (c = {self.chunk}) <= window (τ = {self.window}): "
-                       "a chunk's last token must still see the whole window.")
+    if self.chunk < 1 or self.window < 1:
+      raise ValueError(f"Need chunk (c = {self.chunk}) >= 1 and window (τ = {self.window}) "
+                       ">= 1.")
+    if self.history is not None and self.history < 0:
+      raise ValueError(f"history (H) must be >= 0 tokens or None, got {self.history}.")
     if self.window >= self.decoder.max_length:
       raise ValueError(f"window τ = {self.window} must be smaller than the model's "
                        f"max_length {self.decoder.max_length}, or nothing is ever compressed.")
@@ -91,11 +101,33 @@ class DodoLMConfig:
   def vocab_size(self) -> int:
     return self.decoder.vocab_size
 
+  @property
+  def ring_slots(self) -> int:
+    """Recent tokens a cached step may read: τ + c - 1 (τ with the sliding window)."""
+    return self.window + self.chunk - 1
+
 
 def split_points(positions: Array, config: DodoLMConfig) -> Array:
-  """p(t) = max(0, chunk_start(t) + c - τ): the first token t still reads uncompressed."""
+  """p(t) = max(0, chunk_start(t) + 1 - τ): the first token t reads uncompressed; a chunk's
+  first token (every token when c = 1) reads exactly τ recent tokens, itself included."""
   c, tau = config.chunk, config.window
-  return jnp.maximum(0, (positions // c) * c + c - tau)
+  return jnp.maximum(0, (positions // c) * c + 1 - tau)
+
+
+def history_starts(split: Array, config: DodoLMConfig) -> Array:
+  """The first position whose nugget (or pooled segment) token t may read: p(t) - H, or 0."""
+  if config.history is None:
+    return jnp.zeros_like(split)
+  return jnp.maximum(0, split - config.history)
+
+
+def _real_tokens(tokens: Array, targets: Optional[Array]) -> Array:
+  """`[batch, n]` bool: input t is BOS (t = 0) or a real token, padding only after the text."""
+  n = tokens.shape[1]
+  if targets is not None:  # input t is BOS (t = 0) or target t - 1
+    length = jnp.sum(targets > 0, axis=1)
+    return jnp.arange(n)[None, :] < jnp.maximum(length, 1)[:, None]
+  return (tokens > 0) | (jnp.arange(n)[None, :] == 0)  # BOS is id 0 at position 0
 
 
 # ----------------------------------------------------------------------------- network
@@ -111,8 +143,8 @@ class DodoLM(DecoderOnlyNetwork):
     layers = cfg.decoder.num_layers
     dec = cfg.decoder
     shape = (dec.kv_heads, dec.head_dim, dec.dtype)
-    self.scorer_rings = [RingCache(cfg.window, *shape) for _ in range(cfg.scorer_layer)]
-    self.rings = [RingCache(cfg.window, *shape) for _ in range(layers)]
+    self.scorer_rings = [RingCache(cfg.ring_slots, *shape) for _ in range(cfg.scorer_layer)]
+    self.rings = [RingCache(cfg.ring_slots, *shape) for _ in range(layers)]
     self.nugget_caches, self.segment_caches = [], []
     if cfg.selection == "nuggets":
       self.nugget_caches = [AppendCache(cfg.capacity, *shape) for _ in range(layers)]
@@ -139,12 +171,35 @@ class DodoLM(DecoderOnlyNetwork):
     split = split_points(t, self.config)
     return (t[None, :] >= split[:, None]) & (t[None, :] <= t[:, None])  # [n (query), n]
 
-  def threshold(self, scores: Array, real: Array) -> Array:
-    """Λ: the configured one, or this batch's (1 - 1/r) quantile of real-token scores."""
+  def select(self, scores: Array, real: Array) -> Array:
+    """`[batch, n]` bool nuggets: score > Λ (Eq. 8), or while Λ is None the prefix-rank
+    rule; either way token i's choice reads only s_0 .. s_i of its own row."""
     if self.config.threshold is not None:
-      return jnp.asarray(self.config.threshold, jnp.float32)
-    masked = jnp.where(real, scores, jnp.nan)
-    return jax.lax.stop_gradient(jnp.nanquantile(masked, 1.0 - 1.0 / self.config.compression_ratio))
+      return nug.select_threshold(scores, real, self.config.threshold)
+    return nug.select_prefix_rank(scores, real, self.config.compression_ratio)
+
+  def nuggets(self, tokens: Array, targets: Optional[Array] = None) -> Array:
+    """`[batch, n]` bool: which tokens the parallel pass keeps as nuggets."""
+    scores = self.scores(tokens)  # [b, n]
+    return self.select(scores, _real_tokens(tokens, targets))
+
+  def attended(self, tokens: Array, targets: Optional[Array] = None) -> Array:
+    """`[batch, n (query), n]` bool: the states each token reads, at every layer (the
+    pooled segments of 'compressive' are not token states and are left out)."""
+    n = tokens.shape[1]
+    window = self._window_mask(n)[None]  # [1, n, n]
+    if self.config.selection != "nuggets":
+      return jnp.broadcast_to(window, (tokens.shape[0], n, n))
+    return window | self._to_nugget(self.nuggets(tokens, targets))
+
+  def _to_nugget(self, is_nugget: Array) -> Array:
+    """`[b, n]` nuggets -> `[b, n (query), n]`: nugget i lies in [p(t) - H, p(t))."""
+    n = is_nugget.shape[1]
+    t = jnp.arange(n)
+    split = split_points(t, self.config)  # [n]
+    distant = ((t[None, :] < split[:, None])
+               & (t[None, :] >= history_starts(split, self.config)[:, None]))  # [n, n]
+    return is_nugget[:, None, :] & distant[None]
 
   def forward(self, tokens: Array, targets: Optional[Array], segment_ids, positions, *,
               deterministic: bool, decode: bool) -> Array:
@@ -161,14 +216,9 @@ class DodoLM(DecoderOnlyNetwork):
     cfg = self.config
     batch, n = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
-    if targets is not None:  # input t is BOS (t = 0) or target t - 1
-      length = jnp.sum(targets > 0, axis=1)
-      real = jnp.arange(n)[None, :] < jnp.maximum(length, 1)[:, None]  # [b, n]
-    else:  # BOS (id 0 at position 0) is real; padding is 0 after the text
-      real = (tokens > 0) | (jnp.arange(n)[None, :] == 0)
+    real = _real_tokens(tokens, targets)  # [b, n]
     window = self._window_mask(n)[None]  # [1, n, n]
     split = split_points(jnp.arange(n), cfg)  # [n]
-    before_split = jnp.arange(n)[None, :] < split[:, None]  # [n, n]
     x = self.stack.embed(tokens)
     if cfg.selection != "nuggets":
       adapter = "decode" if self._lora() else None
@@ -178,8 +228,8 @@ class DodoLM(DecoderOnlyNetwork):
       x = self.stack(x, positions, bias, memories, adapter, deterministic=deterministic)
       return self.stack.logits(x)
     scores = self.scores(tokens)  # [b, n]
-    is_nugget = nug.select_threshold(scores, real, self.threshold(scores, real))  # [b, n]
-    to_nugget = is_nugget[:, None, :] & before_split[None]  # [b, n (query), n]
+    is_nugget = self.select(scores, real)  # [b, n]
+    to_nugget = self._to_nugget(is_nugget)  # [b, n (query), n]
     allowed = window | to_nugget
     bias = (attn.mask_to_bias(allowed.astype(jnp.float32))
             + jnp.where(to_nugget, nug.straight_through(scores)[:, None, :], 0.0))[:, None]
@@ -190,12 +240,14 @@ class DodoLM(DecoderOnlyNetwork):
   def _pooled_memories(self, tokens, real, split, adapter):
     """Per-layer memory of mean-pooled finished segments, from this pass's layer inputs."""
     r = int(self.config.compression_ratio)
+    start = history_starts(split, self.config)  # [n]
 
     def memory(index, block, x):
       means, ends, valid = nug.segment_means(x[None], real.astype(jnp.int32), r)
       keys, values = block.memory_kv(means[0], ends, adapter)  # [b, m, kv, d]
       m = means.shape[2]
-      finished = (jnp.arange(m)[None, :] + 1) * r <= split[:, None]  # [n, m]
+      segment = jnp.arange(m)[None, :]  # [1, m]
+      finished = ((segment + 1) * r <= split[:, None]) & (segment * r >= start[:, None])
       allowed = valid[:, None, :] & finished[None]  # [b, n, m]
       return MemoryKV(keys, values, attn.mask_to_bias(allowed.astype(jnp.float32))[:, None])
     return memory
@@ -216,6 +268,7 @@ class DodoLM(DecoderOnlyNetwork):
     offsets, _ = self.step_counter(batch)  # [b, 1]: rows may differ after a T5X prefill
     position = offsets
     split = split_points(position, cfg)  # [b, 1]
+    start = history_starts(split, cfg)  # [b, 1]
     x = self.stack.embed(tokens)
     no_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
 
@@ -230,7 +283,7 @@ class DodoLM(DecoderOnlyNetwork):
 
       def memory(index, block, h):
         to_kv = functools.partial(block.memory_kv, adapter=adapter)
-        k, v, valid = self.segment_caches[index](batch, h, position, split, to_kv)
+        k, v, valid = self.segment_caches[index](batch, h, position, split, to_kv, start)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,
                      adapter, kv_hooks=[ring_hook(r) for r in self.rings])
@@ -247,8 +300,8 @@ class DodoLM(DecoderOnlyNetwork):
       def hook(keys, values, bias):
         rk, rv, ring_valid = self.rings[index](batch, keys, values, position, split)
         nk, nv, nugget_valid = self.nugget_caches[index](batch, keys, values, position, split,
-                                                         is_nugget)
-        valid = jnp.concatenate([nugget_valid, ring_valid], axis=1)  # [b, capacity + τ]
+                                                         is_nugget, start)
+        valid = jnp.concatenate([nugget_valid, ring_valid], axis=1)  # [b, capacity + ring]
         return (jnp.concatenate([nk, rk], 1), jnp.concatenate([nv, rv], 1),
                 attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       return hook

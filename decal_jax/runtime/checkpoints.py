@@ -103,7 +103,7 @@ class Checkpointer:
   """Keep-N Orbax checkpoints in `directory` (T5X's MODEL_DIR/checkpoint_<step> layout)."""
 
   def __init__(self, directory: str, keep: int = 3, save_period: int = 1000):
-    self.directory = pathlib.Path(directory).absolute()
+    self.directory = fileio.resolved(directory)  # a URL (gs://...): an epath.Path
     self.save_period = save_period
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            step_prefix="checkpoint",
@@ -361,7 +361,7 @@ def _replicated() -> jax.sharding.NamedSharding:
 
 def resolve_checkpoint(path: str) -> Tuple[str, int]:
   """(model dir, step) for a MODEL_DIR (its latest checkpoint) or a `checkpoint_<step>` dir."""
-  p = pathlib.Path(path).expanduser().absolute()
+  p = fileio.resolved(path)
   match = re.fullmatch(r"checkpoint_(\d+)", p.name)
   if match and p.is_dir():
     directory, step = str(p.parent), int(match.group(1))
@@ -372,9 +372,9 @@ def resolve_checkpoint(path: str) -> Tuple[str, int]:
     directory, step = str(p), Checkpointer(str(p)).latest_step()
   if step is None:
     raise FileNotFoundError(f"{p} holds no checkpoint_<step> folder to start from.")
-  if not (pathlib.Path(directory) / f"checkpoint_{step}" / "architecture").is_dir():
+  if not (fileio.as_path(directory) / f"checkpoint_{step}" / "architecture").is_dir():
     raise FileNotFoundError(
-        f"{pathlib.Path(directory) / f'checkpoint_{step}'} is neither a decal_jax checkpoint "
+        f"{fileio.join(directory, f'checkpoint_{step}')} is neither a decal_jax checkpoint "
         "(items state/ and architecture/) nor a T5X one (a `checkpoint` msgpack file, or an "
         "Orbax state/ item holding `target`): give a MODEL_DIR or checkpoint_<step> folder "
         "of either.")
@@ -392,7 +392,7 @@ def check_checkpoint_path(path: str, what: str = "The checkpoint path") -> str:
     resolve_checkpoint(path)
   except FileNotFoundError:
     raise NotACheckpointError(
-        f"{what} {path} is not a checkpoint: {_what_is_at(pathlib.Path(path).expanduser())}. "
+        f"{what} {path} is not a checkpoint: {_what_is_at(fileio.resolved(path))}. "
         f"Give {CHECKPOINT_LAYOUTS}.") from None
   return "decal_jax"
 
@@ -489,4 +489,4 @@ def write_config(model_dir: str, config_text: str) -> None:
   multi-host run only process 0 writes it."""
   if jax.process_index() != 0:
     return
-  fileio.write_text_atomic(pathlib.Path(model_dir) / "config.gin", config_text)
+  fileio.write_text_atomic(fileio.join(model_dir, "config.gin"), config_text)

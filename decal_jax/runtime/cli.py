@@ -286,8 +286,16 @@ def main(target: str, argv: Optional[Sequence[str]], *, prog: str, about: str,
   module_name, fn_name = target.split(":")
   fn = getattr(importlib.import_module(module_name), fn_name)
   _seqio_settings()
-  with console.library_warnings_through_tqdm():
+  with console.library_warnings_through_tqdm(log_file_handler(own_process)):
     return _run(fn, pass_config)
+
+
+def log_file_handler(own_process: bool) -> Optional[logging.Handler]:
+  """absl's handler of the --log_dir file, where this process writes one (`start_logging`),
+  so the library's warnings reach that file too (`console.library_warnings_through_tqdm`)."""
+  if not (own_process and FLAGS.log_dir):
+    return None
+  return absl_logging.get_absl_handler().python_handler
 
 
 def _run(fn, pass_config: bool):

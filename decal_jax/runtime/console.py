@@ -12,10 +12,11 @@ are untouched.
 `library_warnings_through_tqdm()` routes the library's warnings (the `decal_jax.*` loggers,
 e.g. the counts of cut sequences, which the input pipeline logs from its threads
 mid-training) through `tqdm.write` for the length of a run, so they print above the progress
-bar instead of breaking it; the library's INFO lines (the device line, the training step
-lines) go to the root logger's handlers (absl's in an entry point: stderr, or the --log_dir
-file) with the bar cleared for the write. `bar_options` turns the bar off where it would
-only clutter a log: on a stderr that is not a terminal.
+bar instead of breaking it, and with absl's `--log_dir` also into that log file (absl's line
+format, the file only: the console copy is tqdm's); the library's INFO lines (the device
+line, the training step lines) go to the root logger's handlers (absl's in an entry point:
+stderr, or the --log_dir file) with the bar cleared for the write. `bar_options` turns the
+bar off where it would only clutter a log: on a stderr that is not a terminal.
 
 `report_devices()` logs the start-up line every entry point prints once JAX has loaded
 (`JAX backend: cpu, 1 device (cpu)`), and a warning when a GPU / TPU extra is installed but
@@ -80,27 +81,51 @@ class AboveTheBar(logging.Handler):
       logging.getLogger().handle(record)
 
 
+class CopyToLogFile(logging.Handler):
+  """Writes each record into the file of `target`, a StreamHandler on a log file (absl's
+  handler after --log_dir), formatted as that handler's own lines, and nowhere else."""
+
+  def __init__(self, target: logging.StreamHandler, level: int = logging.WARNING):
+    super().__init__(level)
+    self.target = target
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.target.acquire()  # the target's own lock: pipeline threads log warnings too
+    try:
+      self.target.stream.write(self.target.format(record) + "\n")
+      self.target.stream.flush()
+    except Exception:
+      self.handleError(record)
+    finally:
+      self.target.release()
+
+
 @contextlib.contextmanager
-def library_warnings_through_tqdm():
+def library_warnings_through_tqdm(log_file: Optional[logging.StreamHandler] = None):
   """For the block (an entry point's run), the `decal_jax` loggers' warnings go to stderr
   through `tqdm.write`, and only there: they do not also propagate to the root logger's
-  handlers, which would print them a second time, breaking the bar. Their INFO lines go to
-  the root logger's handlers (`AboveTheBar`). Restored afterwards, so a host program (or a
-  test) that ran an entry point in-process keeps its own logging."""
+  handlers, which would print them a second time, breaking the bar. `log_file`, the
+  handler of a --log_dir file (absl's), gets them too, in the file only (not when it writes
+  to stderr, as with --logtostderr). Their INFO lines go to the root logger's handlers
+  (`AboveTheBar`). Restored afterwards, so a host program (or a test) that ran an entry
+  point in-process keeps its own logging."""
   logger = logging.getLogger("decal_jax")
   warnings = TqdmHandler(logging.WARNING)
   warnings.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
   info = AboveTheBar()
   info.addFilter(lambda record: record.levelno < logging.WARNING)
+  added = [warnings, info]
+  if log_file is not None and log_file.stream not in (sys.stderr, sys.__stderr__):
+    added.append(CopyToLogFile(log_file))
   propagate = logger.propagate
-  logger.addHandler(warnings)
-  logger.addHandler(info)
+  for handler in added:
+    logger.addHandler(handler)
   logger.propagate = False
   try:
     yield
   finally:
-    logger.removeHandler(warnings)
-    logger.removeHandler(info)
+    for handler in added:
+      logger.removeHandler(handler)
     logger.propagate = propagate
 
 

@@ -25,7 +25,7 @@ import seqio
 import tqdm
 
 from decal_jax import fileio, metrics, partitioning
-from decal_jax.runtime import inference_eval, train_state
+from decal_jax.runtime import inference_eval, model_info, resilience, train_state
 from decal_jax.data import batches, local_files, pipeline, text_to_text
 from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
@@ -115,10 +115,13 @@ def evaluate(*, model: BaseModel, eval_dataset_cfg: DatasetConfig, model_dir: st
   MODEL_DIR/inference_eval/ (`inference_eval`). Returns the loss values and each task's
   metrics as `<task>/<name>` (with `num_examples` and `compression_ratio`).
   `output_dir` (EVAL_OUTPUT_DIR) takes training_eval/ and inference_eval/ instead of MODEL_DIR,
-  which is then only read; one that cannot be written is refused before any work."""
+  which is then only read; one that cannot be written is refused before any work. A model
+  at another compression ratio than the run trained at writes into <output_dir>/eval_at_C<r>/
+  instead, with a note (`ratio_output_dir`)."""
   train_state.check_model_dir(model_dir, "evaluation.evaluate.model_dir")
   output_dir = output_dir or model_dir
   check_writable(output_dir, model_dir)
+  output_dir = ratio_output_dir(model, eval_dataset_cfg, model_dir, output_dir)
   batches.check_count("EVAL_BATCHES (evaluation.evaluate.eval_batches)", eval_batches)
   partitioner = partitioner or partitioning.Partitioner()
   pipeline.check_feature_lengths(eval_dataset_cfg, model)
@@ -160,6 +163,24 @@ def check_writable(output_dir: str, model_dir: str) -> None:
       f"MODEL_DIR {model_dir}).")
 
 
+def ratio_output_dir(model: BaseModel, cfg: DatasetConfig, model_dir: str,
+                     output_dir: str) -> str:
+  """`output_dir`, or its subfolder `eval_at_C<ratio>` when the model evaluates at another
+  compression ratio than MODEL_DIR's run trained at (model_info's record), with a note:
+  the results then never join the trained ratio's curves at the same step."""
+  trained = model_info.trained_ratio(model_dir)
+  ratio = float(model.compression_ratio(cfg.task_feature_lengths))
+  if trained is None or trained == ratio:
+    return output_dir
+  folder = os.path.join(output_dir, f"eval_at_C{ratio:g}")
+  print(f"Note: MODEL_DIR {model_dir} was trained at compression ratio C = {trained:g} "
+        f"({model_info.RATIO_FILE}); this evaluation runs at C = {ratio:g}. Its results go "
+        f"to {folder}/ (training_eval/, inference_eval/), apart from the run's C = "
+        f"{trained:g} curves. To evaluate at the trained ratio, leave COMPRESSION_RATIO as "
+        f"the run's config.gin sets it.", flush=True)
+  return folder
+
+
 def training_eval_dir(cfg: DatasetConfig) -> str:
   """The TensorBoard folder of the teacher-forced evaluation (T5X's training_eval/<task>)."""
   return f"training_eval/{cfg.mixture_or_task_name}"
@@ -178,7 +199,8 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
   `input_kind` = 'summarization' / 'qa', each line's document / question + context formatted
   as that kind's tasks do). Inputs longer than task_feature_lengths['inputs'] are cut, with a
   WARNING naming the longest. `output_file` gets one JSON line per input: {"inputs",
-  "prediction"}."""
+  "prediction"}. Out of accelerator memory: `resilience.OutOfMemoryError` naming the batch's
+  shapes and the bindings to lower (batch size, feature lengths, NUM_DECODES)."""
   train_state.check_model_dir(model_dir, "evaluation.infer.model_dir")
   texts = list(inputs)
   if input_file:
@@ -205,7 +227,8 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
     batch = {"encoder_input_tokens": enc,
              "decoder_input_tokens": np.zeros((batch_size, task_feature_lengths["targets"]),
                                               np.int32)}
-    with partitioner.activate():
+    with partitioner.activate(), resilience.explain_out_of_memory(
+        batch, "Decoding (infer)", infer_memory_fix(num_decodes)):
       tokens = np.asarray(predict(params, batch))[:len(chunk)]
     outputs += [token_text(model.output_vocabulary, row) for row in tokens]
   if output_file:
@@ -215,6 +238,13 @@ def infer(*, model: BaseModel, model_dir: str, task_feature_lengths, inputs: Seq
     for text, out in zip(texts, outputs):
       print(f"input:  {text}\noutput: {out}\n")
   return outputs
+
+
+def infer_memory_fix(num_decodes: int) -> str:
+  """What to lower when infer's decoding runs out of accelerator memory."""
+  return (f"([batch size, length]) with NUM_DECODES = {num_decodes} decodes per input. Lower "
+          "the batch size (--gin.evaluation.infer.batch_size=8), TASK_FEATURE_LENGTHS (its "
+          "'inputs' and 'targets'), or NUM_DECODES (evaluation.infer.num_decodes, the beam).")
 
 
 def _input_ids(vocab: seqio.Vocabulary, texts: Sequence[str], max_len: int) -> List[List[int]]:

@@ -18,6 +18,8 @@ from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence,
 import gin
 from gin import config_parser
 
+from decal_jax.runtime import peer_watch
+
 
 
 def _gin_dir() -> pathlib.Path:
@@ -334,8 +336,20 @@ def start_distributed(initialization_timeout: Optional[int] = None) -> bool:
   except ValueError:
     pass
   if initialization_timeout is not None:
-    return fn(initialization_timeout=initialization_timeout)
-  return fn()
+    joined = fn(initialization_timeout=initialization_timeout)
+  else:
+    joined = fn()
+  if joined:  # a lost process then stops the others, naming it (once per process)
+    peer_watch.start(partitioning.peer_timeout_of(_bound_peer_timeout()))
+  return joined
+
+
+def _bound_peer_timeout() -> Optional[int]:
+  """`partitioning.initialize_distributed.peer_timeout` if gin binds it."""
+  try:
+    return gin.query_parameter("partitioning.initialize_distributed.peer_timeout")
+  except ValueError:
+    return None
 
 
 def run(fn: Callable, argv: Optional[Sequence[str]] = None, pass_config: bool = False):

@@ -4,9 +4,13 @@ writes:
 
   Variable decoder/logits_dense/kernel   size 135168   shape (embed=32, vocab=4224)   partition spec (None, 'model')
   Total number of parameters: 1234567
+
+and MODEL_DIR/compression.json: the compression ratio the run trains at (with the feature
+lengths it was computed for), which eval compares with the ratio it evaluates at.
 """
+import json
 import os
-from typing import Any, List
+from typing import Any, List, Optional
 
 import flax
 import jax
@@ -17,6 +21,7 @@ from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
 
 FILE_NAME = "model-info.txt"
+RATIO_FILE = "compression.json"
 
 
 def describe(params: Any, params_axes: Any, shardings: Any) -> List[str]:
@@ -51,4 +56,22 @@ def write(model_dir: str, model: BaseModel, cfg: DatasetConfig, partitioner) -> 
   shardings = partitioner.params_shardings(variables["params_axes"], variables["params"])
   lines = describe(variables["params"], variables["params_axes"], shardings)
   fileio.write_text_atomic(path, "\n".join(lines) + "\n")
+  write_ratio(model_dir, model, cfg)
   return path
+
+
+def write_ratio(model_dir: str, model: BaseModel, cfg: DatasetConfig) -> None:
+  """MODEL_DIR/compression.json: {"compression_ratio", "task_feature_lengths"} of training."""
+  record = {"compression_ratio": float(model.compression_ratio(cfg.task_feature_lengths)),
+            "task_feature_lengths": {k: int(v) for k, v in cfg.task_feature_lengths.items()}}
+  fileio.write_text_atomic(os.path.join(model_dir, RATIO_FILE), json.dumps(record) + "\n")
+
+
+def trained_ratio(model_dir: str) -> Optional[float]:
+  """The compression ratio MODEL_DIR's run trained at; None for a run without the record
+  (T5X's, or one from before it) or one that cannot be read."""
+  try:
+    with open(os.path.join(model_dir, RATIO_FILE)) as f:
+      return float(json.load(f)["compression_ratio"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None

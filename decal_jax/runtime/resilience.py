@@ -10,8 +10,8 @@
   the loss or the gradient norm is NaN / Inf and reports it; the guard collects those
   reports without a device sync per step and, before anything is logged or saved, either
   raises (naming the step) or notes the skipped steps.
-- `explain_out_of_memory`: XLA's RESOURCE_EXHAUSTED in a train step becomes an
-  `OutOfMemoryError` naming the batch's shapes and the bindings that set them.
+- `explain_out_of_memory`: XLA's RESOURCE_EXHAUSTED in a train step (or infer's decoding)
+  becomes an `OutOfMemoryError` naming the batch's shapes and the bindings that set them.
 """
 import contextlib
 import signal
@@ -122,11 +122,20 @@ class OutOfMemoryError(MemoryError):
   """A train step ran out of accelerator memory (the message names the batch's shapes)."""
 
 
+TRAIN_STEP_FIX = (
+    "([BATCH_SIZE, feature length]). Lower BATCH_SIZE (pipeline.DatasetConfig.batch_size) "
+    "or TASK_FEATURE_LENGTHS (pipeline.DatasetConfig.task_feature_lengths), or (T5 "
+    "models) trade time for memory with --gin.REMAT_POLICY=\"'full'\" or "
+    "--gin.ACTIVATION_DTYPE=\"'bfloat16'\".")
+
+
 @contextlib.contextmanager
-def explain_out_of_memory(batch: Mapping[str, Any]) -> Iterator[None]:
+def explain_out_of_memory(batch: Mapping[str, Any], what: str = "The train step",
+                          fix: str = TRAIN_STEP_FIX) -> Iterator[None]:
   """Re-raises XLA's RESOURCE_EXHAUSTED (at compile or run time) inside the block as an
-  OutOfMemoryError naming the batch's shapes `[BATCH_SIZE, feature length]` and the gin
-  bindings that set them; other errors pass unchanged."""
+  OutOfMemoryError: '<what> ran out of accelerator memory on a global batch of <shapes>
+  <fix>', the fix naming the gin bindings that set those shapes (by default the train
+  step's); other errors pass unchanged."""
   try:
     yield
   except jax.errors.JaxRuntimeError as e:
@@ -134,9 +143,5 @@ def explain_out_of_memory(batch: Mapping[str, Any]) -> Iterator[None]:
       raise
     shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in sorted(batch.items()))
     raise OutOfMemoryError(
-        f"The train step ran out of accelerator memory on a global batch of {shapes} "
-        "([BATCH_SIZE, feature length]). Lower BATCH_SIZE (pipeline.DatasetConfig.batch_size) "
-        "or TASK_FEATURE_LENGTHS (pipeline.DatasetConfig.task_feature_lengths), or (T5 "
-        "models) trade time for memory with --gin.REMAT_POLICY=\"'full'\" or "
-        "--gin.ACTIVATION_DTYPE=\"'bfloat16'\". XLA said: "
+        f"{what} ran out of accelerator memory on a global batch of {shapes} {fix} XLA said: "
         f"{str(e).strip().splitlines()[0][:300]}") from e

@@ -17,10 +17,13 @@ settings change) whose candidates come from each query vector's `nprobe` nearest
 and whose best `candidates` documents are reranked with exact MaxSim (residual_search.py),
 by the backend `search_backend` names ('numpy' or 'compiled': the same stages; recorded in
 the metrics JSON and the results' file names, so that two backends never share a file).
-The run is written in TREC format next to a metrics JSON, under MODEL_DIR/retrieval/.
+The run is written in TREC format next to a metrics JSON, under MODEL_DIR/retrieval/; the
+metrics record the corpus fingerprint, and the results of another corpus (an index rebuilt
+for an edited corpus) are kept as `<stem>.corpus-<sha256[:12]>.*`, never overwritten.
 Empty queries are scored (as EOS alone) with a WARNING from `beir.load_beir`, and counted
 in the metrics JSON (`empty_queries`).
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -151,7 +154,8 @@ def index_config(model, passage_length: int, model_dir: str, step: int) -> Dict:
   network = json.loads(json.dumps(dataclasses.asdict(model.module.config), default=str))
   return {"network": network, "passage_length": passage_length,
           "vocabulary": str(model.input_vocabulary),
-          "checkpoint": f"{os.path.abspath(model_dir)}@{step}"}
+          "checkpoint": f"{model_dir if fileio.is_url(model_dir) else os.path.abspath(model_dir)}"
+                        f"@{step}"}
 
 
 def build_or_open_index(directory: str, data: beir.BeirData, model, params, config: Dict,
@@ -355,7 +359,36 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
   if shard_docs is None and jax.process_count() > 1:
     shard_docs = sharded.DEFAULT_CHUNK_DOCS
   stem = f"{name}.step{step}" + ("" if shard_docs is None else ".shards")
-  directory = index_dir or os.path.join(model_dir, "index", stem)
+  directory = index_dir or fileio.join(model_dir, "index", stem)
+  with contextlib.ExitStack() as mirrors:  # a remote index: searched from a local copy
+    scores = _index_and_search(mirrors, directory, data, model, params, config, name, split,
+                               step, shard_docs, dict(
+                                   passage_length=passage_length, batch_size=batch_size,
+                                   index_dtype=index_dtype, query_length=query_length,
+                                   top_k=top_k, search=search, residual_bits=residual_bits,
+                                   quantizer=quantizer, num_centroids=num_centroids,
+                                   centroid_probe=centroid_probe, nprobe=nprobe,
+                                   query_cells=query_cells, candidates=candidates,
+                                   search_backend=search_backend))
+  _write_results(model_dir, scores.pop("_results"), name, split, step, scores.pop("_run"),
+                 scores, top_k)
+  return scores
+
+
+def _index_and_search(mirrors: contextlib.ExitStack, directory: str, data, model, params,
+                      config: Dict, name: str, split: str, step: int, shard_docs, s: Dict):
+  """`evaluate_retrieval`'s index build or reuse and search (`s`: its search settings);
+  the scores, with the run and the results' stem under '_run' and '_results'. A remote
+  index folder (gs://...) is built and searched in its `fileio.local_mirror`, and uploaded
+  when built."""
+  passage_length, batch_size, index_dtype = (s["passage_length"], s["batch_size"],
+                                             s["index_dtype"])
+  query_length, top_k, search = s["query_length"], s["top_k"], s["search"]
+  residual_bits, quantizer, search_backend = s["residual_bits"], s["quantizer"], s["search_backend"]
+  nprobe, query_cells, candidates = s["nprobe"], s["query_cells"], s["candidates"]
+  num_centroids, centroid_probe = s["num_centroids"], s["centroid_probe"]
+  remote = directory
+  directory = mirrors.enter_context(fileio.local_mirror(remote))
   if shard_docs is None:
     corpus_index = build_or_open_index(directory, data, model, params, config,
                                        passage_length, batch_size, index_dtype)
@@ -375,14 +408,15 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
     compress = build_or_open_residual if shard_docs is None else sharded_residual
     build = residual.ResidualConfig(bits=residual_bits, num_centroids=num_centroids,
                                     quantizer=quantizer, centroid_probe=centroid_probe)
-    searcher = compress(f"{directory}.residual-b{residual_bits or 'none'}{other}", data,
-                        corpus_index, build)
+    searcher = compress(mirrors.enter_context(fileio.local_mirror(
+        f"{remote}.residual-b{residual_bits or 'none'}{other}")), data, corpus_index, build)
     search_kwargs = {"nprobe": nprobe, "query_cells": query_cells, "candidates": candidates,
                      "backend": search_backend}
   run = searcher.search_run(qids, q_vectors, q_valid, top_k=top_k, **search_kwargs)
   scores = ir_metrics.evaluate(run, data.qrels)
   scores.update(ir_metrics.beir_measures(run, data.qrels))  # BEIR's set + MRR@10
   scores.update(step=step, num_docs=corpus_index.num_docs, empty_queries=data.empty_queries,
+                corpus_fingerprint=dict(data.corpus_fingerprint),
                 vectors_per_doc=corpus_index.num_vectors / max(corpus_index.num_docs, 1),
                 index_bytes=searcher.nbytes, search=search,
                 metrics_implementation=ir_metrics.implementation(),
@@ -391,14 +425,38 @@ def evaluate_retrieval(*, model, model_dir: str, task_name: Optional[str] = None
                         candidates=candidates, quantizer=recorded,
                         num_centroids=searcher.meta["codec"]["num_centroids"])
                    if search == "approximate" else {}))
-  _write_results(model_dir, results, name, split, step, run, scores, top_k)
-  return scores
+  return dict(scores, _run=run, _results=results)
+
+
+def keep_previous_results(stem: pathlib.Path, corpus: Dict) -> None:
+  """Renames the results at `stem` (.trec, .metrics.json) to `<stem>.corpus-<sha256[:12]>.*`
+  when their metrics record another corpus than `corpus` (its index was rebuilt for an
+  edited corpus), with a WARNING: a rerun on the same corpus overwrites them, another
+  corpus never does. Results from before the record (no `corpus_fingerprint`) are not
+  compared."""
+  try:
+    previous = json.loads(fileio.read_utf8(f"{stem}.metrics.json")).get("corpus_fingerprint")
+  except (OSError, ValueError, AttributeError):
+    return
+  if not isinstance(previous, dict) or previous.get("sha256") == corpus.get("sha256"):
+    return
+  kept = f"{stem}.corpus-{str(previous.get('sha256'))[:12]}"
+  for ext in ("trec", "metrics.json"):
+    if os.path.exists(f"{stem}.{ext}"):
+      os.replace(f"{stem}.{ext}", f"{kept}.{ext}")
+  partitioning.log(
+      f"WARNING: the results {stem}.trec / .metrics.json were computed on another corpus "
+      f"({previous.get('num_docs')} documents, sha256 {str(previous.get('sha256'))[:12]}...) "
+      f"than this run's ({corpus.get('num_docs')} documents, sha256 "
+      f"{str(corpus.get('sha256'))[:12]}...); kept them as {kept}.trec / .metrics.json.")
 
 
 def _write_results(model_dir, results, name, split, step, run, scores, top_k):
   if jax.process_index() != 0:
     return
-  stem = pathlib.Path(model_dir) / "retrieval" / results
+  stem = fileio.join(model_dir, "retrieval", results)
+  if not fileio.is_url(stem):  # an object store: the results are rewritten in place
+    keep_previous_results(pathlib.Path(stem), scores["corpus_fingerprint"])
   ir_metrics.write_trec_run(f"{stem}.trec", run, tag=f"decal_jax-step{step}", depth=top_k)
   fileio.write_text_atomic(f"{stem}.metrics.json", json.dumps(scores, indent=2, sort_keys=True))
   print(f"{name} {split} (step {step}, {scores['num_queries']} queries, "

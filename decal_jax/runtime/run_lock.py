@@ -16,24 +16,38 @@ who holds it, and kept under `fcntl.flock` by the running trainer:
 - A normal end, an exception or a preemption (SIGTERM, Ctrl-C) deletes the file.
 
 Only process 0 of a multi-process run takes it; when it is refused, every process stops.
-Remote paths (`gs://...`) are not locked: object stores have no flock or atomic create
-that this could use; one trainer per bucket folder is then the user's to ensure. On a
-mounted file system without flock (some FUSE mounts of buckets) the JSON checks alone
+On a mounted file system without flock (some FUSE mounts of buckets) the JSON checks alone
 decide: a run on this host is still seen by its live pid.
+
+A remote MODEL_DIR (`gs://...`) has no flock: its lock is the object MODEL_DIR/.lock, created
+only if absent (gcsfs's exclusive `xb` open: on GCS an upload with the generation
+precondition ifGenerationMatch=0, which fails when the object exists, so of two runs
+creating it at once one wins). The JSON in it, with a random token, decides as above (a
+lock from a dead pid of this host is taken over; any other is refused); this run reads its
+token back before going on, and deletes the object at the end only if the token is still
+its own. A run killed outright leaves the object: from another host, delete it once you are
+sure that run is over. GCS emulators may ignore the precondition (gcp-storage-emulator
+does), and epath without gcsfs has no exclusive create: there the lock is
+check-then-create, which still refuses a second run started once the first holds it.
 """
 import contextlib
 import datetime
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
+import uuid
 from typing import Dict, Iterator, List, Optional
 
 import jax
 import numpy as np
 
+from decal_jax import fileio
+
 LOCK_NAME = ".lock"
+log = logging.getLogger(__name__)  # in an entry point: stderr and the --log_dir file
 
 
 class ModelDirLockedError(RuntimeError):
@@ -99,8 +113,8 @@ def _check_left_behind(path: str, holder: Optional[Dict]) -> None:
     raise _refuse(path, holder, "the lock names no process id to check")
   if pid != os.getpid() and _pid_alive(pid):
     raise _refuse(path, holder, "that process is still alive")
-  print(f"WARNING: {path} was left by pid {pid} ({holder.get('start_time', '?')}), which is "
-        "no longer running (a stale lock); taking it over.", flush=True)
+  log.warning("%s was left by pid %s (%s), which is no longer running (a stale lock); "
+              "taking it over.", path, pid, holder.get("start_time", "?"))
 
 
 def _is_file_at(fd: int, path: str) -> bool:
@@ -143,8 +157,9 @@ def hold(model_dir: str, command: Optional[str] = None) -> Iterator[None]:
   `ModelDirLockedError` naming the holder when another trainer has it (on every process of
   a multi-process run). `command` goes into the lock for the message another run will
   print (default: this process's argv)."""
-  if "://" in model_dir:
-    yield  # remote folders: no lock (see the module docstring)
+  if fileio.is_url(model_dir):
+    with _hold_remote(model_dir, command):
+      yield
     return
   path, fd, refusal, created = os.path.join(model_dir, LOCK_NAME), None, None, []
   if jax.process_index() == 0:  # the others write no run-level files
@@ -194,3 +209,65 @@ def _remove_if_empty(folders: List[str]) -> None:
       os.rmdir(folder)  # fails, and stops, at the first one that holds something
     except OSError:
       return
+
+
+# ------------------------------------------------------------------------- remote folders
+@contextlib.contextmanager
+def _hold_remote(model_dir: str, command: Optional[str]) -> Iterator[None]:
+  """`hold` for a URL: the lock object MODEL_DIR/.lock (see the module docstring)."""
+  path, refusal, token = fileio.join(model_dir, LOCK_NAME), None, None
+  if jax.process_index() == 0:
+    try:
+      token = _acquire_remote(path, command)
+    except ModelDirLockedError as e:
+      refusal = e
+  _stop_all_if_refused(refusal, model_dir)
+  try:
+    yield
+  finally:
+    if token is not None and (_read_remote(path) or {}).get("token") == token:
+      fileio.as_path(path).unlink()
+
+
+def _read_remote(path: str) -> Optional[Dict]:
+  """The lock object's JSON ({} when it is not JSON), None when there is no object."""
+  try:
+    raw = fileio.as_path(path).read_bytes()
+  except FileNotFoundError:
+    return None
+  try:
+    holder = json.loads(raw)
+  except ValueError:
+    return {}
+  return holder if isinstance(holder, dict) else {}
+
+
+def _acquire_remote(path: str, command: Optional[str]) -> str:
+  """Creates the lock object (or takes over a stale one); returns this run's token."""
+  me = dict(_this_process(command), token=uuid.uuid4().hex)
+  holder = _read_remote(path)
+  if holder is not None:
+    _check_left_behind(path, holder)  # refuses, or notes a stale lock to take over
+    fileio.as_path(path).write_bytes(json.dumps(me).encode() + b"\n")
+  elif not _create_if_absent(path, json.dumps(me).encode() + b"\n"):
+    raise _refuse(path, _read_remote(path) or {}, "it was created as this run started")
+  if (_read_remote(path) or {}).get("token") != me["token"]:
+    raise _refuse(path, _read_remote(path) or {}, "it was taken as this run started")
+  return me["token"]
+
+
+def _create_if_absent(path: str, data: bytes) -> bool:
+  """Writes `data` to the object `path` unless one exists (False then): gcsfs's exclusive
+  open, a precondition GCS checks; without gcsfs a plain write after the existence check."""
+  try:
+    import fsspec
+    fs, name = fsspec.core.url_to_fs(path)
+  except (ImportError, ValueError):  # no fsspec filesystem for the scheme: epath's write
+    fileio.as_path(path).write_bytes(data)
+    return True
+  try:
+    with fs.open(name, "xb") as f:
+      f.write(data)
+  except FileExistsError:
+    return False
+  return True

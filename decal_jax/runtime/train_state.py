@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decal_jax import partitioning
+from decal_jax import fileio, partitioning
 from decal_jax.runtime import checkpoints, optimizers, t5x_model_dir, vocabulary_record
 from decal_jax.data.batches import DatasetConfig
 from decal_jax.models import BaseModel
@@ -22,8 +22,9 @@ from decal_jax.models import BaseModel
 def check_model_dir(model_dir: str, binding: str) -> None:
   """Refuses a MODEL_DIR that is (or lies under) an existing file, before any start-up work;
   `binding` names the gin parameter it came from."""
-  path = pathlib.Path(model_dir)
-  existing = next((p for p in (path, *path.parents) if p.exists()), None)
+  path = fileio.as_path(model_dir)
+  above = () if fileio.is_url(model_dir) else path.parents  # an object store: no folders
+  existing = next((p for p in (path, *above) if p.exists()), None)
   if existing is not None and not existing.is_dir():
     where = "is a file" if existing == path else f"lies under the file {existing}"
     raise NotADirectoryError(f"MODEL_DIR ({binding}) = {model_dir!r} {where}, not a folder: "

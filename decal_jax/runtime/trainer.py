@@ -83,7 +83,9 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
   checkpoints when shuffle buffers are large; a resume then re-reads the consumed batches).
 
   The run holds MODEL_DIR's lock (`run_lock`) from the checks to the end: a second trainer
-  on the same folder is refused, naming this one."""
+  on the same folder is refused, naming this one. Before MODEL_DIR's first file, the first
+  example of the train and eval splits is read (`check_inputs`): a bad data file or
+  vocabulary leaves the folder as it was."""
   check_run_settings(model_dir, total_steps=total_steps, eval_period=eval_period,
                      eval_batches=eval_batches, log_period=log_period,
                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints)
@@ -97,12 +99,13 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
     partitioner = partitioner or partitioning.Partitioner()
     guard = resilience.NonFiniteGuard(nonfinite_policy)
     pipeline.check_feature_lengths(train_dataset_cfg, model)
+    eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
+    check_inputs(train_dataset_cfg, eval_cfg)  # before MODEL_DIR's first file
     state, shardings = train_state.init_state(model, optimizer, partitioner, train_dataset_cfg,
                                               seed)
     ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, save_period=checkpoint_period)
     state, position = train_state.restore_latest(ckpt, state, train_dataset_cfg, seed)
     start = int(jax.device_get(state["step"]))
-    eval_cfg = eval_dataset_cfg or dataclasses.replace(train_dataset_cfg, split="validation")
     if start >= total_steps:  # a finished run: nothing is written, the metrics are returned
       ckpt.close()
       relation = "=" if start == total_steps else f"> {total_steps} ="
@@ -173,6 +176,16 @@ def train(*, model: BaseModel, train_dataset_cfg: DatasetConfig,
     evaluation.report(result, example, total_steps)
     pipeline.print_data_notes()
     return result
+
+
+def check_inputs(train_cfg: DatasetConfig, eval_cfg: DatasetConfig) -> None:
+  """The first example of the train and the eval split, read and tokenized: a bad data
+  file (not UTF-8, a folder, empty) or vocabulary is refused before MODEL_DIR gets its
+  first file, so a refused run leaves the folder as it found it."""
+  pipeline.check_first_example(train_cfg, "train")
+  if (eval_cfg.mixture_or_task_name, eval_cfg.split) != (train_cfg.mixture_or_task_name,
+                                                         train_cfg.split):
+    pipeline.check_first_example(eval_cfg, "eval")
 
 
 def step_line(step: int, total_steps: int, summary: Mapping[str, float]) -> str:

@@ -47,10 +47,10 @@ def check(model_dir: str, model) -> Optional[Dict[str, Any]]:
   (VocabularyMismatchError); warns for one with checkpoints and no record. Returns the
   record to `write` before the first checkpoint when MODEL_DIR has neither (a new run),
   else None. Writes nothing."""
-  path = pathlib.Path(model_dir) / FILENAME
+  path = fileio.as_path(model_dir) / FILENAME
   current = model_record(model)
   if not path.exists():
-    if not _has_checkpoints(pathlib.Path(model_dir)):
+    if not _has_checkpoints(fileio.as_path(model_dir)):
       return current
     logging.warning(
         "%s does not record the vocabulary its checkpoints were trained with (no %s: a run "
@@ -76,7 +76,7 @@ def check_initial(checkpoint_path: str, model) -> None:
   tables are padded to a multiple of 128 rows, so another vocabulary's table usually has the
   same shape, is restored, and its rows read as other text. A checkpoint without a record
   (a T5X checkpoint, an older run) is not checked."""
-  path = pathlib.Path(checkpoint_path)
+  path = fileio.as_path(checkpoint_path)
   run_dir = path.parent if re.fullmatch(r"checkpoint_\d+", path.name) else path
   if not (run_dir / FILENAME).exists():
     return
@@ -101,7 +101,7 @@ def _read(path: pathlib.Path) -> Dict[str, Any]:
 def write(model_dir: str, record: Dict[str, Any]) -> None:
   """Writes MODEL_DIR/vocabulary.json atomically (process 0 of a multi-host run)."""
   if jax.process_index() == 0:
-    fileio.write_text_atomic(pathlib.Path(model_dir) / FILENAME,
+    fileio.write_text_atomic(fileio.join(model_dir, FILENAME),
                              json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 

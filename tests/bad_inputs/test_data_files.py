@@ -10,6 +10,7 @@ import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import fileio
 from decal_jax.runtime import evaluation
 from decal_jax.data import convert, hf_vocabularies, local_files, seqio_vocabularies, vocabularies
+from decal_jax.tasks import text_metrics
 
 
 from bad_input_helpers import _load_tool, _files_under, _write, _examples
@@ -148,6 +149,56 @@ def test_prepare_jsonl_gives_hugging_face_hotpotqa_rows_without_ids_row_ids(tmp_
   with_ids.write_text("".join(json.dumps(r) + "\n" for r in HOTPOT_HF))
   _prepare(["hotpotqa", str(with_ids), "--split", "train"], tmp_path / "ids")
   assert "Note:" not in capsys.readouterr().out
+
+
+SQUAD_V2 = {"version": "v2.0", "data": [{"title": "Ada", "paragraphs": [
+    {"context": "Ada wrote it in 1843.",
+     "qas": [{"id": "a1", "question": "When?", "is_impossible": False,
+              "answers": [{"text": "1843", "answer_start": 16}]},
+             {"id": "u1", "question": "Who read it?", "is_impossible": True, "answers": [],
+              "plausible_answers": [{"text": "Ada", "answer_start": 0}]},
+             {"id": "a2", "question": "Who?", "is_impossible": False,
+              "answers": [{"text": "Ada", "answer_start": 0}]}]}]}]}
+
+
+def test_prepare_jsonl_names_squad_v2_unanswerable_questions_and_keeps_them_on_request(
+    local_data, tmp_path, capsys):
+  """SQuAD v2's unanswerable questions were left out as 'empty fields / no answer'; now
+  named with their count, and --keep_unanswerable keeps them as empty-string targets."""
+  source = _write(tmp_path / "dev-v2.0.json", json.dumps(SQUAD_V2).encode())
+  release = source.read_bytes()
+  _prepare(["squad", str(source), "--split", "validation"], tmp_path / "dropped")
+  out = capsys.readouterr().out
+  assert (f"Note: {source}: 1 of 3 question(s) are unanswerable (SQuAD v2: no answer); left "
+          "out. --keep_unanswerable keeps them with the empty string as their target "
+          "(answers [\"\"]).") in out
+  assert [r["id"] for r in _jsonl(tmp_path / "dropped" / "squad" / "validation.jsonl")] == \
+      ["a1", "a2"]
+  _prepare(["squad", str(source), "--split", "validation", "--keep_unanswerable"], local_data)
+  assert (f"Note: {source}: 1 of 3 question(s) are unanswerable (SQuAD v2: no answer); kept "
+          "with the empty string as their target (answers [\"\"]).") in capsys.readouterr().out
+  kept = _jsonl(local_data / "squad" / "validation.jsonl")
+  assert [(r["id"], r["answers"]) for r in kept] == [("a1", ["1843"]), ("u1", [""]),
+                                                    ("a2", ["Ada"])]
+  # The QA task reads it: the unanswerable question's target is EOS alone, its reference "".
+  examples = _examples("decal_squad", QA_LENGTHS)
+  vocab = vocabularies.builtin_vocabulary()
+  assert [list(e["targets"]) for e in examples] == [
+      list(vocab.encode(a)) + [vocab.eos_id] for a in ("1843", "", "Ada")]
+  assert [a.decode() for a in examples[1]["answers"]] == [""]
+  assert text_metrics.squad([[""]], [""]) == {"em": 100.0, "f1": 100.0}
+  # Hugging Face squad_v2 rows (an empty answers.text) convert the same.
+  rows = [{"id": "u1", "title": "Ada", "context": "Ada wrote it in 1843.",
+           "question": "Who read it?", "answers": {"text": [], "answer_start": []}}]
+  hf = _write(tmp_path / "hf.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+  _prepare(["squad", str(hf), "--split", "train", "--keep_unanswerable"], tmp_path / "hf")
+  assert _jsonl(tmp_path / "hf" / "squad" / "train.jsonl") == [kept[1]]
+  # The flag is SQuAD's: refused for another format before anything is written.
+  with pytest.raises(SystemExit):
+    _prepare(["hotpotqa", str(source), "--split", "train", "--keep_unanswerable"],
+             tmp_path / "h")
+  assert "--keep_unanswerable is for squad" in capsys.readouterr().err
+  assert not (tmp_path / "h").exists() and source.read_bytes() == release
 
 
 def test_prepare_jsonl_reads_one_hugging_face_mediasum_split(tmp_path):

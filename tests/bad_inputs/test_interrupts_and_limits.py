@@ -165,6 +165,41 @@ def test_an_out_of_memory_train_step_names_the_batch_shapes_and_the_bindings(tmp
       raise ValueError("not memory")
 
 
+def test_an_out_of_memory_infer_names_the_batch_shapes_the_beam_and_the_bindings(
+    two_checkpoints, tmp_path):
+  """XLA's RESOURCE_EXHAUSTED from infer's decoding (injected in the model's decode, as a
+  too large batch or beam would raise it on an accelerator) names the batch and what to
+  lower; nothing is written."""
+  model_dir = _copy(two_checkpoints, tmp_path)
+  before = _files(model_dir)
+  model = _model()
+
+  def out_of_memory(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 40.00GiB.\nmore lines")
+
+  model.predict_batch = out_of_memory
+  vocab = vocabularies.builtin_vocabulary()
+  texts = ["short text", "a somewhat longer input text"]
+  longest = max(len(vocab.encode(t)) for t in texts) + 1  # with EOS
+  output = tmp_path / "out.jsonl"
+  with pytest.raises(resilience.OutOfMemoryError) as err:
+    evaluation.infer(model=model, inputs=texts, model_dir=str(model_dir),
+                     task_feature_lengths=LENGTHS, batch_size=4, num_decodes=3,
+                     output_file=str(output))
+  message = str(err.value)
+  assert message.startswith(
+      f"Decoding (infer) ran out of accelerator memory on a global batch of "
+      f"decoder_input_tokens [4, {LENGTHS['targets']}], encoder_input_tokens [4, {longest}] "
+      "([batch size, length]) with NUM_DECODES = 3 decodes per input.")
+  assert ("Lower the batch size (--gin.evaluation.infer.batch_size=8), TASK_FEATURE_LENGTHS "
+          "(its 'inputs' and 'targets'), or NUM_DECODES (evaluation.infer.num_decodes, the "
+          "beam).") in message
+  assert message.endswith("XLA said: RESOURCE_EXHAUSTED: Out of memory while trying to "
+                          "allocate 40.00GiB.")
+  assert not output.exists() and _files(model_dir) == before
+
+
 # ---------------------------------------------------------------- issue 48: what a build
 # killed outright (kill -9) leaves
 def _killed_build(target):

@@ -80,6 +80,47 @@ def test_retrieval_index_of_an_edited_corpus_is_rebuilt_not_reused(tmp_path, cap
                         for ext in ("metrics.json", "trec")}
 
 
+def test_results_of_the_previous_corpus_are_kept_when_the_index_is_rebuilt(tmp_path, capsys):
+  """The TREC run and metrics of a corpus since edited were overwritten without a word by
+  the rebuilt index's; now they are renamed with the old corpus's fingerprint, and said so."""
+  folder = tmp_path / "beir_fixture"
+  corpus, _, _ = _write_fixture(folder)
+  model_dir = tmp_path / "dual"
+  _dual_encoder_checkpoint(model_dir)
+  _retrieve(model_dir, folder)
+  stem = model_dir / "retrieval" / "beir_fixture.test.step1"
+  first = {ext: pathlib.Path(f"{stem}.{ext}").read_bytes() for ext in ("metrics.json", "trec")}
+  old = beir.load_beir(folder, "test").corpus_fingerprint
+  assert json.loads(first["metrics.json"])["corpus_fingerprint"] == old
+  _retrieve(model_dir, folder)  # the same corpus: a rerun overwrites, nothing renamed
+  assert "were computed on another corpus" not in capsys.readouterr().out
+  assert _result_files(stem.parent) == ["beir_fixture.test.step1.metrics.json",
+                                         "beir_fixture.test.step1.trec"]
+
+  corpus_file = folder / "corpus.jsonl"
+  lines = corpus_file.read_text(encoding="utf-8").splitlines(keepends=True)
+  corpus_file.write_text("".join(lines[:-3]), encoding="utf-8")  # three passages fewer
+  new = beir.load_beir(folder, "test").corpus_fingerprint
+  _retrieve(model_dir, folder)
+  out = capsys.readouterr().out
+  kept = stem.parent / f"beir_fixture.test.step1.corpus-{old['sha256'][:12]}"
+  assert (f"WARNING: the results {stem}.trec / .metrics.json were computed on another corpus "
+          f"({len(corpus)} documents, sha256 {old['sha256'][:12]}...) than this run's "
+          f"({len(corpus) - 3} documents, sha256 {new['sha256'][:12]}...); kept them as "
+          f"{kept}.trec / .metrics.json.") in out
+  assert {ext: pathlib.Path(f"{kept}.{ext}").read_bytes() for ext in first} == first
+  assert json.loads(pathlib.Path(f"{stem}.metrics.json").read_text())["num_docs"] == \
+      len(corpus) - 3
+  assert _result_files(stem.parent) == sorted(  # nothing else written, nothing lost
+      [f"{kept.name}.metrics.json", f"{kept.name}.trec", f"{stem.name}.metrics.json",
+       f"{stem.name}.trec"])
+
+
+def _result_files(folder):
+  """The result files in MODEL_DIR/retrieval (not TensorBoard's events)."""
+  return sorted(p.name for p in folder.iterdir() if not p.name.startswith("events.out"))
+
+
 def test_retrieval_index_tells_a_corpus_edit_that_keeps_the_count(tmp_path):
   passages = {f"doc-{i}": beir.Passage("", f"text {i}") for i in range(23)}
 

@@ -87,23 +87,29 @@ def test_a_lock_of_a_live_process_that_does_not_hold_it_is_still_refused(
     sleeper.wait()
 
 
+def _lock_warnings(caplog):
+  return [r.getMessage() for r in caplog.records
+          if r.name == "decal_jax.runtime.run_lock" and r.levelname == "WARNING"]
+
+
 def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(
-    two_checkpoints, tmp_path, capsys):
+    two_checkpoints, tmp_path, capsys, caplog):
   model_dir = _copy(two_checkpoints, tmp_path)
   dead = _dead_pid()
   lock = _write_lock(model_dir, dead)
   first = _files(model_dir / "checkpoint_1")
   _train_tiny(model_dir, 3)
   out = capsys.readouterr().out
-  assert (f"WARNING: {lock} was left by pid {dead} (2026-01-02T03:04:05+00:00), which is no "
-          "longer running (a stale lock); taking it over.") in out
+  assert _lock_warnings(caplog) == [
+      f"{lock} was left by pid {dead} (2026-01-02T03:04:05+00:00), which is no longer "
+      "running (a stale lock); taking it over."]  # a logged warning: also in a --log_dir file
   assert "Resuming from step 2" in out  # nothing lost: the run went on from its checkpoint
   assert _files(model_dir / "checkpoint_1") == first
   assert checkpoints.Checkpointer(str(model_dir)).latest_step() == 3
   assert not lock.exists()  # released at the end
 
 
-def test_the_lock_is_released_after_a_run_and_after_a_failed_one(tmp_path, capsys):
+def test_the_lock_is_released_after_a_run_and_after_a_failed_one(tmp_path, capsys, caplog):
   model_dir = tmp_path / "m"
   _train(model_dir)
   assert not (model_dir / run_lock.LOCK_NAME).exists()
@@ -114,7 +120,8 @@ def test_the_lock_is_released_after_a_run_and_after_a_failed_one(tmp_path, capsy
   capsys.readouterr()
   _train(model_dir, total_steps=6, checkpoint_period=6, eval_period=6, log_period=6)
   out = capsys.readouterr().out
-  assert "Resuming from step 3" in out and "WARNING" not in out  # no stale lock was found
+  assert "Resuming from step 3" in out and "WARNING" not in out
+  assert _lock_warnings(caplog) == []  # no stale lock was found
   assert sorted(p.name for p in model_dir.iterdir() if p.name.startswith(".")) == []
 
 
@@ -239,3 +246,33 @@ def test_a_refused_multi_process_run_stops_every_process(tmp_path, locked):
   assert out0[0].startswith("refused: MODEL_DIR ") and "another-host.example" in out0[0]
   assert out1[0].startswith(f"refused: Process 0 could not lock MODEL_DIR {model_dir}")
   assert json.loads((model_dir / run_lock.LOCK_NAME).read_text())["pid"] == 4242
+
+
+def test_eval_at_another_compression_ratio_notes_both_and_writes_apart_from_the_runs_curves(
+    two_checkpoints, tmp_path, builtin_vocabulary, capsys):
+  """A C = 4 run evaluated at C = 2 (--gin.COMPRESSION_RATIO=2): a note names both ratios,
+  and its results go to MODEL_DIR/eval_at_C2/, never into the C = 4 curves at step 2."""
+  del builtin_vocabulary  # decal_builtin_qa tokenizes with the tiny model's vocabulary
+  model_dir = _copy(two_checkpoints, tmp_path)
+  before = _files(model_dir)
+  assert json.loads((model_dir / "compression.json").read_text())["compression_ratio"] == 4
+  cfg = pipeline.DatasetConfig("decal_builtin_qa", LENGTHS, batch_size=8, split="validation")
+  result = evaluation.evaluate(model=_model(ratio=2), eval_dataset_cfg=cfg,
+                               model_dir=str(model_dir), eval_batches=1, max_predict_examples=3)
+  out = capsys.readouterr().out
+  apart = model_dir / "eval_at_C2"
+  assert (f"Note: MODEL_DIR {model_dir} was trained at compression ratio C = 4 "
+          f"(compression.json); this evaluation runs at C = 2. Its results go to {apart}/ "
+          "(training_eval/, inference_eval/), apart from the run's C = 4 curves.") in out
+  assert result["decal_builtin_qa/compression_ratio"] == 2.0
+  after = _files(model_dir)
+  assert {k: v for k, v in after.items() if not k.startswith("eval_at_C2/")} == before
+  assert inference_eval.read_metrics(str(apart), "decal_builtin_qa", 2)["em"] == \
+      result["decal_builtin_qa/em"]
+  assert list((apart / "training_eval" / "decal_builtin_qa").glob("events.out.tfevents.*"))
+  # At the trained ratio: no note, and the results join the run's own folders.
+  evaluation.evaluate(model=_model(), eval_dataset_cfg=cfg, model_dir=str(model_dir),
+                      eval_batches=1, max_predict_examples=3)
+  assert "Note: MODEL_DIR" not in capsys.readouterr().out
+  assert (model_dir / "inference_eval").is_dir()
+  assert list((model_dir / "training_eval" / "decal_builtin_qa").glob("events.out.tfevents.*"))

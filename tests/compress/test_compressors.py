@@ -78,12 +78,13 @@ def test_full_model_logits_match_numpy(kwargs):
 
 
 def test_attn_pool_mask_hand_worked():
-  """Two packed segments [1 1 1 2 2 0] at C = 2: windows {0,1} {2,3} {4,5}; window 1 starts
-  in segment 1, so token 3 (segment 2) is left out of it and it reads segment 1 only."""
+  """Two packed segments [1 1 1 2 2 0] at C = 2: windows restart at each segment, {0,1} {2}
+  {3,4}; each window's query reads the tokens of its own segment only."""
   from decal_jax.compress.latents import LatentConfig, latent_layout
   tokens = jnp.array([[5, 6, 7, 8, 9, 0]])
   segments = jnp.array([[1, 1, 1, 2, 2, 0]])
   layout = latent_layout(LatentConfig(2), tokens, jnp.array([[0, 1, 2, 0, 1, 2]]), segments)
+  np.testing.assert_array_equal(np.asarray(layout.assignment), [[0, 0, 1, 2, 2, -1]])
   mask = attn_pool.pooling_mask(layout.valid, layout.segment_ids, tokens > 0, segments)
   np.testing.assert_array_equal(np.asarray(mask[0, 0]), [[1, 1, 1, 0, 0, 0],
                                                          [1, 1, 1, 0, 0, 0],

@@ -49,14 +49,76 @@ def test_continuation_pieces_rebuild_the_stream():
   assert all(1 <= len(ex["inputs"]) <= 16 and 1 <= len(ex["targets"]) <= 8 for ex in got)
 
 
-def test_mixture_is_about_half_autoencoding():
+class _MarkerVocabulary:
+  """Encodes the two task markers only: 'reconstruct:' -> [90, 91], 'continue:' -> [92]."""
+  IDS = {autoencoding.AUTOENCODE_MARKER: [90, 91], autoencoding.CONTINUATION_MARKER: [92]}
+
+  def encode(self, text):
+    return self.IDS[text]
+
+
+MARKER_FEATURES = {"targets": seqio.Feature(_MarkerVocabulary())}
+
+
+def test_marked_autoencode_hand_worked():
+  # targets 6 = marker (2) + chunk (3) + EOS (1); inputs 4 = chunk (3) + EOS: chunks of 3.
+  got = _list(autoencoding.marked_autoencode(_docs(3, 4), {"inputs": 4, "targets": 6},
+                                             MARKER_FEATURES))
+  assert got == [{"inputs": [1, 2, 3], "targets": [90, 91, 1, 2, 3]},
+                 {"inputs": [4, 5, 6], "targets": [90, 91, 4, 5, 6]},
+                 {"inputs": [7], "targets": [90, 91, 7]}]
+  # targets = inputs = 4: the 2 marker tokens shrink the chunk to 4 - 2 - 1 = 1 token.
+  got = _list(autoencoding.marked_autoencode(_docs(2), {"inputs": 4, "targets": 4},
+                                             MARKER_FEATURES))
+  assert got == [{"inputs": [1], "targets": [90, 91, 1]}, {"inputs": [2], "targets": [90, 91, 2]}]
+
+
+def test_marked_continuation_hand_worked():
+  # targets 4 = marker (1) + next part (2) + EOS: the unmarked hand-worked case's parts.
+  got = _list(autoencoding.marked_continuation(_docs(6, 6), {"inputs": 4, "targets": 4},
+                                               MARKER_FEATURES))
+  assert got == [{"inputs": [1, 2, 3], "targets": [92, 4, 5]},
+                 {"inputs": [6, 7, 8], "targets": [92, 9, 10]},
+                 {"inputs": [11], "targets": [92, 12]}]
+
+
+def test_a_marker_that_leaves_no_room_is_refused():
+  with pytest.raises(ValueError, match="task marker's 2 tokens; give 'targets' >= 4"):
+    autoencoding.marked_autoencode(_docs(3), {"inputs": 4, "targets": 3}, MARKER_FEATURES)
+
+
+def test_mixture_is_about_half_autoencoding_and_marks_every_target():
+  """Each target opens with its task's marker; an autoencoding target is then the input."""
+  vocab = vocabularies.builtin_vocabulary()
+  reconstruct = vocab.encode(autoencoding.AUTOENCODE_MARKER)
+  cont = vocab.encode(autoencoding.CONTINUATION_MARKER)
+  assert reconstruct[0] != cont[0]  # the first target token tells the two apart
   lengths = {"inputs": 64, "targets": 64}
   ds = seqio.get_mixture_or_task("decal_builtin_autoencode_continuation").get_dataset(
       lengths, split="train", shuffle=True, seed=3)
-  kinds = [bool(np.array_equal(ex["inputs"], ex["targets"]))
-           for ex in ds.take(400).as_numpy_iterator()]
+  kinds = []
+  for ex in ds.take(400).as_numpy_iterator():
+    inputs, targets = ex["inputs"].tolist(), ex["targets"].tolist()
+    is_autoencode = targets[:len(reconstruct)] == reconstruct
+    assert is_autoencode or targets[:len(cont)] == cont
+    if is_autoencode:
+      assert targets == reconstruct + inputs and len(targets) <= 64
+    kinds.append(is_autoencode)
   share = np.mean(kinds)
   assert 0.4 < share < 0.6, share  # binomial(400, 0.5): 4.0 standard deviations either side
+
+
+def test_plain_autoencode_tasks_stay_unmarked():
+  """Dodo, the retention tool and your own text read the plain objective: target = input."""
+  for name in ("decal_builtin_autoencode", "decal_c4_autoencode", "decal_text_autoencode",
+               "decal_public_text_autoencode"):
+    preprocessors = seqio.get_mixture_or_task(name).preprocessors
+    assert autoencoding.autoencode in preprocessors, name
+    assert autoencoding.marked_autoencode not in preprocessors, name
+  ds = seqio.get_mixture_or_task("decal_builtin_autoencode").get_dataset(
+      {"inputs": 32, "targets": 32}, split="train", shuffle=False)
+  for ex in ds.take(3).as_numpy_iterator():
+    np.testing.assert_array_equal(ex["inputs"], ex["targets"])
 
 
 def test_autoencoding_with_short_targets_is_refused():

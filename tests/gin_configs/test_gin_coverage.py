@@ -24,7 +24,9 @@ def test_all_gin_files_are_covered_here():
              {"models/decoder.gin", "models/decoder_tiny.gin", "models/dodo_lm.gin",
               "runs/lm_builtin.gin", "models/smollm2_135m.gin"} |  # test_decoder_gin_files.py
              {"experiments/retention/run.gin", "experiments/retention/t5.gin",
-              "experiments/retention/dodo.gin"} |  # tests/tools/test_retention_table.py
+              "experiments/retention/dodo.gin"} |
+             {"experiments/known/run.gin", "experiments/known/t5.gin",
+              "experiments/known/dodo.gin"} |  # tests/tools/test_retention_table.py
              # tests/test_ablation.py loads every budget and variant and trains with mini.gin
              {f"experiments/{kind}/{p.name}" for kind in ("budgets", "variants", "models")
               for p in (GIN_DIR / "experiments" / kind).glob("*.gin")})

@@ -296,3 +296,54 @@ def _get(tree, path):
   return tree
 
 
+
+
+# ------------------------------------------------- QA: the question on the decoder side
+def _questions(seed=3):
+  rng = np.random.default_rng(seed)
+  query = rng.integers(2, VOCAB, (3, 5)).astype(np.int32)
+  query[0, 3:] = 0  # questions of 3, 5 and 1 tokens, right-padded
+  query[2, 1:] = 0
+  return query
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_the_question_is_read_uncompressed_after_the_nuggets(lora_rank):
+  """dodo.md §6 / D.2: only the document is compressed; the decoder reads [nuggets;
+  question; answer]. numpy reference: the same Dodo decoding the question and answer
+  as one target sequence after the document's nuggets."""
+  cfg, module, params = _dodo(lora_rank, soft_prompt=False)
+  context, targets = _batch()
+  query = _questions()
+  logits = module.apply({"params": params}, context, targets, targets, query_tokens=query,
+                        enable_dropout=False)
+  for row in range(len(context)):
+    real = context[row][context[row] > 0]
+    question = query[row][query[row] > 0]
+    expect = numpy_llama.dodo_logits(cfg, _f64(params), real,
+                                     np.concatenate([question, targets[row]]))
+    np.testing.assert_allclose(logits[row], expect[len(question):], atol=2e-4, rtol=2e-4)
+  # the question never reaches the compressor: the document's nuggets are the same for any
+  memory, _ = module.apply({"params": params}, context, query, method=Dodo.compress_query)
+  other, _ = module.apply({"params": params}, context, _questions(4),
+                          method=Dodo.compress_query)
+  nuggets = module.apply({"params": params}, context, enable_dropout=False,
+                         method=Dodo.compress)
+  k = nuggets.keys.shape[2]
+  np.testing.assert_array_equal(memory.keys[:, :, :k], nuggets.keys)
+  np.testing.assert_array_equal(other.keys[:, :, :k], nuggets.keys)
+
+
+def test_qa_model_cached_answers_equal_recomputing():
+  cfg, module, params = _dodo(4)
+  context, targets = _batch()
+  vocab = seqio.PassThroughVocabulary(VOCAB, eos_id=1)
+  model = models.DodoQAModel(module, vocab, vocab, decode_fn=decoding.temperature_sample)
+  batch = {"encoder_input_tokens": context, "query_tokens": _questions(),
+           "decoder_input_tokens": targets, "decoder_target_tokens": targets}
+  cached = np.asarray(model.predict_batch(params, batch, topk=1))
+  np.testing.assert_array_equal(cached, model.predict_batch_uncached(params, batch))
+  assert len(set(map(tuple, cached.tolist()))) > 1  # not degenerate
+  without = np.asarray(model.predict_batch(params, dict(batch, query_tokens=_questions(8)),
+                                           topk=1))
+  assert (without != cached).any()  # the question matters to the answer

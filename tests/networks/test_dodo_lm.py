@@ -31,7 +31,7 @@ def _perturbed(params, scale=0.2):
 def _model(lora_rank=0, selection="nuggets", threshold=None, **kw):
   cfg = DodoLMConfig(decoder=dataclasses.replace(TINY, lora_rank=lora_rank),
                      compression_ratio=kw.pop("ratio", 3), window=kw.pop("window", 6),
-                     chunk=kw.pop("chunk", 3), scorer_layer=2, selection=selection,
+                     chunk=kw.pop("chunk", 1), scorer_layer=2, selection=selection,
                      threshold=threshold, **kw)
   module = DodoLM(cfg)
   tokens = np.ones((2, 20), np.int32)
@@ -54,14 +54,29 @@ def _calibrated_threshold(module, params, tokens):
   return threshold
 
 
+def _reference_split(cfg, n):
+  """The paper's split t - τ (dodo.md Eq. 9): token t reads its last τ tokens (itself
+  included) in full; with chunks, the split of a chunk's first token is shared."""
+  return [max(0, (t // cfg.chunk) * cfg.chunk + 1 - cfg.window) for t in range(n)]
+
+
+def _reference_mask(cfg, n, nugget):
+  """numpy: [p(t), t] in full, plus the nuggets in [p(t) - H, p(t)) (H = None: all)."""
+  split = _reference_split(cfg, n)
+  start = [0 if cfg.history is None else max(0, p - cfg.history) for p in split]
+  window = np.array([[split[t] <= i <= t for i in range(n)] for t in range(n)])
+  distant = np.array([[bool(nugget[i]) and start[t] <= i < split[t] for i in range(n)]
+                      for t in range(n)])
+  return window, window | distant
+
+
 def _reference_logits(cfg, params, tokens, threshold):
   """numpy: scores from base features over each token's window; token t attends to
   [p(t), t] and to earlier nuggets (score > Λ) before p(t)."""
   stack = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params["stack"])
   model = numpy_llama.Llama(cfg.decoder, stack)
   n = len(tokens)
-  split = [max(0, (t // cfg.chunk) * cfg.chunk + cfg.chunk - cfg.window) for t in range(n)]
-  window = np.array([[split[t] <= i <= t for i in range(n)] for t in range(n)])
+  window, _ = _reference_mask(cfg, n, np.zeros(n, bool))
   x = stack["token_embedder"]["embedding"][tokens]
   positions = np.arange(n)
   nugget = np.zeros(n, bool)
@@ -71,15 +86,15 @@ def _reference_logits(cfg, params, tokens, threshold):
       h = model.block(layer, h, positions, window, None)
     scores = numpy_llama.scorer(jax.tree_util.tree_map(np.asarray, params["scorer"]), h)
     nugget = scores > threshold
-  allowed = window | np.array([[nugget[i] and i < split[t] for i in range(n)]
-                               for t in range(n)])
+  _, allowed = _reference_mask(cfg, n, nugget)
   for layer in range(cfg.decoder.num_layers):
     x = model.block(layer, x, positions, allowed, None)
   return model.logits(x), nugget
 
 
-def test_parallel_pass_matches_numpy_mixed_resolution_attention():
-  cfg, module, params = _model()
+@pytest.mark.parametrize("kw", [{}, {"chunk": 3}, {"history": 5}])
+def test_parallel_pass_matches_numpy_mixed_resolution_attention(kw):
+  cfg, module, params = _model(**kw)
   tokens = _tokens()
   threshold = _calibrated_threshold(module, params, tokens)
   module = DodoLM(dataclasses.replace(cfg, threshold=threshold))
@@ -90,10 +105,11 @@ def test_parallel_pass_matches_numpy_mixed_resolution_attention():
     np.testing.assert_allclose(logits[row], expect, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize("lora_rank,selection", [(0, "nuggets"), (4, "nuggets"),
-                                                 (4, "compressive"), (0, "window")])
-def test_compressed_cache_decodes_like_the_parallel_pass(lora_rank, selection):
-  cfg, module, params = _model(lora_rank, selection)
+@pytest.mark.parametrize("lora_rank,selection,kw", [
+    (0, "nuggets", {}), (4, "nuggets", {}), (4, "compressive", {}), (0, "window", {}),
+    (0, "nuggets", {"chunk": 3, "history": 6}), (0, "compressive", {"history": 7})])
+def test_compressed_cache_decodes_like_the_parallel_pass(lora_rank, selection, kw):
+  cfg, module, params = _model(lora_rank, selection, **kw)
   tokens = _tokens(1)
   if selection == "nuggets":
     cfg = dataclasses.replace(cfg, threshold=_calibrated_threshold(module, params, tokens))
@@ -112,7 +128,7 @@ def test_compressed_cache_decodes_like_the_parallel_pass(lora_rank, selection):
   # the cache holds a τ-slot ring and the nugget / segment slots, never all 20 positions
   for path, leaf in cached:
     if "rings" in jax.tree_util.keystr(path) and leaf.ndim == 4:
-      assert leaf.shape[1] == cfg.window
+      assert leaf.shape[1] == cfg.window + cfg.chunk - 1
 
 
 def test_compressed_cache_greedy_generation_equals_recomputing():
@@ -174,7 +190,7 @@ def test_threshold_calibration_hits_the_ratio_on_held_out_text():
   docs = corpus.documents()
   cfg = DodoLMConfig(decoder=dataclasses.replace(TINY, vocab_size=vocab.vocab_size + 124,
                                                  max_length=256),
-                     compression_ratio=5, window=16, chunk=8, scorer_layer=2)
+                     compression_ratio=5, window=16, scorer_layer=2)
   module = DodoLM(cfg)
 
   def batch(texts):
@@ -195,7 +211,9 @@ def test_bad_settings_are_refused():
   with pytest.raises(ValueError, match="window"):
     DodoLMConfig(decoder=TINY, window=64)  # τ as large as the whole context
   with pytest.raises(ValueError, match="chunk"):
-    DodoLMConfig(decoder=TINY, window=4, chunk=8)
+    DodoLMConfig(decoder=TINY, window=4, chunk=0)
+  with pytest.raises(ValueError, match="history"):
+    DodoLMConfig(decoder=TINY, window=4, history=-1)
   with pytest.raises(ValueError, match="ratio r must be >= 1"):
     DodoLMConfig(decoder=TINY, compression_ratio=0.5)
   cfg, module, params = _model()
@@ -215,3 +233,93 @@ def test_window_only_baseline_matches_numpy_with_no_nuggets():
   for row in range(2):
     expect, _ = _reference_logits(cfg, params, tokens[row], threshold=np.inf)
     np.testing.assert_allclose(logits[row], expect, atol=2e-4, rtol=2e-4)
+
+
+def test_every_token_reads_its_last_tau_tokens_in_full():
+  """Eq. 9's window for every position, not only a chunk's last token: row t of the mask
+  holds exactly the min(t + 1, τ) positions t - τ + 1 .. t, plus nuggets before them."""
+  cfg, module, params = _model(window=6)
+  tokens = _tokens(4)
+  attended = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.attended))
+  nugget = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.nuggets))
+  for row in range(2):
+    for t in range(tokens.shape[1]):
+      recent = np.flatnonzero(attended[row, t, max(0, t - 5):])  # the last τ positions
+      assert len(recent) == min(t + 1, 6), (t, recent)
+      older = np.flatnonzero(attended[row, t, :max(0, t - 5)])
+      assert set(older) == set(np.flatnonzero(nugget[row, :max(0, t - 5)]))
+    _, expect = _reference_mask(cfg, tokens.shape[1], nugget[row])
+    np.testing.assert_array_equal(attended[row], expect)
+  assert not attended[:, np.triu_indices(tokens.shape[1], 1)[0],
+                      np.triu_indices(tokens.shape[1], 1)[1]].any()  # never the future
+
+
+def _prefix_rank_reference(scores, ratio):
+  """numpy: i is kept when fewer than ceil((i + 1) / r) of s_0 .. s_i rank above s_i."""
+  keep = np.zeros(len(scores), bool)
+  for i, s in enumerate(scores):
+    above = sum(1 for j in range(i + 1) if scores[j] > s or (scores[j] == s and j < i))
+    keep[i] = above < np.ceil((i + 1) / ratio)
+  return keep
+
+
+def test_training_selection_never_looks_ahead_nor_at_other_rows():
+  """With no Λ yet (training from scratch) a token's nugget choice, and its logits, are
+  the same whatever follows it and whatever the other rows hold."""
+  cfg, module, params = _model()
+  tokens = _tokens(5)
+  nuggets = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.nuggets))
+  scores = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.scores))
+  for row in range(2):
+    np.testing.assert_array_equal(nuggets[row], _prefix_rank_reference(scores[row], 3))
+  assert 0 < nuggets.sum() < nuggets.size
+  logits = np.asarray(module.apply({"params": params}, tokens, enable_dropout=False))
+  rng = np.random.default_rng(9)
+  for i in (3, 9, 14):
+    changed = tokens.copy()
+    changed[:, i + 1:] = rng.integers(2, VOCAB, changed[:, i + 1:].shape)
+    changed[1] = rng.integers(2, VOCAB, tokens.shape[1])  # row 1: another text entirely
+    after = np.asarray(module.apply({"params": params}, changed, method=DodoLM.nuggets))
+    np.testing.assert_array_equal(after[0, :i + 1], nuggets[0, :i + 1])
+    new_logits = np.asarray(module.apply({"params": params}, changed, enable_dropout=False))
+    np.testing.assert_allclose(new_logits[0, :i + 1], logits[0, :i + 1], atol=1e-5)
+  alone = np.asarray(module.apply({"params": params}, tokens[:1], method=DodoLM.nuggets))
+  np.testing.assert_array_equal(alone[0], nuggets[0])  # the batch around it plays no part
+
+
+def test_fixed_history_bounds_the_attended_states():
+  """Table 1's setting: with H = 12 history tokens and τ = 4, a token attends to at most
+  τ + (nuggets among the H tokens before its window); when every token is a nugget that is
+  exactly min(t + 1, τ + H) states, so positions far apart see equal totals."""
+  cfg, module, params = _model(window=4, history=12, threshold=-1e9)  # every token a nugget
+  tokens = _tokens(6, n=40)
+  attended = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.attended))
+  counts = attended.sum(axis=-1)  # [b, n]
+  np.testing.assert_array_equal(counts, np.minimum(np.arange(40) + 1, 16)[None].repeat(2, 0))
+  cfg, module, params = _model(window=4, history=12)  # the learned selection
+  nugget = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.nuggets))
+  attended = np.asarray(module.apply({"params": params}, tokens, method=DodoLM.attended))
+  for row in range(2):
+    _, expect = _reference_mask(cfg, 40, nugget[row])
+    np.testing.assert_array_equal(attended[row], expect)
+    for t in range(40):
+      split = max(0, t - 3)
+      assert attended[row, t].sum() == min(t + 1, 4) + nugget[row, max(0, split - 12):split].sum()
+
+
+def test_the_lm_scorer_and_stack_start_from_a_trained_compressor():
+  """dodo.md footnote 2: the LM's scorer starts from the compressor's. Both networks name
+  their parameters alike, so a compressor MODEL_DIR as initial_checkpoint_path restores
+  every LM parameter (the trainer restores by name and shape)."""
+  from decal_jax.networks.dodo import Dodo, DodoConfig
+  cfg, module, params = _model(lora_rank=4)
+  compressor = Dodo(DodoConfig(decoder=cfg.decoder, compression_ratio=3, scorer_layer=2))
+  ones = np.ones((1, 8), np.int32)
+  compressor_params = compressor.init(jax.random.PRNGKey(0), ones, ones, ones,
+                                      enable_dropout=False)["params"]
+  have = {jax.tree_util.keystr(p): x.shape
+          for p, x in jax.tree_util.tree_leaves_with_path(compressor_params)}
+  need = {jax.tree_util.keystr(p): x.shape
+          for p, x in jax.tree_util.tree_leaves_with_path(params)}
+  assert any("scorer" in k for k in need)
+  assert {k: have.get(k) for k in need} == need

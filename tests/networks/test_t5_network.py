@@ -16,6 +16,7 @@ import numpy_t5 as ref
 import tolerances
 from decal_jax.compress import latents as latents_lib
 from decal_jax.layers import attention as attn
+from decal_jax.networks import t5
 from decal_jax.networks.t5 import T5Config, Transformer
 
 TINY = T5Config(vocab_size=61, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48,
@@ -397,6 +398,86 @@ def test_packed_segments_equal_separate_examples(ratio):
   for got, alone in ((packed[:, :3], alone_a), (packed[:, 3:], alone_b)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(alone),
                                atol=tolerances.network_atol(alone, _all_reductions(cfg, 10)))
+
+
+def _packed_row(lengths, pad, seed=30):
+  """One packed row of examples of `lengths` then `pad` padding: (tokens, segment ids,
+  positions), each `[1, sum(lengths) + pad]`, as seqio's packing writes them."""
+  rng = np.random.RandomState(seed)
+  tokens = np.concatenate([rng.randint(2, 61, k) for k in lengths] + [np.zeros(pad, int)])
+  segments = np.concatenate([np.full(k, s + 1) for s, k in enumerate(lengths)] + [np.zeros(pad)])
+  positions = np.concatenate([np.arange(k) for k in lengths] + [np.zeros(pad)])
+  return tuple(jnp.asarray(a[None], jnp.int32) for a in (tokens, segments, positions))
+
+
+@pytest.mark.parametrize("ratio", [2, 3])
+def test_packed_latents_restart_at_each_example(ratio):
+  """Examples of 5 and 3 tokens packed into 10: each gets ceil(n_i / C) latents whose
+  windows start at its own first token, the masked stride-C means of that example alone."""
+  tokens, segments, positions = _packed_row([5, 3], pad=2)
+  x = jnp.asarray(np.random.RandomState(31).randn(1, 10, 16), jnp.float32)
+  module = latents_lib.DecalLatents(latents_lib.LatentConfig(ratio=ratio))
+  out, variables = module.init_with_output(jax.random.PRNGKey(0), x, tokens, positions, segments)
+  p = ref.to_numpy(variables["params"])
+  first, m = 0, 0
+  for seg, (start, length) in enumerate([(0, 5), (5, 3)], start=1):
+    want, _, want_pos = ref.decal_latents(np.asarray(x[0, start:start + length], np.float64),
+                                          np.ones(length, bool), np.arange(length),
+                                          p["latent_vector"], p["latent_norm"]["scale"], ratio)
+    k = math.ceil(length / ratio)
+    got = slice(first, first + k)
+    np.testing.assert_allclose(np.asarray(out.embeddings[0, got]), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out.positions[0, got]), want_pos)
+    np.testing.assert_array_equal(np.asarray(out.segment_ids[0, got]), [seg] * k)
+    first, m = first + k, m + k
+  assert np.asarray(out.valid[0]).tolist() == [True] * m + [False] * (math.ceil(10 / ratio) - m)
+  valid, seg = latents_lib.window_validity(module.config, tokens, segments)  # the decoder's
+  np.testing.assert_array_equal(np.asarray(valid), np.asarray(out.valid))
+  np.testing.assert_array_equal(np.asarray(seg), np.asarray(out.segment_ids))
+
+
+def test_packed_odd_length_examples_equal_separate_examples():
+  """Lengths 5 and 3 at C = 2 (windows would straddle the examples if counted from the row's
+  start): the packed encoder's latents equal each example encoded alone."""
+  cfg = dataclasses.replace(TINY, compression_ratio=2)
+  model, params = _init(cfg)
+  tokens, segments, positions = _packed_row([5, 3], pad=2)
+  packed = _apply(model, {"params": params}, tokens, segments, positions, enable_dropout=False,
+                  method=model.encode)  # [1, 5, embed]: 3 + 2 latents, one invalid
+  for got, alone in ((packed[:, :3], tokens[:, :5]), (packed[:, 3:5], tokens[:, 5:8])):
+    want = _apply(model, {"params": params}, alone, enable_dropout=False, method=model.encode)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=tolerances.network_atol(
+        want, tolerances.stack_reductions(cfg, keys=10, layers=cfg.num_encoder_layers)))
+
+
+@pytest.mark.parametrize("ratio", [2, 3])
+def test_pad_inside_a_row_encoder_and_decoder_agree(ratio):
+  """Pads in the middle of a row (a window may start with a pad, or hold only pads): the
+  encoder's latent mask, the decoder's cross-attention mask and the numpy windows agree,
+  and the whole model's logits match the numpy re-derivation."""
+  cfg = dataclasses.replace(TINY, compression_ratio=ratio)
+  model, params = _init(cfg)
+  enc = np.array(_tokens(40, 3, 9))
+  enc[0, [2, 3, 4]] = 0       # C = 2: window {2, 3} empty; window {4, 5} starts with a pad
+  enc[1, [0, 3]] = 0          # the first token and one inside a window
+  enc[2, [1, 2, 6, 7, 8]] = 0  # C = 3: window {6, 7, 8} empty
+  enc = jnp.asarray(enc)
+  targets = _tokens(41, 3, 5)
+  encoded, encoder_valid = _apply(model, {"params": params}, enc,
+                                  method=lambda mdl, t: mdl.encoder(t))  # deterministic
+  decoder_valid, _ = t5.encoded_validity(cfg, enc)
+  windows = np.pad(np.asarray(enc) > 0, ((0, 0), (0, -9 % ratio))).reshape(3, -1, ratio)
+  np.testing.assert_array_equal(np.asarray(encoder_valid), windows.any(-1))
+  np.testing.assert_array_equal(np.asarray(decoder_valid), windows.any(-1))
+  logits = _apply(model, {"params": params}, enc, _shift_right(targets), targets,
+                  enable_dropout=False)
+  p = ref.to_numpy(params)
+  for b in range(3):
+    want_enc, valid = ref.encoder(p, np.asarray(enc[b]), cfg)
+    np.testing.assert_allclose(np.asarray(encoded[b])[valid], want_enc[valid], rtol=1e-3,
+                               atol=1e-4)
+    want = ref.decoder_logits(p, want_enc, valid, np.asarray(_shift_right(targets)[b]), cfg)
+    np.testing.assert_allclose(np.asarray(logits[b]), want, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])

@@ -53,7 +53,7 @@ def test_table_mean_and_standard_error_are_numpys_over_the_seed_rows():
 def test_rewriting_the_report_keeps_the_hand_written_reading(tmp_path):
   out = tmp_path / "retention.md"
   out.write_text("an older table\n" + rt.READING + "\nMy reading.\n")
-  args = argparse.Namespace(out=out, no_plot=True, argv=["--steps", "80"])
+  args = argparse.Namespace(out=out, no_plot=True, argv=["--steps", "80"], content="real")
   rt.write(args, _results({("decal", 2): [0.3, 0.31, 0.32]}), 36)
   text = out.read_text()
   assert "an older table" not in text and text.endswith(rt.READING + "\nMy reading.\n")
@@ -119,7 +119,7 @@ def test_every_method_trains_under_the_same_budget(method, compressor):
   """The tool's gin files build each method at the asked ratio, and the budget (steps,
   batch, optimiser, task, lengths) is the same for all four."""
   from decal_jax.runtime import gin_utils
-  args = argparse.Namespace(steps=None, dry_run=False)
+  args = rt.parse_args(["--content", "real"])
   files, bindings = rt.run_config(method, 4, 1, args, pathlib.Path("/tmp/unused"))
   gin_utils.parse(files, [], bindings)
   model = gin.query_parameter("%MODEL").scoped_configurable_fn()
@@ -133,3 +133,58 @@ def test_every_method_trains_under_the_same_budget(method, compressor):
           gin.query_parameter("%SEED")) == (80, 16, 1)
   assert gin.query_parameter("trainer.train.optimizer").selector == "optimizers.adamw"
   gin.clear_config()
+
+
+@pytest.mark.parametrize("method", list(rt.METHODS))
+def test_every_method_trains_the_known_content_under_one_budget(method):
+  """Known content: each of the six methods is built at the asked ratio, with the ablation's
+  switch where it has one, on the asked task and lengths (n symbols + EOS), same budget."""
+  from decal_jax.runtime import gin_utils
+  args = rt.parse_args(["--task", "decal_known_repeat_k4_n31"])
+  assert (args.methods, args.ratios, args.length) == (list(rt.METHODS), [1, 2, 4, 8, 16], 32)
+  files, bindings = rt.run_config(method, 8, 2, args, pathlib.Path("/tmp/unused"))
+  gin_utils.parse(files, [], bindings)
+  config = gin.query_parameter("%MODEL").scoped_configurable_fn().module.config
+  assert config.compression_ratio == 8
+  if method != "dodo":
+    assert config.use_pooling == (method != "decal_no_pooling")
+    assert config.separate_latent_params == (method == "decal_separate")
+  assert gin.query_parameter("%KNOWN_TASK") == "decal_known_repeat_k4_n31"  # the task macro
+  assert gin.query_parameter("%TASK_FEATURE_LENGTHS") == {"inputs": 32, "targets": 32}
+  assert (gin.query_parameter("%TRAIN_STEPS"), gin.query_parameter("%BATCH_SIZE"),
+          gin.query_parameter("%SEED")) == (1500, 64, 2)
+  gin.clear_config()
+
+
+def test_a_ratio_that_does_not_divide_the_input_is_refused():
+  with pytest.raises(SystemExit):
+    rt.parse_args(["--task", "decal_known_uniform_k16_n15", "--ratios", "3"])  # 16 tokens
+
+
+def test_flat_step_is_where_the_curve_stays_near_its_last_value():
+  curve = [[100, 0.20], [200, 0.90], [300, 0.987], [400, 0.99], [500, 0.995]]
+  assert rt.flat_step(curve) == 300  # 0.987 .. 0.995 within 0.01 of 0.995; 0.90 is not
+  assert rt.flat_step([[100, 0.5], [200, 0.7]]) == 200  # still rising: its last step
+  assert rt.flat_step([[100, 0.5], [200, 0.98], [300, 0.5]]) == 300  # a late fall counts
+  assert math.isnan(rt.flat_step([]))
+
+
+def test_bits_per_latent_divide_the_content_by_the_encodings_vectors():
+  assert rt.bits_per_latent("decal_known_uniform_k16_n15", 1, 16) == 60 / 16
+  assert rt.bits_per_latent("decal_known_uniform_k16_n15", 4, 16) == 15.0
+  assert rt.bits_per_latent("decal_known_repeat_k16_n15", 16, 16) == 32.0  # one latent
+
+
+def test_known_content_rows_report_exact_rebuilds_and_the_swapped_control():
+  results = []
+  for seed, exact in enumerate([98.0, 100.0, 99.0]):
+    results.append({"method": "decal", "ratio": 4, "seed": seed, "exact": exact,
+                    "symbol_accuracy": exact, "teacher_forced_accuracy": exact / 100,
+                    "swapped_accuracy": 0.0625, "bits_per_latent": 15.0,
+                    "curve": [[375, 0.5], [750, 0.991], [1125, exact / 100]]})
+  rows = rt.summarize(results)
+  assert rows[0]["exact"] == pytest.approx((99.0, 1 / np.sqrt(3)))  # s.d. 1, n = 3
+  assert rows[0]["swapped_accuracy"] == pytest.approx((6.25, 0.0))
+  cells = [c.strip() for c in rt.table(rows, rt.KNOWN_METRICS).splitlines()[2].split("|")[1:-1]]
+  assert cells[:5] == ["DeCAL", "4", "15.0", "3", "99.00 ± 0.58"]
+  assert cells[-1] == "875"  # 1125 (0.991 is 0.011 from its last 0.98) / 750 / 750
