@@ -155,7 +155,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
                                      "--synthetic_passages", "1000000", "--ratios", "4", "--bits",
                                      "2", "none", "--num_centroids", "1.0",
                                      "--sample_vectors", "1048576"],
-          retention=["--steps", str(RETENTION_STEPS)],
+          retention=["--content", "real", "--steps", str(RETENTION_STEPS)],
           ablation=["--budget", "gpu"]))
 
 
@@ -214,5 +214,6 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
                                      "--synthetic_passages", "300", "--synthetic_length", "8",
                                      "--synthetic_topics", "20", "--synthetic_queries", "10",
                                      "--dim", "16", "--ratios", "4", "--bits", "2", "none"],
-          retention=["--methods", "decal", "--ratios", "4", "--seeds", "0", "--dry_run"],
+          retention=["--content", "real", "--methods", "decal", "--ratios", "4", "--seeds", "0",
+                     "--dry_run"],
           ablation=["--budget", str(budget)]))

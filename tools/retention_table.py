@@ -33,8 +33,9 @@ from which the held-out curve stayed within FLAT_POINTS of its last value.
 Options: --methods (default: all six for known content, the first four for real text),
 --ratios, --seeds (0 1 2), --steps (the run file's), --work (runs/retention_<content>: one
 MODEL_DIR per run), --record (a JSON of every finished run's result: read first, so a rerun or
-another machine only runs what is missing, and rewritten after each run), --dry_run (2 steps,
-4 held-out examples: checks the machinery, numbers meaningless). SIGTERM stops after saving;
+another machine only runs what is missing, and rewritten after each run), --report_only
+(redraw from the record, training nothing), --dry_run (2 steps, 4 held-out examples: checks
+the machinery, numbers meaningless). SIGTERM stops after saving;
 the same command resumes.
 """
 import argparse
@@ -295,7 +296,7 @@ def table(rows: Sequence[Mapping], metrics=METRICS) -> str:
 
 def _curves(ax, results: Sequence[Mapping]) -> None:
   """Held-out teacher-forced accuracy vs step, mean over seeds, a line per method and C."""
-  styles = {1: (0, (1, 3)), 2: "-", 4: "--", 8: ":", 16: "-."}
+  styles = {1: "-", 2: "--", 4: "-.", 8: ":", 16: (0, (5, 1, 1, 1, 1, 1))}
   for i, method in enumerate(METHODS):
     for ratio in sorted({r["ratio"] for r in results}):
       curves = [r["curve"] for r in results if r["method"] == method and r["ratio"] == ratio]
@@ -395,6 +396,8 @@ def parse_args(argv=None):
   p.add_argument("--out", type=pathlib.Path, help="the Markdown report (plot: same name .png)")
   p.add_argument("--no-plot", action="store_true")
   p.add_argument("--dry_run", action="store_true", help="2 steps, 4 examples: a check only")
+  p.add_argument("--report_only", action="store_true",
+                 help="redraw the table from --record without training the runs it lacks")
   a = p.parse_args(argv)
   a.argv = argv
   content = CONTENTS[a.content]
@@ -429,6 +432,8 @@ def main(argv=None):
   results = []
   for method, ratio, seed in plan:
     key = record_key(a, method, ratio, seed)
+    if key not in done and a.report_only:
+      continue
     if key not in done:
       result = run_one(method, ratio, seed, a, a.work)
       if result is None:

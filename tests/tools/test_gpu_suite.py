@@ -313,7 +313,11 @@ def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
   assert synthetic.synthetic_passages == 1_000_000 and synthetic.ratios == [4]
   assert synthetic.num_centroids == 1.0 and synthetic.sample_vectors == 1 << 20
   assert synthetic.beir_folder == synthetic.msmarco_folder == ""
-  assert scale.tools["retention"] == ["--steps", str(gpu_suite.RETENTION_STEPS)]
+  assert scale.tools["retention"] == ["--content", "real", "--steps",
+                                      str(gpu_suite.RETENTION_STEPS)]
+  from tools import retention_table
+  retention = retention_table.parse_args(scale.tools["retention"])
+  assert (retention.content, retention.steps, retention.ratios) == ("real", 1200, [2, 4, 8])
 
 
 def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
