@@ -109,9 +109,13 @@ def normalize_for_containment(text: str) -> str:
 
 
 def answer_contained(reference: str, prediction: str) -> float:
-  """1.0 when the normalised reference occurs in the normalised prediction as whole words."""
-  ref = normalize_for_containment(reference)
-  return float(bool(ref) and f" {ref} " in f" {normalize_for_containment(prediction)} ")
+  """1.0 when the normalised reference occurs in the normalised prediction as whole words.
+  An empty reference (an unanswerable question kept as answers [""]) is contained only in an
+  empty prediction: the model is right when it abstains, as EM scores it."""
+  ref, hyp = normalize_for_containment(reference), normalize_for_containment(prediction)
+  if not ref:
+    return float(not hyp)
+  return float(f" {ref} " in f" {hyp} ")
 
 
 def contains_answer(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:

@@ -41,6 +41,8 @@ def test_squad_takes_the_best_reference_and_averages_times_100():
     ("2", "in 12 days", 0.0),                                      # whole words only
     ("Paris", "London", 0.0),
     ("...", "anything", 0.0),                                      # empty once normalised
+    ("", "", 1.0),                                  # unanswerable (answers [""]): abstained
+    ("", "Paris", 0.0),                             # unanswerable, but the model answered
 ])
 def test_contains_answer_hand_worked(reference, prediction, hit):
   assert text_metrics.answer_contained(reference, prediction) == hit

@@ -186,7 +186,8 @@ def test_prepare_jsonl_names_squad_v2_unanswerable_questions_and_keeps_them_on_r
   assert [list(e["targets"]) for e in examples] == [
       list(vocab.encode(a)) + [vocab.eos_id] for a in ("1843", "", "Ada")]
   assert [a.decode() for a in examples[1]["answers"]] == [""]
-  assert text_metrics.squad([[""]], [""]) == {"em": 100.0, "f1": 100.0}
+  assert text_metrics.squad([[""]], [""]) == {"em": 100.0, "f1": 100.0,
+                                              "contains_answer": 100.0}
   # Hugging Face squad_v2 rows (an empty answers.text) convert the same.
   rows = [{"id": "u1", "title": "Ada", "context": "Ada wrote it in 1843.",
            "question": "Who read it?", "answers": {"text": [], "answer_start": []}}]
