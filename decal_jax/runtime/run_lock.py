@@ -70,8 +70,11 @@ def _read_holder(fd: int) -> Optional[Dict]:
   raw = b""
   while chunk := os.read(fd, 65536):
     raw += chunk
-  if not raw.strip():
-    return None
+  return _holder(raw) if raw.strip() else None
+
+
+def _holder(raw: bytes) -> Dict:
+  """A lock's JSON record; {} when it is not a JSON object."""
   try:
     holder = json.loads(raw)
   except ValueError:
@@ -235,11 +238,7 @@ def _read_remote(path: str) -> Optional[Dict]:
     raw = fileio.as_path(path).read_bytes()
   except FileNotFoundError:
     return None
-  try:
-    holder = json.loads(raw)
-  except ValueError:
-    return {}
-  return holder if isinstance(holder, dict) else {}
+  return _holder(raw)
 
 
 def _acquire_remote(path: str, command: Optional[str]) -> str:
