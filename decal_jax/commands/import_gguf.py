@@ -24,7 +24,9 @@ import json
 import os
 import pathlib
 import sys
-from typing import Dict, List
+from typing import List
+
+from decal_jax.commands.import_hf import check_out, write_checkpoint
 
 
 def parse_args(argv):
@@ -41,15 +43,6 @@ def parse_args(argv):
   return parser.parse_args(argv)
 
 
-def check_out(out: pathlib.Path, overwrite: bool) -> None:
-  if out.exists() and not out.is_dir():
-    sys.exit(f"error: --out {out} is a file; give a directory.")
-  if out.exists() and any(out.iterdir()) and not overwrite:
-    held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
-    sys.exit(f"error: --out {out} already exists and is not empty ({held}); pass --overwrite "
-             "to replace it, or choose another --out.")
-
-
 def gin_text(config, source: str, out: pathlib.Path) -> str:
   """gguf_import.gin: the sizes, and the vocabulary reading the written tokenizer.json."""
   from decal_jax.interop import hf_params
@@ -62,21 +55,6 @@ def gin_text(config, source: str, out: pathlib.Path) -> str:
       "", *hf_params.size_bindings(config), "",
       "VOCABULARY = @hf_vocabularies.HfTokenizerVocabulary()",
       f"hf_vocabularies.HfTokenizerVocabulary.path = {str(out / 'tokenizer.json')!r}", ""])
-
-
-def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str], gguf_file) -> None:
-  """checkpoint_0, the tokenizer files and `files` ({name: text}), built in a temporary
-  folder renamed to `out` (as decal_jax/commands/import_hf.py writes its checkpoints)."""
-  from decal_jax import fileio
-  from decal_jax.interop import gguf
-  from decal_jax.runtime import checkpoints
-  with fileio.atomic_directory(out) as tmp:
-    ckpt = checkpoints.Checkpointer(str(tmp), keep=1)
-    ckpt.save(0, {"params": params}, {}, force=True)
-    ckpt.close()
-    gguf.write_tokenizer(gguf_file, tmp)
-    for name, text in files.items():
-      (tmp / name).write_text(text)
 
 
 def report_lines(config, source: str, out: pathlib.Path, count: int) -> List[str]:
@@ -113,7 +91,8 @@ def main(argv=None) -> int:
               "copied": len(jax.tree_util.tree_leaves(params))}
   write_checkpoint(out, params, {
       "gguf_import.gin": gin_text(config, str(path), out),
-      "gguf_import.json": json.dumps(manifest, indent=2) + "\n"}, gguf_file)
+      "gguf_import.json": json.dumps(manifest, indent=2) + "\n"},
+      write_more=lambda folder: gguf.write_tokenizer(gguf_file, folder))
   count = sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
   print("\n".join(report_lines(config, str(path), out, count)), flush=True)
   return 0

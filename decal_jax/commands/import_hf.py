@@ -45,7 +45,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -164,13 +164,17 @@ def check_out(out: pathlib.Path, overwrite: bool) -> None:
              "to replace it, or choose another --out.")
 
 
-def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str]) -> None:
-  """checkpoint_0 + `files` ({name: text}), built in a temp folder renamed to `out`."""
+def write_checkpoint(out: pathlib.Path, params, files: Dict[str, str],
+                     write_more: Optional[Callable[[pathlib.Path], None]] = None) -> None:
+  """checkpoint_0 + `files` ({name: text}) + what `write_more(folder)` writes, built in a
+  temporary folder renamed to `out` (import_gguf writes its checkpoints this way too)."""
   from decal_jax.runtime import checkpoints
   with fileio.atomic_directory(out) as tmp:
     ckpt = checkpoints.Checkpointer(str(tmp), keep=1)
     ckpt.save(0, {"params": params}, {}, force=True)
     ckpt.close()
+    if write_more is not None:
+      write_more(tmp)
     for name, text in files.items():
       (tmp / name).write_text(text)
 

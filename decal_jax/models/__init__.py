@@ -4,7 +4,7 @@ module and answers the trainer through `base.BaseModel`'s methods.
   base.py             BaseModel (the protocol) and TokenModel (the shared token loss)
   encoder_decoder.py  EncoderDecoderModel (T5 / DeCAL, Dodo autoencoding)
   decoder_only.py     DecoderOnlyModel (causal LMs: Decoder, DodoLM, GPTHF)
-  squid.py            SquidModel and its feature converter
+  squid.py            SquidModel, QueryModel (the base Dodo QA shares) and their feature converter
   dodo.py             DodoQAModel (Dodo with the question on the decoder side)
   dual_encoder.py     DualEncoderModel (multi-vector retrieval)
   dual_encoder_features.py  its seqio feature converter (seqio, TF)

@@ -4,47 +4,30 @@ with `query_tokens`).
 
 Batches come from the same tasks as Squid's stage 3 (features 'inputs' = the document,
 'query' = the question, 'targets' = the answer; `tasks/squid_tasks.py`), converted by
-`SquidFeatureConverter`: encoder_input_tokens <- document, query_tokens <- question.
+`SquidFeatureConverter` (`QueryModel`): encoder_input_tokens <- document, query_tokens <- question.
 """
-from typing import Any, Mapping, Optional, Tuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from decal_jax.models import base
-from decal_jax.models.encoder_decoder import EncoderDecoderModel
-from decal_jax.models.squid import SquidFeatureConverter
+from decal_jax.models.squid import QueryModel
 
 Array = jax.Array
 Batch = base.Batch
 
 
-class DodoQAModel(EncoderDecoderModel):
-  """`EncoderDecoderModel` for `Dodo` whose batches carry `query_tokens`: the decoder reads
-  [the document's nuggets; the question] and then produces the answer."""
+class DodoQAModel(QueryModel):
+  """`QueryModel` for `Dodo`: the decoder reads [the document's nuggets; the question] and
+  then produces the answer."""
 
-  FEATURE_CONVERTER_CLS = SquidFeatureConverter
-  EXAMPLE_FEATURES = (("inputs", "encoder_input_tokens"), ("query", "query_tokens"),
-                      ("targets", "decoder_target_tokens"))
-
-  def input_shapes(self, task_feature_lengths: Mapping[str, int]) -> base.Shapes:
-    shapes = super().input_shapes(task_feature_lengths)
-    shapes["query_tokens"] = (1, task_feature_lengths.get("query", 1))
-    return shapes
-
-  def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]],
-                            input_types: Optional[Mapping[str, Any]] = None):
-    enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
-    dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
-    query = jnp.ones(input_shapes.get("query_tokens", (enc.shape[0], 1)), jnp.int32)
-    return self.module.init(rng, enc, dec, dec, query_tokens=query, enable_dropout=False)
-
-  def _compute_logits(self, params, batch: Batch, dropout_rng: Optional[Array] = None) -> Array:
-    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    return self.module.apply(
-        {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-        batch["decoder_target_tokens"], query_tokens=_query(batch),
-        enable_dropout=rngs is not None, rngs=rngs)
+  def query(self, batch: Batch) -> Array:
+    """The batch's question tokens `[batch, q]` (width 1 of padding when it has none)."""
+    query = batch.get("query_tokens")
+    if query is None:
+      return jnp.zeros((batch["encoder_input_tokens"].shape[0], 1), jnp.int32)
+    return query
 
   def _compute_logits_from_slice(self, state, params, encoded, raw_inputs: Array,
                                  max_decode_length: int):
@@ -60,7 +43,7 @@ class DodoQAModel(EncoderDecoderModel):
                              num_decodes: int = 1, return_all_decodes: bool = False,
                              **decoder_kwargs):
     """Compresses each row's document, reads its question, decodes the answer."""
-    inputs, query = batch["encoder_input_tokens"], _query(batch)
+    inputs, query = batch["encoder_input_tokens"], self.query(batch)
     targets_shape = batch["decoder_input_tokens"].shape
     dummy = jnp.ones(targets_shape, jnp.int32)
     _, init_vars = self.module.apply(
@@ -71,10 +54,3 @@ class DodoQAModel(EncoderDecoderModel):
     return self._decode_from(params, memory, prefix[:, None], init_vars["cache"], targets_shape,
                              rng, num_decodes, return_all_decodes, **decoder_kwargs)
 
-
-def _query(batch: Batch) -> Array:
-  """The batch's question tokens `[batch, q]` (width 1 of padding when it has none)."""
-  query = batch.get("query_tokens")
-  if query is None:
-    return jnp.zeros((batch["encoder_input_tokens"].shape[0], 1), jnp.int32)
-  return query

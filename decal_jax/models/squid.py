@@ -88,14 +88,10 @@ class SquidT5XFeatureConverter(SquidFeatureConverter):
     return dict(lengths, encoder_input_tokens=lengths["encoder_input_tokens"] + query)
 
 
-class SquidModel(EncoderDecoderModel):
-  """`EncoderDecoderModel` for `networks.squid.Squid`: batches carry `query_tokens` (what the
-  large decoder reads after the compressed context), and inference can compress a context
-  once and answer many queries against the kept `Compressed` vectors:
-
-    compressed = model.compress(params, context)          # [b, n] -> N vectors per row
-    answers = model.answer(params, compressed, queries, 32)  # no recompression
-  """
+class QueryModel(EncoderDecoderModel):
+  """An `EncoderDecoderModel` whose batches carry `query_tokens` beside the context (Squid's
+  and Dodo QA's, from `SquidFeatureConverter`): the module is called with
+  `query_tokens=self.query(batch)`."""
 
   FEATURE_CONVERTER_CLS = SquidFeatureConverter
   EXAMPLE_FEATURES = (("inputs", "encoder_input_tokens"), ("query", "query_tokens"),
@@ -107,10 +103,9 @@ class SquidModel(EncoderDecoderModel):
       shapes["query_tokens"] = (1, task_feature_lengths["query"])
     return shapes
 
-  def compression_ratio(self, task_feature_lengths: Mapping[str, int]) -> float:
-    """Context tokens per memory vector: n / N for a context of n = 'inputs' tokens."""
-    n = task_feature_lengths["inputs"]
-    return n / self.module.config.memory_count(n)
+  def query(self, batch: Batch) -> Optional[Array]:
+    """The batch's query tokens `[batch, q]`, None when it has none."""
+    return batch.get("query_tokens")
 
   def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Tuple[int, ...]],
                             input_types: Optional[Mapping[str, Any]] = None):
@@ -123,8 +118,23 @@ class SquidModel(EncoderDecoderModel):
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     return self.module.apply(
         {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-        batch["decoder_target_tokens"], query_tokens=batch.get("query_tokens"),
+        batch["decoder_target_tokens"], query_tokens=self.query(batch),
         enable_dropout=rngs is not None, rngs=rngs)
+
+
+class SquidModel(QueryModel):
+  """`QueryModel` for `networks.squid.Squid` (the query is what the large decoder reads after
+  the compressed context); inference can compress a context once and answer many queries
+  against the kept `Compressed` vectors:
+
+    compressed = model.compress(params, context)          # [b, n] -> N vectors per row
+    answers = model.answer(params, compressed, queries, 32)  # no recompression
+  """
+
+  def compression_ratio(self, task_feature_lengths: Mapping[str, int]) -> float:
+    """Context tokens per memory vector: n / N for a context of n = 'inputs' tokens."""
+    n = task_feature_lengths["inputs"]
+    return n / self.module.config.memory_count(n)
 
   def check_batch(self, batch: Batch) -> None:
     """Host-side check of a numpy batch (the trainer calls it before each step): with a
