@@ -71,12 +71,8 @@ def read_model(files, bindings):
   """(network class, its config or None, the VOCABULARY object or None, gin text) from the
   gin files: MODEL's module and that module's config, built (no file is read)."""
   import gin
-  from decal_jax.runtime import gin_utils
-  gin.clear_config()
-  for path in (str(pathlib.Path.cwd()), str(gin_utils.GIN_DIR)):
-    gin.add_config_file_search_path(path)
-  try:
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+  from decal_jax.commands.import_hf import parsed_gin
+  with parsed_gin(files, bindings, "MODEL with a module"):
     model = gin.query_parameter("%MODEL").configurable.selector
     module = gin.query_parameter(f"{model}.module").configurable
     try:
@@ -88,12 +84,6 @@ def read_model(files, bindings):
     except (ValueError, TypeError):
       vocabulary = None
     text = gin.config_str()
-  except (IOError, OSError) as e:
-    sys.exit(f"error: gin file not found: {e}")
-  except ValueError as e:
-    sys.exit(f"error: the gin files {files} configure no MODEL with a module: {e}")
-  finally:
-    gin.clear_config()
   header = [f"# decal_jax gin files: {files}", *(f"# binding: {b}" for b in bindings)]
   return module.wrapped, config, vocabulary, "\n".join(header) + "\n" + text
 
