@@ -276,6 +276,11 @@ def register_beir_task(name: str, folder: Folder) -> seqio.Task:
   return _register(task_name, BeirSource(folder, splits), PAIR_FEATURES)
 
 
+def beir_task_names() -> List[str]:
+  """The registered BEIR tasks (`decal_beir_<name>`), sorted."""
+  return sorted(_BEIR_FOLDERS)
+
+
 def beir_folder(task_name: str) -> str:
   """The BEIR folder of a registered `decal_beir_*` task (the built-in one is written on
   first call)."""

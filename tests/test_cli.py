@@ -237,17 +237,18 @@ def _stale_lock(model_dir):
 def test_the_librarys_warnings_reach_the_log_dir_file_and_stderr_once_each(tmp_path,
                                                                           also_stderr):
   """A decal_jax warning logged mid-run (taking over a dead trainer's lock; the run is then
-  refused for a mistyped task, before any compile) is a line of absl's --log_dir file in
-  absl's format, and printed once on stderr above the progress bar, with or without
-  --alsologtostderr (which copies absl's own lines, not this one, to stderr)."""
+  refused for targets too short for span corruption's, before any compile) is a line of
+  absl's --log_dir file in absl's format, and printed once on stderr above the progress bar,
+  with or without --alsologtostderr (which copies absl's own lines, not this one, to
+  stderr)."""
   (tmp_path / "m").mkdir()
   warning = _stale_lock(tmp_path / "m")
   result = _cli("train", f"--gin_file={ENTRY_POINTS['train']}",
                 f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
-                "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_span_corruptoin'",
+                "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 4}",
                 f"--log_dir={tmp_path / 'logs'}", *also_stderr)
   assert result.returncode != 0, result.stderr
-  assert "Did you mean decal_builtin_span_corruption" in result.stderr
+  assert "targets would be cut. Set 'targets' >= " in result.stderr
   log = (tmp_path / "logs" / "decal_jax.train.INFO").read_text()  # absl's link to the file
   assert re.findall(r"^W\d{4} [\d:.]+ +\d+ run_lock\.py:\d+\] (.*)$", log, re.M) == [warning]
   assert "] JAX backend: cpu, 1 device (cpu)" in log  # the INFO lines are there as before

@@ -51,6 +51,33 @@ def test_library_warnings_also_reach_a_log_file_handler_in_its_format_and_only_t
   assert written == ["WARNING: stale lock", "WARNING: to stderr"]
 
 
+def test_python_warnings_take_the_library_warnings_way_inside_the_block_only(monkeypatch,
+                                                                          caplog):
+  """`warnings.warn` in a run (the library's own, or another package's) printed raw across
+  the bar and never reached the --log_dir file: inside the block it is written once through
+  tqdm and into the log file, not also through the root handlers; afterwards warnings are
+  shown as before."""
+  import warnings
+  written = []
+  monkeypatch.setattr(tqdm.tqdm, "write", lambda text, file=None: written.append(text))
+  log_file = logging.StreamHandler(io.StringIO())
+  log_file.setFormatter(logging.Formatter("%(levelname).1s %(name)s] %(message)s"))
+  showwarning = warnings.showwarning
+  with caplog.at_level(logging.WARNING):
+    with console.library_warnings_through_tqdm(log_file):
+      warnings.warn("a package's deprecation, mid-run", UserWarning, stacklevel=1)
+    assert warnings.showwarning is showwarning  # restored
+    with warnings.catch_warnings(record=True) as after:
+      warnings.simplefilter("always")
+      warnings.warn("after the run", UserWarning, stacklevel=1)
+  assert len(written) == 1 and written[0].startswith("WARNING: ")
+  assert "test_console.py:" in written[0]  # file:line: Category: message, and its source line
+  assert "UserWarning: a package's deprecation, mid-run\n  warnings.warn(" in written[0]
+  assert not written[0].endswith("\n")
+  assert log_file.stream.getvalue() == "W py.warnings] " + written[0][len("WARNING: "):] + "\n"
+  assert caplog.records == [] and [str(w.message) for w in after] == ["after the run"]
+
+
 def test_native_stderr_is_hidden_only_inside_the_block():
   code = ("import os, sys\n"
           "from decal_jax.runtime import console\n"

@@ -3,9 +3,12 @@
 A tiny dual encoder and its index (tests/retrieval/test_searcher.py's `build_model_dir`)
 are served on 127.0.0.1, an ephemeral port, by a server thread the tests stop; a real HTTP
 client (urllib) asks it: results equal the Searcher's, every bad request gets its 4xx naming
-the field, the token guards /search and /info, 16 concurrent clients are answered right,
-a client that leaves mid-request hurts no one, and (the command, as a subprocess) SIGTERM
-drains the requests in flight.
+the field, the token guards /search, /info and /stats, 16 concurrent clients are answered
+right (and /stats counts the micro-batches they formed), a client that leaves mid-request
+hurts no one, and (the command, as a subprocess) SIGTERM drains the requests in flight.
+A micro-batch padded to its height (1, 2, 4, ... rows) answers each query as the encoder
+padded to the full batch and a brute-force numpy MaxSim do for it alone, and each height
+compiles once, all of them in `Searcher.warm_up` (traces counted).
 """
 import concurrent.futures
 import importlib.util
@@ -21,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import numpy as np
 import pytest
 
 import paths
@@ -28,7 +32,8 @@ import paths
 pytest.importorskip("starlette", reason="the serve extra: pip install 'decal_jax[serve]'")
 pytest.importorskip("uvicorn", reason="the serve extra: pip install 'decal_jax[serve]'")
 
-from decal_jax.runtime import search_server
+from decal_jax.retrieval import maxsim
+from decal_jax.runtime import retrieval_eval, search_server, searcher as searcher_lib
 
 TOKEN = "t0ken-for-tests"
 LIMITS = search_server.Limits(max_k=50, max_queries=8, max_query_chars=200,
@@ -160,6 +165,7 @@ def test_the_token_guards_search_and_info(served):
     status, body = call(url, "/search?q=apple", token=token)
     assert (status, body["field"]) == (401, "authorization")
     assert call(url, "/info", token=token)[0] == 401
+    assert call(url, "/stats", token=token)[0] == 401
   assert call(url, "/health", token=None) == (200, {"status": "ok"})
   status, info = call(url, "/info")
   assert status == 200 and info["token_required"] is True
@@ -186,6 +192,7 @@ def test_concurrent_clients_are_micro_batched_and_answered_right(served):
   queries = list(built.queries.values())
   expected = {q: _expected(searcher, [q], 4)[0] for q in queries}
   before = app.state.batcher.batches
+  stats_before = call(url, "/stats")[1]
 
   def client(i):
     answers = []
@@ -202,6 +209,90 @@ def test_concurrent_clients_are_micro_batched_and_answered_right(served):
     assert status == 200
     _same(body["results"], [expected[q]])
   assert app.state.batcher.batches - before < 48  # several requests shared an encoder call
+  status, stats = call(url, "/stats")
+  assert status == 200 and stats["requests"] - stats_before["requests"] == 48
+  assert stats["queries"] - stats_before["queries"] == 48  # one query per request
+  assert stats["batches"] - stats_before["batches"] == app.state.batcher.batches - before
+  sizes = {int(size): n for size, n in stats["batch_sizes"].items()}
+  assert sum(sizes.values()) == stats["batches"] and max(sizes) <= LIMITS.max_batch
+  assert sum(size * n for size, n in sizes.items()) == stats["queries"]
+
+
+def _params(searcher, built, helpers):
+  params, _ = retrieval_eval.restore_encoder(searcher.model, str(built.model_dir),
+                                             helpers.QUERY_LENGTH, helpers.QUERY_LENGTH)
+  return params, helpers.QUERY_LENGTH
+
+
+def _numpy_top_k(corpus_index, vectors, valid, k):
+  """Brute-force MaxSim of one query (vectors `[m, d]`, valid `[m]`) against every stored
+  document, in float64 -> (scores, doc indices), best first, ties to the lower index."""
+  query = vectors[valid].astype(np.float64)  # [a, d]
+  sims = query @ np.asarray(corpus_index.vectors, np.float64).T  # [a, all doc vectors]
+  bounds = zip(corpus_index.offsets[:-1], corpus_index.offsets[1:])
+  scores = np.array([sims[:, s:e].max(axis=1).sum() if e > s else 0.0 for s, e in bounds])
+  order = np.argsort(-scores, kind="stable")[:k]
+  return scores[order], order
+
+
+def test_a_micro_batch_padded_to_its_height_equals_each_query_searched_alone(served):
+  _, searcher, built, _, helpers = served
+  params, length = _params(searcher, built, helpers)
+  full = retrieval_eval.TextEncoder(searcher.model, params, "query", length,
+                                    LIMITS.max_batch)  # every batch padded to 16 rows
+  queries = list(built.queries.values())
+  for count in (1, 3, 5, LIMITS.max_batch):  # heights 1, 4, 8, 16
+    asked = [queries[i % len(queries)] for i in range(count)]
+    ks = [3 + 4 * (i % 2) for i in range(count)]  # two k in one micro-batch
+    answers = searcher.search_together([([q], k, False) for q, k in zip(asked, ks)])
+    vectors, _ = searcher.encode(asked)  # [count, m, d]
+    for i, (query, k, answer) in enumerate(zip(asked, ks, answers)):
+      alone, alone_valid = full([query])  # [1, m, d]: this query alone, 16-row padding
+      np.testing.assert_allclose(vectors[i], alone[0], rtol=1e-5, atol=1e-6)
+      scores, ids = _numpy_top_k(searcher.index, alone[0], alone_valid[0], k)
+      assert answer[0].doc_ids == [searcher.index.doc_ids[j] for j in ids]
+      assert answer[0].scores == pytest.approx(scores, rel=1e-5, abs=1e-5)
+
+
+class _CountingModel:
+  """A model whose `encode` records the token shape of each call: under jit, one call per
+  trace (a compile)."""
+
+  def __init__(self, model):
+    self.model, self.input_vocabulary, self.traces = model, model.input_vocabulary, []
+
+  def encode(self, params, tokens, side):
+    self.traces.append(tuple(tokens.shape))
+    return self.model.encode(params, tokens, side)
+
+
+def test_each_batch_height_compiles_once_all_in_warm_up(served, monkeypatch):
+  _, searcher, built, _, helpers = served
+  params, length = _params(searcher, built, helpers)
+  counting = _CountingModel(searcher.model)
+  encoder = retrieval_eval.TextEncoder(counting, params, "query", length, LIMITS.max_batch,
+                                       bucket_rows=True)
+  warm = searcher_lib.Searcher(searcher.model, encoder, searcher.index, searcher.step,
+                               str(built.model_dir))
+  searched, real = [], maxsim.maxsim
+
+  def counting_maxsim(queries, *args, **kwargs):  # called when the search is traced
+    searched.append(tuple(queries.shape))
+    return real(queries, *args, **kwargs)
+
+  monkeypatch.setattr(maxsim, "maxsim", counting_maxsim)
+  warm.warm_up(k=4)
+  assert encoder.shapes() == [(h, length) for h in (1, 2, 4, 8, 16)]
+  assert sorted(counting.traces) == sorted(encoder.shapes())  # each height once
+  counting.traces.clear()
+  searched.clear()
+  queries = list(built.queries.values())
+  expected = {q: _expected(searcher, [q], 4)[0] for q in queries}
+  for count in range(1, LIMITS.max_batch + 1):
+    asked = [queries[i % len(queries)] for i in range(count)]
+    answers = warm.search_together([(asked, 4, False)])[0]
+    _same([a.as_dict() for a in answers], [expected[q] for q in asked])
+  assert counting.traces == [] and searched == []  # no request waited for a compile
 
 
 def test_a_client_that_leaves_mid_request_hurts_no_one(served):

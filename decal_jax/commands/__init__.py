@@ -1,9 +1,9 @@
 """The user commands a wheel carries: data conversion (prepare_jsonl), vocabularies
-(make_vocab), checkpoint import and export (import_hf, export_t5x), Dodo's threshold
-(calibrate_nuggets, show_nuggets) and Squid's compress-once answering (squid_answer). Each
-runs as `python -m decal_jax.commands.<name>` and as the console script `decal-<name>`
-(underscores as dashes), opens with the command that runs it, and imports only the library,
-never another command. Each parses its arguments before it imports JAX, TensorFlow or seqio
+(make_vocab), the registered task names (list_tasks), checkpoint import and export
+(import_hf, export_t5x), Dodo's threshold (calibrate_nuggets, show_nuggets) and Squid's
+compress-once answering (squid_answer). Each runs as `python -m decal_jax.commands.<name>`
+and as the console script `decal-<name>` (underscores as dashes), opens with the command that
+runs it, and imports only the library, never another command. Each parses its arguments before it imports JAX, TensorFlow or seqio
 (so --help and argument errors come back at once), and names a missing optional extra
 (`require_extra`) before any work. Benchmarks and results tables are the lab: top-level
 `tools/`."""

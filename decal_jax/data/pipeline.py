@@ -11,7 +11,7 @@ checkpoint left it.
 import contextlib
 import difflib
 import logging
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import jax
 from jax.experimental import multihost_utils
@@ -31,18 +31,42 @@ from decal_jax.data.batches import Batch, DatasetConfig, to_global  # noqa: F401
 RestoreDataset = Callable[[int, batch_iterator.BatchIterator], bool]
 
 
-def get_task(name: str):
-  """The registered seqio task or mixture `name`; an unknown name is refused with the
-  closest registered names."""
+class UnknownTaskError(ValueError):
+  """A seqio task or mixture name that nothing registered (a misspelling, most often)."""
+
+
+# The command that prints every registered task and mixture (decal_jax/commands/list_tasks.py).
+LIST_TASKS = "`decal-list-tasks` (or `python -m decal_jax.commands.list_tasks`)"
+
+
+def registered_task_names() -> List[str]:
+  """Every registered seqio task and mixture name, sorted."""
+  return sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+
+
+OWN_TASKS = ("a task of your own registers when the module that defines it is imported, e.g. "
+             "by an `import my_tasks` line in a gin file")
+
+
+def unknown_task_message(setting: str, name: str, known: Sequence[str],
+                         what: str = "seqio task or mixture", own: str = OWN_TASKS) -> str:
+  """`setting` = `name` is no registered `what`: the closest of `known` (difflib), the
+  command that lists the registered names, and `own`, how one of the user's own registers."""
+  close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+  hint = f"Did you mean {', '.join(close)}?" if close else "No registered name is close to it."
+  return (f"{setting} = {name!r}: no {what} has that name. {hint} {LIST_TASKS} lists the "
+          f"registered names ({own}).")
+
+
+def get_task(name: str, setting: str = "MIXTURE_OR_TASK_NAME "
+                                       "(pipeline.DatasetConfig.mixture_or_task_name)"):
+  """The registered seqio task or mixture `name`; an unknown name is refused
+  (`UnknownTaskError`) with the closest registered names."""
   try:
     return seqio.get_mixture_or_task(name)
   except ValueError:
     pass
-  known = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
-  close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-  hint = f"Did you mean {', '.join(close)}?" if close else f"Registered: {', '.join(known)}."
-  raise ValueError(f"MIXTURE_OR_TASK_NAME (pipeline.DatasetConfig.mixture_or_task_name) = "
-                   f"{name!r}: no seqio task or mixture has that name. {hint}")
+  raise UnknownTaskError(unknown_task_message(setting, name, registered_task_names()))
 
 
 def check_feature_lengths(cfg: DatasetConfig, model) -> None:

@@ -305,6 +305,7 @@ def _run(fn, pass_config: bool):
   already joined."""
   files, paths, bindings = FLAGS.gin_file, search_paths(), FLAGS.gin_bindings
   gin_utils.parse(files, paths, bindings)
+  gin_utils.check_task_names()  # a misspelled task: named before the run writes anything
   gin_utils.start_distributed(FLAGS.initialization_timeout)
   console.report_devices()
   return gin_utils.call(fn, files, paths, bindings, pass_config=pass_config,

@@ -13,7 +13,8 @@ are untouched.
 e.g. the counts of cut sequences, which the input pipeline logs from its threads
 mid-training) through `tqdm.write` for the length of a run, so they print above the progress
 bar instead of breaking it, and with absl's `--log_dir` also into that log file (absl's line
-format, the file only: the console copy is tqdm's); the library's INFO lines (the device
+format, the file only: the console copy is tqdm's); Python's `warnings.warn` messages take
+the same way for the run (`logging.captureWarnings`); the library's INFO lines (the device
 line, the training step lines) go to the root logger's handlers (absl's in an entry point:
 stderr, or the --log_dir file) with the bar cleared for the write. `bar_options` turns the
 bar off where it would only clutter a log: on a stderr that is not a terminal.
@@ -100,6 +101,12 @@ class CopyToLogFile(logging.Handler):
       self.target.release()
 
 
+def _one_block(record: logging.LogRecord) -> bool:
+  """A `warnings.warn` message as a log record: without the newline that ends it."""
+  record.msg = str(record.msg).rstrip()
+  return True
+
+
 @contextlib.contextmanager
 def library_warnings_through_tqdm(log_file: Optional[logging.StreamHandler] = None):
   """For the block (an entry point's run), the `decal_jax` loggers' warnings go to stderr
@@ -107,9 +114,13 @@ def library_warnings_through_tqdm(log_file: Optional[logging.StreamHandler] = No
   handlers, which would print them a second time, breaking the bar. `log_file`, the
   handler of a --log_dir file (absl's), gets them too, in the file only (not when it writes
   to stderr, as with --logtostderr). Their INFO lines go to the root logger's handlers
-  (`AboveTheBar`). Restored afterwards, so a host program (or a test) that ran an entry
-  point in-process keeps its own logging."""
-  logger = logging.getLogger("decal_jax")
+  (`AboveTheBar`). Python's `warnings.warn` messages (the library's own, e.g. an optimizer
+  given no axis names, and any other package's) take the same way (`logging.captureWarnings`:
+  the `py.warnings` logger): once above the bar, and into the --log_dir file, where they
+  were printed raw across the bar and missing from the file. Python's warning filters
+  still decide which are shown. Restored afterwards, so a host program (or a test) that ran
+  an entry point in-process keeps its own logging and warnings."""
+  loggers = [logging.getLogger("decal_jax"), logging.getLogger("py.warnings")]
   warnings = TqdmHandler(logging.WARNING)
   warnings.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
   info = AboveTheBar()
@@ -117,16 +128,24 @@ def library_warnings_through_tqdm(log_file: Optional[logging.StreamHandler] = No
   added = [warnings, info]
   if log_file is not None and log_file.stream not in (sys.stderr, sys.__stderr__):
     added.append(CopyToLogFile(log_file))
-  propagate = logger.propagate
-  for handler in added:
-    logger.addHandler(handler)
-  logger.propagate = False
+  propagate = [logger.propagate for logger in loggers]
+  captured = logging._warnings_showwarning is not None  # captureWarnings(True) already
+  for logger in loggers:
+    for handler in added:
+      logger.addHandler(handler)
+    logger.propagate = False
+  loggers[1].addFilter(_one_block)
+  logging.captureWarnings(True)
   try:
     yield
   finally:
-    for handler in added:
-      logger.removeHandler(handler)
-    logger.propagate = propagate
+    if not captured:
+      logging.captureWarnings(False)
+    loggers[1].removeFilter(_one_block)
+    for logger, was in zip(loggers, propagate):
+      for handler in added:
+        logger.removeHandler(handler)
+      logger.propagate = was
 
 
 def bar_options(process_index: int) -> Dict[str, bool]:

@@ -326,6 +326,58 @@ def check_macro_bindings(bindings: Sequence[str], defined_by_files: set) -> None
         f"{hint} (Each gin file's header lists the macros it takes.)")
 
 
+# The parameters that name a registered task: {parameter: configurables it is checked for
+# (None: any)}. `evaluate_retrieval.task_name` (BEIR_TASK) names a BEIR task.
+TASK_PARAMETERS = {"mixture_or_task_name": None, "task_name": ("evaluate_retrieval",)}
+BEIR_OF_YOUR_OWN = ("a BEIR folder of your own: give it as BEIR_FOLDER, or register it with "
+                    "`retrieval_tasks.beir_tasks.folders = {name: folder}` in a gin file")
+
+
+def _bound_value(scope: str, selector: str, parameter: str) -> Tuple[Any, List[str]]:
+  """The value bound to `scope/selector.parameter` with its macros followed, and the macros
+  it went through (the first is the one the user binds, e.g. MIXTURE_OR_TASK_NAME)."""
+  value = gin.query_parameter(f"{scope}/{selector}.{parameter}" if scope else
+                              f"{selector}.{parameter}")
+  macros: List[str] = []
+  while (isinstance(value, gin.config.ConfigurableReference)  # %NAME is @NAME/gin.macro()
+         and value.scoped_selector.endswith("/gin.macro") and len(macros) < 20):
+    macros.append(value.scoped_selector.rsplit("/", 1)[0])
+    value = gin.query_parameter(f"%{macros[-1]}")
+  return value, macros
+
+
+def check_task_names() -> None:
+  """Refuses a task name in the parsed config that no task or mixture registers (a
+  `mixture_or_task_name` of any configurable: MIXTURE_OR_TASK_NAME in the run files; the
+  retrieval run's BEIR_TASK), naming the binding, the closest registered names and the
+  command that lists them. The entry points call it once gin is parsed (and the tasks its
+  files import registered), before the run starts, so MODEL_DIR stays as it was found; the
+  run itself would refuse it later (`pipeline.get_task`) with a traceback."""
+  from decal_jax.data import pipeline
+  from decal_jax.tasks import retrieval_tasks
+  for (scope, selector), parameters in list(gin.config._CONFIG.items()):
+    for parameter, owners in TASK_PARAMETERS.items():
+      if parameter not in parameters or (
+          owners is not None and selector.rsplit(".", 1)[-1] not in owners):
+        continue
+      try:
+        name, macros = _bound_value(scope, selector, parameter)
+      except ValueError:  # a macro left unbound: the required-macros check names those
+        continue
+      if not isinstance(name, str):
+        continue  # None (e.g. BEIR_TASK when a BEIR_FOLDER is given), or computed
+      beir = parameter == "task_name"
+      known = retrieval_tasks.beir_task_names() if beir else pipeline.registered_task_names()
+      if name in known:
+        continue
+      binding = ".".join(selector.split(".")[-2:] + [parameter])  # pipeline.DatasetConfig...
+      setting = f"{macros[0]} ({binding})" if macros else binding
+      if beir:
+        raise GinConfigError("error: " + pipeline.unknown_task_message(
+            setting, name, known, "BEIR task", own=BEIR_OF_YOUR_OWN))
+      raise GinConfigError("error: " + pipeline.unknown_task_message(setting, name, known))
+
+
 def start_distributed(initialization_timeout: Optional[int] = None) -> bool:
   """Joins a multi-host job (`partitioning.initialize_distributed`, with its gin bindings
   if any, else the DECAL_* / JAX environment variables) before anything touches devices."""

@@ -104,23 +104,43 @@ def encoder_fn(model, params, side: str) -> Callable[[np.ndarray], Tuple[np.ndar
   return run
 
 
+def row_buckets(batch_size: int) -> List[int]:
+  """Padded batch heights: 1, 2, 4, ... below batch_size, then batch_size."""
+  return [1 << i for i in range(max(batch_size - 1, 0).bit_length())
+          if 1 << i < batch_size] + [batch_size]
+
+
 class TextEncoder:
   """Texts -> (vectors `[len, m_max, d]` float32, valid `[len, m_max]`), in input order, one
   side ('query' or 'passage': its compression ratio) of a dual encoder: the model's own
   vocabulary, cut to `max_length` tokens (EOS included), batched by length in
   `batch_size`-row batches. One jitted encoder, kept: the offline run and a server
-  (`searcher.Searcher`) encode alike, and a long-lived caller compiles each width once."""
+  (`searcher.Searcher`) encode alike, and a long-lived caller compiles each width once.
+  bucket_rows: a batch is padded only to the smallest of `row_buckets(batch_size)` that
+  holds it, not to batch_size (a server's micro-batch of 3 queries costs a 4-row call);
+  each (height, width) compiles once (`warm_up` compiles them all)."""
 
-  def __init__(self, model, params, side: str, max_length: int, batch_size: int):
+  def __init__(self, model, params, side: str, max_length: int, batch_size: int,
+               bucket_rows: bool = False):
     self.model, self.side = model, side
     self.max_length, self.batch_size = max_length, batch_size
+    self.heights = row_buckets(batch_size) if bucket_rows else [batch_size]
     self._run = encoder_fn(model, params, side)
+
+  def shapes(self) -> List[Tuple[int, int]]:
+    """Every token shape `[rows, width]` the encoder may be called with."""
+    return [(h, w) for w in length_buckets(self.max_length) for h in self.heights]
+
+  def warm_up(self) -> Dict[int, int]:
+    """Compiles every shape of `shapes()`. -> {width: vectors per text at that width}."""
+    return {w: self._run(np.zeros((h, w), np.int32))[0].shape[1] for h, w in self.shapes()}
 
   def __call__(self, texts: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
     ids = tokenize(texts, self.model.input_vocabulary, self.max_length)
     parts: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
     for rows, tokens in batches_by_length(ids, self.batch_size, self.max_length):
-      vectors, valid = self._run(tokens)
+      height = next(h for h in self.heights if len(rows) <= h)
+      vectors, valid = self._run(tokens[:height])  # [height, m, d], [height, m]
       for r, i in enumerate(rows):
         parts[i] = (vectors[r], valid[r])
     m = max(v.shape[0] for v, _ in parts.values())

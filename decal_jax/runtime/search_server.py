@@ -8,11 +8,16 @@ Endpoints (JSON in and out; errors are {"error": what is wrong, "field": the fie
     GET  /health  -> {"status": "ok"}  (no token needed: for load balancers)
     GET  /info    -> the model, checkpoint, compression ratios, index kind, corpus
                      fingerprint, search backend and the request limits
+    GET  /stats   -> {"requests", "batches", "queries", "batch_sizes": {queries: batches}}:
+                     how the micro-batcher has grouped the answered requests so far
 
 The model and index are loaded once (the index memory-mapped, read-only). Concurrent
 requests are micro-batched (`MicroBatcher`): the first request waits at most
 `max_wait_ms` for others, up to `max_batch` queries in all, and the lot is encoded in
 one encoder call and searched on one worker thread, so the event loop keeps answering.
+A batch is padded only to the next of a few fixed heights (1, 2, 4, ..., max_batch), all
+compiled before the server listens (`Searcher.warm_up`): a lone query costs a one-row
+encoder call, and no request waits for a compile.
 Every request is bounded (body bytes, queries per request, characters per query, k);
 anything else (an empty or non-UTF-8 query, a wrong JSON type, an unknown field) gets a 4xx
 naming the field, never a crash. A client that disconnects mid-request only loses its own
@@ -20,8 +25,8 @@ answer. SIGTERM (or Ctrl-C) stops accepting connections and drains the requests 
 before the process exits (status 0).
 
 Safe by default: it binds 127.0.0.1; a bearer token (`--token`, or `--token_file` so that
-it does not show in the process list) guards /search and /info; it refuses to listen beyond
-the loopback without a token unless `--insecure` is given. No request names a file or
+it does not show in the process list) guards /search, /info and /stats; it refuses to
+listen beyond the loopback without a token unless `--insecure` is given. No request names a file or
 path: the model, index and corpus are fixed when the server starts.
 
 Needs the `serve` extra (starlette, uvicorn): `pip install 'decal_jax[serve]'`.
@@ -211,6 +216,14 @@ class MicroBatcher:
     self._worker: Optional[asyncio.Task] = None
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="search")
     self.batches = 0
+    self.sizes: collections.Counter = collections.Counter()  # queries in a batch -> batches
+    self.requests = 0
+
+  def stats(self) -> Dict[str, Any]:
+    """Answered requests, batches and queries, and the batch-size histogram."""
+    return {"requests": self.requests, "batches": self.batches,
+            "queries": sum(size * n for size, n in self.sizes.items()),
+            "batch_sizes": {str(size): self.sizes[size] for size in sorted(self.sizes)}}
 
   def start(self) -> None:
     self._arrived = asyncio.Event()
@@ -260,6 +273,8 @@ class MicroBatcher:
     try:
       answers = await loop.run_in_executor(self._pool, self.search_together, requests)
       self.batches += 1
+      self.requests += len(batch)
+      self.sizes[sum(len(p.queries) for p in batch)] += 1
     except Exception as e:
       for p in batch:
         if not p.future.done():
@@ -318,6 +333,11 @@ def create_app(searcher, limits: Limits = Limits(), token: Optional[str] = None)
       return error(401, "authorization", "a bearer token is needed.")
     return JSONResponse(info)
 
+  async def stats(request):
+    if not authorised(request):
+      return error(401, "authorization", "a bearer token is needed.")
+    return JSONResponse(batcher.stats())
+
   @contextlib.asynccontextmanager
   async def lifespan(app):
     del app
@@ -329,14 +349,16 @@ def create_app(searcher, limits: Limits = Limits(), token: Optional[str] = None)
 
   async def not_found(request, exc):
     del exc
-    return error(404, "path", f"no such endpoint {request.url.path!r}: /search, /health, /info.")
+    return error(404, "path", f"no such endpoint {request.url.path!r}: /search, /health, "
+                              "/info, /stats.")
 
   async def wrong_method(request, exc):
     del exc
     return error(405, "method", f"{request.method} is not allowed here.")
 
   app = Starlette(routes=[Route("/search", search, methods=["GET", "POST"]),
-                          Route("/health", health), Route("/info", about)],
+                          Route("/health", health), Route("/info", about),
+                          Route("/stats", stats)],
                   exception_handlers={404: not_found, 405: wrong_method}, lifespan=lifespan)
   app.state.batcher = batcher
   return app
@@ -396,8 +418,8 @@ def running(app, host: str = LOOPBACK, port: int = 0):
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="decal_jax.serve", description="Serve a retrieval MODEL_DIR's index over HTTP "
-      "(GET/POST /search, /health, /info). Gin files and --gin.NAME=VALUE bindings configure "
-      "the model as for decal_jax.retrieve (default: MODEL_DIR/config.gin).")
+      "(GET/POST /search, /health, /info, /stats). Gin files and --gin.NAME=VALUE bindings "
+      "configure the model as for decal_jax.retrieve (default: MODEL_DIR/config.gin).")
   p.add_argument("--model_dir", required=True, help="the trained dual encoder's MODEL_DIR")
   p.add_argument("--index_dir", help="the index (default: the one of the latest checkpoint "
                                      "under MODEL_DIR/index/)")
@@ -438,6 +460,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   token = _token(args)
   check_exposure(args.host, token, args.insecure)
   limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+  from decal_jax.runtime import console
+  console.import_tensorflow_quietly()  # the input pipeline's TF: its C++ start-up lines hidden
   from decal_jax.runtime import gin_utils, searcher
   files, paths, bindings = gin_utils.split_args(rest)
   opened = searcher.Searcher.open(
@@ -445,7 +469,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       corpus=args.corpus, query_length=args.query_length, batch_size=limits.max_batch,
       nprobe=args.nprobe, query_cells=args.query_cells, candidates=args.candidates,
       backend=args.search_backend)
-  opened.search(["warm up"], k=1)  # compiles the encoder and the search before serving
+  opened.warm_up(k=10)  # compiles every batch height of the encoder and search first
   serve(create_app(opened, limits, token), args.host, args.port, args.graceful_timeout_s)
 
 
@@ -456,6 +480,6 @@ def serve(app, host: str, port: int, graceful_s: Optional[float]) -> None:
   for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal once drained
     signal.signal(sig, lambda number, frame: stopped.append(number))
   print(f"Serving on http://{host}:{sock.getsockname()[1]} (GET/POST /search, /health, "
-        "/info)", flush=True)
+        "/info, /stats)", flush=True)
   make_server(app, sock, graceful_s).run(sockets=[sock])
   print("Stopped: the requests in flight were answered.", flush=True)

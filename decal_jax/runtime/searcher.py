@@ -11,10 +11,15 @@ writes), opens its index read-only and memory-mapped (default: the one index und
 MODEL_DIR/index/ of that checkpoint; an exact, residual or sharded index, whichever the
 folder holds), and refuses an index built by another encoder config or checkpoint
 (`index.IndexConfigMismatchError`, as `python -m decal_jax.retrieve` does) or, when a
-corpus is given, from another corpus (`CorpusMismatchError`). Queries are encoded exactly
+corpus is given, from another corpus (`CorpusMismatchError`). Queries are encoded
 as the offline run encodes them (`retrieval_eval.TextEncoder`: the run's vocabulary, cut to
 `query_length` tokens, the query-side compression ratio) and searched with exact MaxSim, or
 approximately through a residual index (`nprobe`, `query_cells`, `candidates`, `backend`).
+A batch of queries is padded only to the next of a few fixed heights (1, 2, 4, ...,
+`batch_size`: `retrieval_eval.row_buckets`), each compiled once; `warm_up` compiles them
+all before a server takes requests. The offline run pads every batch to `batch_size`, and
+XLA sums in another order at another height, so scores equal the offline run's to float32
+rounding (the same documents, in the same order, on the tests' fixtures).
 """
 import dataclasses
 import json
@@ -175,7 +180,8 @@ class Searcher:
       residual_search.check_settings(1, nprobe, query_cells, candidates)
       kwargs = {"nprobe": nprobe, "query_cells": query_cells, "candidates": candidates,
                 "backend": backend}
-    encoder = retrieval_eval.TextEncoder(model, params, "query", query_length, batch_size)
+    encoder = retrieval_eval.TextEncoder(model, params, "query", query_length, batch_size,
+                                         bucket_rows=True)
     return cls(model, encoder, corpus_index, step, model_dir, texts, kwargs)
 
   def info(self) -> Dict[str, Any]:
@@ -231,14 +237,26 @@ class Searcher:
                       for q, s, i in zip(requests[j][0], scores[at], ids[at])]
     return answers
 
+  def warm_up(self, k: int = 10) -> int:
+    """Compiles, before serving, every encoder shape (`TextEncoder.shapes`) and the search
+    of every padded query count up to batch_size at `k`, so that no request waits for a
+    compile. -> the number of encoder and search shapes run."""
+    per_width = self.encoder.warm_up()
+    counts = sorted({_padded_count(n) for n in range(1, self.encoder.batch_size + 1)}
+                    if self.kind.endswith("exact") else [1])
+    dim = int(self.index.dim)
+    for m in sorted(set(per_width.values())):
+      for n in counts:
+        vectors = np.zeros((n, m, dim), np.float32)  # [n, m, d]
+        self._search_vectors(vectors, np.ones((n, m), bool), k)
+    return len(self.encoder.shapes()) + len(set(per_width.values())) * len(counts)
+
   def _search_vectors(self, vectors: np.ndarray, valid: np.ndarray, k: int):
     """The index's top k of each query. Exact search is jitted: there the query count is
-    padded (with empty queries) to a power of two up to SEARCH_BATCH, then to a multiple
-    of it, so that few shapes compile."""
+    padded (with empty queries) to `_padded_count`, so that few shapes compile."""
     n = len(vectors)
     if self.kind.endswith("exact"):
-      step = SEARCH_BATCH if n > SEARCH_BATCH else 1 << (n - 1).bit_length()
-      padded = -(-n // step) * step
+      padded = _padded_count(n)
       vectors = np.pad(vectors, ((0, padded - n), (0, 0), (0, 0)))
       valid = np.pad(valid, ((0, padded - n), (0, 0)))
     scores, ids = self.index.search(vectors, valid, k, **self.search_kwargs)
@@ -250,6 +268,12 @@ class Searcher:
     doc_ids = [d for d, _ in kept]
     return SearchResult(query, doc_ids, [s for _, s in kept],
                         [self.texts.get(d, "") for d in doc_ids] if texts else None)
+
+
+def _padded_count(n: int) -> int:
+  """n queries padded to a power of two up to SEARCH_BATCH, then to a multiple of it."""
+  step = SEARCH_BATCH if n > SEARCH_BATCH else 1 << (n - 1).bit_length()
+  return -(-n // step) * step
 
 
 def _built_passage_length(directory: str) -> int:

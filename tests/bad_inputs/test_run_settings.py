@@ -16,7 +16,7 @@ from decal_jax.data import pipeline
 import paths
 from test_trainer import LENGTHS, _cfg, _model
 
-from bad_input_helpers import _train
+from bad_input_helpers import _files, _train
 
 REPO = paths.REPO
 
@@ -113,12 +113,52 @@ def test_zero_feature_length_is_refused_naming_the_binding():
 
 def test_unknown_task_lists_the_closest_registered_names(tmp_path):
   typo = pipeline.DatasetConfig("decal_builtin_span_corruptoin", LENGTHS, batch_size=8)
-  with pytest.raises(ValueError) as err:
+  with pytest.raises(pipeline.UnknownTaskError) as err:
     _train(tmp_path / "m", train_cfg=typo)
   message = str(err.value)
   assert "MIXTURE_OR_TASK_NAME" in message and "'decal_builtin_span_corruptoin'" in message
   assert "Did you mean decal_builtin_span_corruption" in message
   assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("entry,gin_file,binding,setting,closest", [
+    ("train", "runs/pretrain_builtin.gin", "MIXTURE_OR_TASK_NAME='decal_builtin_qa_typo'",
+     "MIXTURE_OR_TASK_NAME (pipeline.DatasetConfig.mixture_or_task_name) = "
+     "'decal_builtin_qa_typo': no seqio task or mixture", "decal_builtin_qa"),
+    ("eval", "runs/eval_builtin.gin", "MIXTURE_OR_TASK_NAME='decal_builtin_qa_typo'",
+     "MIXTURE_OR_TASK_NAME (pipeline.DatasetConfig.mixture_or_task_name) = "
+     "'decal_builtin_qa_typo': no seqio task or mixture", "decal_builtin_qa"),
+    ("retrieve", "runs/retrieve_builtin.gin", "BEIR_TASK='decal_beir_bultin'",
+     "BEIR_TASK (retrieval_eval.evaluate_retrieval.task_name) = 'decal_beir_bultin': no BEIR "
+     "task", "decal_beir_builtin")])
+def test_a_mistyped_task_on_the_command_line_names_the_closest_before_model_dir_gets_a_file(
+    tmp_path, capsys, entry, gin_file, binding, setting, closest):
+  """issue 46: `--gin.MIXTURE_OR_TASK_NAME="'decal_builtin_qa_typo'"` was a ValueError
+  traceback from inside the run. The entry points check the task names gin binds once it is
+  parsed: refused with the binding, the closest registered names and the command that lists
+  them; a run's MODEL_DIR stays as it was, a new one is not made."""
+  import importlib
+  from decal_jax.commands import list_tasks
+  main = importlib.import_module(f"decal_jax.{entry}").main
+  run_dir = tmp_path / "run"  # a run's MODEL_DIR (eval, retrieve) and a new one (train)
+  (run_dir / "checkpoint_2").mkdir(parents=True)
+  (run_dir / "config.gin").write_text("# the run's\n")
+  before = _files(run_dir)
+  for model_dir in (run_dir, tmp_path / "new"):
+    with pytest.raises(gin_utils.GinConfigError) as err:
+      main([f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.{binding}"])
+    message = str(err.value)
+    assert message.startswith(f"error: {setting} has that name. Did you mean {closest}")
+    assert message.endswith("`decal-list-tasks` (or `python -m decal_jax.commands.list_tasks`) "
+                            "lists the registered names (" + (
+                                gin_utils.BEIR_OF_YOUR_OWN if entry == "retrieve"
+                                else pipeline.OWN_TASKS) + ").")
+    assert "Traceback" not in message
+  assert _files(run_dir) == before and not (tmp_path / "new").exists()
+  # The command the message names lists the name meant.
+  capsys.readouterr()
+  assert list_tasks.main([closest]) == 0
+  assert closest in capsys.readouterr().out.split()
 
 
 @pytest.mark.parametrize("entry", ["train", "evaluate"])

@@ -3,15 +3,20 @@
 A tiny dual encoder is fine-tuned for two steps on the BEIR fixture of
 test_retrieval_e2e.py and its corpus indexed by the retrieve command; the Searcher, opened
 on the same MODEL_DIR, must return the command's TREC run for the same queries (ids and
-scores), for exact, residual and sharded indexes, and refuse an index of another encoder
-config or another corpus. `build_model_dir` is shared with tests/test_serve.py.
+scores: the same documents in the same order, the scores to float32 rounding, since the
+Searcher pads a batch of queries to its height and the command to the full batch, and XLA
+sums in another order at another height), for exact, residual and sharded indexes, and
+refuse an index of another encoder config or another corpus. `build_model_dir` is shared
+with tests/test_serve.py.
 """
 import pathlib
 import types
 
 import gin
+import numpy as np
 import pytest
 
+import tolerances
 from decal_jax.retrieval import beir, index, ir_metrics
 from decal_jax.runtime import gin_utils, searcher as searcher_lib, trainer
 
@@ -87,12 +92,27 @@ def _ranked(run):
   return {q: [(d, docs[d]) for d in ir_metrics.rank(docs)] for q, docs in run.items()}
 
 
+def _same_run(got, expected, searcher):
+  """The same documents in the same order for every query, scores equal to the rounding of
+  two float32 runs of the query encoder (its stack, the projection, MaxSim's sums)."""
+  ranked_got, ranked_expected = _ranked(got), _ranked(expected)
+  assert {q: [d for d, _ in r] for q, r in ranked_got.items()} == {
+      q: [d for d, _ in r] for q, r in ranked_expected.items()}
+  encoder = searcher.model.module.config.encoder
+  reductions = tolerances.stack_reductions(encoder, QUERY_LENGTH, encoder.num_encoder_layers)
+  for q, ranked in ranked_expected.items():
+    want = np.array([score for _, score in ranked])
+    np.testing.assert_allclose([score for _, score in ranked_got[q]], want, rtol=0,
+                               atol=tolerances.network_atol(want, reductions + [
+                                   encoder.emb_dim, QUERY_LENGTH]))
+
+
 def test_results_equal_the_retrieve_commands_run(built):
   searcher = open_searcher(built, corpus=str(built.folder))
   qids, texts = _test_queries(built)
   expected = ir_metrics.read_trec_run(str(built.model_dir / "retrieval" / f"{EXACT_STEM}.trec"))
   results = searcher.search(texts, k=TOP_K, texts=True)
-  assert _ranked(_as_run(qids, results)) == _ranked(expected)  # ids and scores, exactly
+  _same_run(_as_run(qids, results), expected, searcher)
   assert [r.query for r in results] == texts
   assert results[0].texts == [built.corpus[d].full_text for d in results[0].doc_ids]
   one = searcher.search(texts[:1], k=3)  # a batch of one: the same top 3
@@ -124,7 +144,7 @@ def test_residual_and_sharded_indexes_equal_their_runs(built):
     searcher = open_searcher(built, index_dir=str(built.model_dir / "index" / folder), **extra)
     assert searcher.kind == kind
     expected = ir_metrics.read_trec_run(str(runs / f"{stem}.trec"))
-    assert _ranked(_as_run(qids, searcher.search(texts, k=TOP_K))) == _ranked(expected)
+    _same_run(_as_run(qids, searcher.search(texts, k=TOP_K)), expected, searcher)
 
 
 def test_an_index_of_another_encoder_or_corpus_is_refused(built, tmp_path):
