@@ -52,7 +52,7 @@ import tqdm
 from decal_jax import decoding, models
 from decal_jax.networks import flops
 from tools import benchmarking, results_files
-from tools.benchmarking import (DoesNotFit, Run, Side, available_bytes, check_fits,
+from tools.benchmarking import (DoesNotFit, NoEos, Run, Side, available_bytes, check_fits,
                                     decoder_line, gflop, load_average, needed_bytes, timed)
 from decal_jax.data import vocabularies
 from decal_jax.data.sentences import builtin_text_rows as text_rows
@@ -162,12 +162,6 @@ def sentence_stats(config: gpthf.GpthfConfig, prompt: np.ndarray, new: np.ndarra
 
 
 # ----------------------------------------------------------------------------- generation
-class NoEos:
-  """The model wrappers read only `eos_id` from their vocabulary; -1 matches no token, so
-  every row runs all k steps (a benchmark measures a fixed amount of work)."""
-  eos_id = -1
-
-
 def uncached_continuation(model: models.DecoderOnlyModel, params, prompt, continuation):
   """`DecoderOnlyModel.generate_uncached` step for step, except that step i writes the
   text's token continuation[:, i] into the buffer; its argmax is recorded. `[b, k]`."""

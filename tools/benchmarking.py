@@ -132,6 +132,12 @@ def greedy_steps(step_fn: Callable, params, count: int, tokens: list, *extra) ->
   return steps
 
 
+class NoEos:
+  """A vocabulary for the model wrappers, which read only its `eos_id`: -1 matches no token,
+  so every row runs all its decode steps (a benchmark measures a fixed amount of work)."""
+  eos_id = -1
+
+
 def zeros_like_tree(shapes) -> Callable[[], Any]:
   """A function making a fresh zero tree of these shapes (a donated cache is used up)."""
   return lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

@@ -19,6 +19,8 @@ one that fails or runs out of time is recorded as such while the next part runs:
                step time, seq/s, MFU; then C = 4 again, a few steps traced by jax.profiler
                with CUDA graphs off: below the 40 % goal the summary lists the top ops and
                the op time by part of the step; the compiled HLO goes to the logs;
+  inference    tools/bench_inference.py --gpu: T5.1.1-small encode 4k + generate 128 at C =
+               1, 2, 4, 8, each at the batch that fills memory (goal: DeCAL-4x >= 2.5x C = 1);
   nuggets      tools/bench_nuggets.py in bf16 at 16k and 64k context;
   squid        tools/bench_squid.py --preset qwen2;
   gpthf        tools/bench_gpthf.py --preset paper;
@@ -346,6 +348,8 @@ PARTS = [
     Part("train_probe", part_train_probe, ("bench_train_probe_gpu.jsonl",), device_image=True),
     Part("train", part_train, ("bench_train_gpu.jsonl", "bench_train_profile_gpu.jsonl"),
          device_image=True),
+    Part("inference", _tool_part("bench_inference", "inference_throughput_gpu"),
+         ("inference_throughput_gpu.md", "inference_throughput_gpu.png"), device_image=True),
     Part("nuggets", _tool_part("bench_nuggets", "nuggets_cache_gpu", plot=False),
          ("nuggets_cache_gpu.md",), device_image=True),
     Part("squid", _tool_part("bench_squid", "squid_latency_gpu"),

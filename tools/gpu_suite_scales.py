@@ -46,6 +46,7 @@ LEASE_OPTION_SETS = ("einsum", "cudnn+fused", "xla+fused")
 # compiled each bench_gpthf row's four programs in 22 s, each bench_squid context in ~40 s):
 # the longest contexts, and the 1M-passage run after the real corpora at C = 1 and 4 only.
 LEASE_TOOLS: Dict[str, List[str]] = {  # retrieval_scale: + the BEIR folder (lease_scale)
+    "inference": ["--gpu", "--decal_ratios", "1,4", "--repeats", "2"],  # the goal's pair
     "squid": ["--preset", "qwen2", "--contexts", "2048,8192", "--ratios", "4,16"],
     "gpthf": ["--preset", "paper", "--prompts", "250,1000", "--new_tokens", "100",
               "--batches", "32"],
@@ -135,10 +136,12 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       model=("--gin_file=models/t5_1_1_small.gin", "--gin_file=models/decal.gin"),
       ratios=RATIOS, batch=128, lengths=(512, 128), steps=20, probe_steps=5, warmup=3,
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
-      minutes=dict(xla_flags=3, train_probe=8, train=8, nuggets=4, squid=5, gpthf=5, retrieval=4,
-                   retrieval_scale=3, retrieval_1m=6, retention=12, ablation=40),
+      minutes=dict(xla_flags=3, train_probe=8, train=8, inference=6, nuggets=4, squid=5,
+                   gpthf=5, retrieval=4, retrieval_scale=3, retrieval_1m=6, retention=12,
+                   ablation=40),
       tools=dict(
           xla_flags=["--batch", "32", "--length", "640", "--steps", "10"],
+          inference=["--gpu"],
           nuggets=["--contexts", "16384,65536", "--dtype", "bfloat16"],
           squid=["--preset", "qwen2"],
           gpthf=["--preset", "paper"],
@@ -175,7 +178,8 @@ def lease_scale(beir_folder: Optional[str]) -> Scale:
   return dataclasses.replace(
       full, ratios=(PROFILED_RATIO,) + tuple(r for r in RATIOS if r != PROFILED_RATIO),
       option_sets=LEASE_OPTION_SETS, probe_minutes=1.25, grace_s=20, xla_flags=LEASE_XLA_FLAGS,
-      minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=5.0, nuggets=1.5,
+      minutes=dict(full.minutes, xla_flags=1.5, train_probe=3.75, train=5.0, inference=4.0,
+                   nuggets=1.5,
                    squid=1.5, gpthf=3.0, retrieval=1.5, retrieval_scale=2.5,
                    retrieval_1m=8.5),
       tools={**full.tools, **LEASE_TOOLS, "retrieval_scale": LEASE_TOOLS["retrieval_scale"] + (
@@ -191,10 +195,16 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       ratios=(1, PROFILED_RATIO), batch=2, lengths=(64, 16), steps=2, probe_steps=1, warmup=1,
       profile_steps=1, probe_minutes=3, grace_s=20,
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
-      minutes=dict(xla_flags=2, train_probe=4, train=6, nuggets=3, squid=3, gpthf=3, retrieval=3,
-                   retrieval_scale=3, retrieval_1m=2, retention=4, ablation=5),
+      minutes=dict(xla_flags=2, train_probe=4, train=6, inference=3, nuggets=3, squid=3,
+                   gpthf=3, retrieval=3, retrieval_scale=3, retrieval_1m=2, retention=4,
+                   ablation=5),
       tools=dict(
           xla_flags=["--batch", "2", "--length", "64", "--steps", "2"],
+          inference=["--preset", "tiny", "--methods", "decal", "--decal_ratios", "1,4",
+                     "--lengths", "16", "--breakeven_lengths", "", "--beams", "0",
+                     "--new_tokens", "3", "--batch", "auto", "--fit_batches", "6,8",
+                     "--max_batch", "16", "--memory_budget_gib", "0.0002", "--repeats", "1",
+                     "--warmup", "0"],
           nuggets=["--contexts", "32,64", "--dtype", "bfloat16", "--emb_dim", "32", "--layers",
                    "1", "--heads", "2", "--kv_heads", "1", "--head_dim", "16", "--mlp_dim", "64",
                    "--vocab", "64", "--new_tokens", "3", "--warmup", "1"],

@@ -15,12 +15,14 @@ REPO = paths.REPO
 gpu_suite = importlib.import_module("tools.gpu_suite")
 
 FAILED_PART = "nuggets"  # runs its tool, then a command that exits 3
-MARKDOWN = {"nuggets_cache_gpu.md": "bench_nuggets", "squid_latency_gpu.md": "bench_squid",
+MARKDOWN = {"inference_throughput_gpu.md": "bench_inference",
+            "nuggets_cache_gpu.md": "bench_nuggets", "squid_latency_gpu.md": "bench_squid",
             "gpthf_efficiency_gpu.md": "bench_gpthf", "retrieval_bench_gpu.md": "bench_retrieval",
             "retrieval_scale_gpu.md": "bench_retrieval_scale",
             "retrieval_scale_synthetic_gpu.md": "bench_retrieval_scale",
             "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate"}
-PLOTS = ("squid_latency_gpu.png", "gpthf_efficiency_gpu.png", "retrieval_bench_gpu.png",
+PLOTS = ("inference_throughput_gpu.png", "squid_latency_gpu.png", "gpthf_efficiency_gpu.png",
+         "retrieval_bench_gpu.png",
          "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png")
 
 
@@ -215,8 +217,8 @@ def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   import sys
   summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
-      "xla_flags", "train_probe", "train", "nuggets", "squid", "gpthf", "retrieval",
-      "retrieval_scale", "retrieval_1m"}
+      "xla_flags", "train_probe", "train", "inference", "nuggets", "squid", "gpthf",
+      "retrieval", "retrieval_scale", "retrieval_1m"}
   assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
       gpu_suite.DEVICE_IMAGE_LACKS)
   for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
@@ -299,6 +301,11 @@ def test_the_lease_grids_parse_to_what_they_name():
   assert real.beir_folder == "beir/folder" and real.synthetic_passages == 0
   assert lease.tools["retrieval_scale_synthetic"] == gpu_suite.gpu_scale(None).tools[
       "retrieval_scale_synthetic"]  # the 1M-passage run as in the full suite
+  inference = _tool("bench_inference")
+  for tools, ratios in ((lease.tools, [1, 4]), (gpu_suite.gpu_scale(None).tools, [1, 2, 4, 8])):
+    args = inference.parse_args(tools["inference"] + ["--out", "x.md"])
+    assert (args.preset, args.lengths, args.new_tokens, args.batch, args.ratios["decal"]) == (
+        "gpu", [4096], 128, "auto", ratios)  # T5.1.1-small, 4k in, 128 out, memory filled
 
 
 def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
