@@ -9,8 +9,10 @@
 --gin_file / --gin_bindings: the run's model (default: the MODEL_DIR's config.gin).
 --format: llama / qwen2 (a plain decoder, or Dodo's decoder with its --adapter LoRA merged
 into the base kernels; qwen2 when the decoder has q/k/v biases) as LlamaForCausalLM /
-Qwen2ForCausalLM; t5 (T5.1.1 at compression ratio 1) as T5ForConditionalGeneration; decal
-(any model: the decal_jax safetensors layout, a tensor per '/'-named parameter and the gin
+Qwen2ForCausalLM; t5 (T5.1.1 at compression ratio 1) as T5ForConditionalGeneration; squid
+(Squid: small/ and large/, each decoder a LlamaForCausalLM / Qwen2ForCausalLM folder, plus
+squid_joint.safetensors with the memory tokens and projector and squid.json; read back by
+`hf_export.load_squid_bundle`); decal (any model: the decal_jax safetensors layout, a tensor per '/'-named parameter and the gin
 text in the metadata, read back by `hf_export.load_safetensors_params`). auto (default):
 the transformers class that computes the model, else decal. A compressive T5 (DeCAL, C > 1)
 has no transformers class: --format t5 refuses it.
@@ -31,7 +33,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-FORMATS = ("auto", "llama", "qwen2", "t5", "decal")
+FORMATS = ("auto", "llama", "qwen2", "t5", "squid", "decal")
 
 
 def parse_args(argv):
@@ -90,10 +92,12 @@ def read_model(files, bindings):
 
 # ------------------------------------------------------------------------------ formats
 def choose_format(requested: str, network, config) -> str:
-  from decal_jax.networks import decoder, dodo, t5
+  from decal_jax.networks import decoder, dodo, squid, t5
   from decal_jax.interop import hf_export
   if requested == "decal":
     return requested
+  if network is squid.Squid and requested in ("auto", "squid"):
+    return "squid"
   if network in (decoder.Decoder, dodo.Dodo):
     base = config.decoder if network is dodo.Dodo else config
     if requested == "auto":
@@ -153,6 +157,14 @@ def export(fmt: str, network, config, vocabulary, flat, gin_text, adapter, tmp) 
             "with `params, gin_text = decal_jax.interop.hf_export.load_safetensors_params("
             "'model.safetensors')`.")
   zero_id_to, special, vocab_line = vocabulary_files(vocabulary, tmp)
+  if fmt == "squid":
+    manifest = hf_export.export_squid(flat, config, tmp, None, zero_id_to, special)
+    return (f"Squid bundle: small/ ({manifest['decoders']['small']}) and large/ "
+            f"({manifest['decoders']['large']}) load in transformers alone; "
+            f"{hf_export.SQUID_JOINT} holds the memory tokens and projector (decal_jax layout) "
+            "and squid.json the settings that join them: load the whole with "
+            "`decal_jax.interop.hf_export.load_squid_bundle(folder, squid_config)`. "
+            f"{vocab_line}")
   if fmt == "t5":
     hf_export.export_t5(flat, config, tmp, {k: v for k, v in special.items() if v is not None})
     return f"T5ForConditionalGeneration (T5.1.1, gated-gelu). {vocab_line}"

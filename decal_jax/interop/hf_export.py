@@ -14,8 +14,12 @@ Three layouts, each a folder with `model.safetensors` (float32) and what loads i
   unless `logits_via_embedding`, the relative-position tables in layer 0 of each stack).
   `load_t5_params` reads such a folder back. C > 1 (DeCAL and the other compressors) has
   no transformers class: `T5CompressionError`.
+- `export_squid`: Squid as a bundle folder, `small/` and `large/` (each decoder as above,
+  a LoRA adapter merged; the small one, whose head Squid never reads, with its head tied) + `squid_joint.safetensors` (memory tokens and projector, the
+  decal_jax layout) + `squid.json` (the parts and SquidConfig's joining settings);
+  `load_squid_bundle` gives the params back.
 - `save_safetensors_params` / `load_safetensors_params`: the decal_jax layout, for what no
-  transformers class holds (DeCAL at C > 1, the dual encoder, nugget scorers, Squid). One
+  transformers class holds (DeCAL at C > 1, the dual encoder, nugget scorers). One
   tensor per parameter, named by its '/'-joined path (`decoder/layers_0/mlp/wo/kernel`),
   in the params' own dtype; the safetensors metadata hold `format` = 'decal_jax',
   `decal_jax_version` and `gin_config` (the gin text that builds the model). Loading gives
@@ -23,6 +27,7 @@ Three layouts, each a folder with `model.safetensors` (float32) and what loads i
 
 decal_jax/commands/export_hf.py is the command line; docs/t5x_checkpoints.md shows it.
 """
+import dataclasses
 import json
 import pathlib
 import re
@@ -37,6 +42,7 @@ import decal_jax
 from decal_jax.interop import hf_import
 from decal_jax.networks import param_layout
 from decal_jax.networks.decoder import DecoderConfig
+from decal_jax.networks.squid import SquidConfig
 from decal_jax.networks.t5 import T5Config
 
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -196,6 +202,69 @@ def export_decoder(params: Mapping[str, Any], config: DecoderConfig, out,
   _write_safetensors(decoder_tensors(stack, config), out)
   _write_json(out / "config.json", hf)
   return hf
+
+
+# ------------------------------------------------------------------------------ Squid
+SQUID_DECODERS = {"small": "small_decoder", "large": "large_decoder"}  # folder: params key
+SQUID_JOINT = "squid_joint.safetensors"
+
+
+def _single_adapter(stack: Mapping[str, Any]) -> Optional[str]:
+  """The one LoRA adapter in a decoder stack (merged on export), None without LoRA."""
+  names = sorted({m.group("adapter") for k in _flat(stack)
+                  if (m := LORA_LEAF.fullmatch(k.rsplit("/", 1)[-1]))})
+  if len(names) > 1:
+    raise ValueError(f"The decoder carries LoRA adapters {names}: a bundle merges one.")
+  return names[0] if names else None
+
+
+def squid_decoder_config(config: SquidConfig, folder: str,
+                         stack: Optional[Mapping[str, Any]] = None) -> DecoderConfig:
+  """The DecoderConfig a bundle's `folder` ('small' / 'large') is written with. Squid reads
+  only the small decoder's states, so it has no output head of its own: its folder ties the
+  head to the embeddings, which Squid never uses."""
+  decoder_config = getattr(config, folder)
+  headless = stack is None or "logits_dense" not in stack
+  if folder == "small" and headless and not decoder_config.tie_embeddings:
+    return dataclasses.replace(decoder_config, tie_embeddings=True)
+  return decoder_config
+
+
+def export_squid(params: Mapping[str, Any], config: SquidConfig, out,
+                 family: Optional[str] = None, zero_id_to: Optional[int] = None,
+                 special_ids: Optional[Mapping[str, Optional[int]]] = None) -> Dict[str, Any]:
+  """Writes Squid's params to the folder `out` as a bundle: `small/` and `large/` (each
+  decoder as `export_decoder` writes it: transformers loads either alone), what joins them
+  (memory tokens, projector) in `squid_joint.safetensors`, and `squid.json`. Returns the
+  squid.json written."""
+  tree, out = _unflat(_flat(params)), pathlib.Path(out)
+  families = {}
+  for folder, key in SQUID_DECODERS.items():
+    hf = export_decoder({"stack": tree[key]}, squid_decoder_config(config, folder, tree[key]),
+                        out / folder, family, _single_adapter(tree[key]), zero_id_to,
+                        special_ids)
+    families[folder] = hf["architectures"][0]
+  joint = {k: v for k, v in tree.items() if k not in SQUID_DECODERS.values()}
+  save_safetensors_params(joint, out / SQUID_JOINT)
+  manifest = {"format": "decal_jax squid bundle", "decal_jax_version": decal_jax.__version__,
+              "decoders": families, "joint": SQUID_JOINT,
+              "memory_tokens": config.memory_tokens, "memory_ratio": config.memory_ratio,
+              "projector_layers": config.projector_layers,
+              "projector_hidden_dim": config.projector_hidden_dim or config.large.emb_dim,
+              "projector_activation": config.projector_activation,
+              "order": "the large decoder reads [projected memory; query tokens]"}
+  _write_json(out / "squid.json", manifest)
+  return manifest
+
+
+def load_squid_bundle(directory, config: SquidConfig) -> Dict[str, Any]:
+  """Squid's params from a folder `export_squid` wrote (LoRA, if any, merged)."""
+  directory = pathlib.Path(directory)
+  params, _ = load_safetensors_params(directory / SQUID_JOINT)
+  for folder, key in SQUID_DECODERS.items():
+    decoder_config = squid_decoder_config(config, folder)
+    params[key] = hf_import.load_hf_params(directory / folder, decoder_config)[1]["stack"]
+  return params
 
 
 # ------------------------------------------------------------------------------ T5

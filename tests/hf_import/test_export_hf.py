@@ -275,3 +275,59 @@ def test_decal_safetensors_layout_round_trips_bitwise(tmp_path):
   with pytest.raises(ValueError, match="not in the decal_jax safetensors layout"):
     hf_export.load_safetensors_params(tmp_path / "t5")
   json.loads((tmp_path / "t5" / "config.json").read_text())
+
+
+# ------------------------------------------------------------------------------ Squid
+def test_squid_bundle_decoders_load_in_transformers_and_the_bundle_round_trips(tmp_path):
+  """small/ (LLaMA) and large/ (Qwen2) each compute our decoder stacks' logits in
+  transformers; the memory tokens and projector ride in squid_joint.safetensors; loading
+  the bundle gives every parameter back bit for bit; the command picks the bundle."""
+  from decal_jax.commands import export_hf
+  from decal_jax.networks import squid
+  config = squid.SquidConfig(small=LLAMA, large=QWEN2, memory_tokens=4)
+  tokens = jnp.ones((1, 8), jnp.int32)
+  params = _randomized(squid.Squid(config).init(
+      jax.random.PRNGKey(0), tokens, tokens[:, :4], tokens[:, :4],
+      query_tokens=tokens[:, :2], enable_dropout=False)["params"], 5)
+  manifest = hf_export.export_squid(params, config, tmp_path)
+  assert manifest["decoders"] == {"small": "LlamaForCausalLM", "large": "Qwen2ForCausalLM"}
+  assert json.loads((tmp_path / "squid.json").read_text())["memory_tokens"] == 4
+  small = dataclasses.replace(LLAMA, tie_embeddings=True)  # Squid never reads its head
+  for folder, decoder_config, model_class in (("small", small, "LlamaForCausalLM"),
+                                               ("large", QWEN2, "Qwen2ForCausalLM")):
+    model, info = getattr(transformers, model_class).from_pretrained(
+        tmp_path / folder, output_loading_info=True)
+    assert not any(info.values()), info
+    stack = {"stack": params[f"{folder}_decoder"]}
+    ours = _our_logits(decoder_config, stack, TOKENS)
+    theirs = _torch_logits(model.eval(), TOKENS)
+    atol = _atol(ours, decoder_config, TOKENS.shape[1])
+    gap = float(np.abs(ours - theirs).max())
+    assert gap <= atol, f"Squid {folder}: max |logit gap| {gap:.2e} > {atol:.2e}"
+  _same_leaves(params, hf_export.load_squid_bundle(tmp_path, config))
+  assert export_hf.choose_format("auto", squid.Squid, config) == "squid"
+
+
+def test_command_exports_a_squid_checkpoint_as_the_bundle(tmp_path):
+  """The whole command on a saved tiny Squid (models/squid_tiny.gin): auto picks the bundle,
+  the README says how to load it, and the bundle loads back bit for bit."""
+  from decal_jax.commands import export_hf
+  from decal_jax.networks import squid
+  from decal_jax.runtime import checkpoints
+  network, config, _, _ = export_hf.read_model(["models/squid_tiny.gin"], [])
+  assert network is squid.Squid
+  tokens = jnp.ones((1, 16), jnp.int32)
+  params = _randomized(squid.Squid(config).init(
+      jax.random.PRNGKey(0), tokens, tokens[:, :4], tokens[:, :4],
+      query_tokens=tokens[:, :2], enable_dropout=False)["params"], 6)
+  ckpt = checkpoints.Checkpointer(str(tmp_path / "run"), keep=1)
+  ckpt.save(3, {"params": params}, {}, force=True)
+  ckpt.close()
+  out = tmp_path / "bundle"
+  assert export_hf.main(["--checkpoint", str(tmp_path / "run"), "--out", str(out),
+                         "--gin_file", "models/squid_tiny.gin"]) == 0
+  readme = (out / "README.md").read_text()
+  assert "Squid bundle" in readme and "load_squid_bundle" in readme
+  assert sorted(p.name for p in out.iterdir()) == [
+      "README.md", "large", "small", "squid.json", "squid_joint.safetensors"]
+  _same_leaves(params, hf_export.load_squid_bundle(out, config))
