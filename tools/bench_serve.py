@@ -5,11 +5,17 @@
       --plot docs/results/serve_soak_cpu.png
   python -m tools.bench_serve --model_dir runs/decal_tiny_retrieval --query_length 16 \
       --gin_file models/decal_tiny.gin --gin_file models/dual_encoder.gin
+  python -m tools.bench_serve --search approximate --concurrency 1 8 32 128
+  python -m tools.bench_serve --beir_folder ../shared/data/beir/scifact --search approximate
 
 Without --model_dir a tiny dual encoder (models/decal_tiny.gin + dual_encoder.gin, DeCAL 4x
 passages) is fine-tuned for --train_steps steps on the built-in retrieval task from random
-weights (speed does not depend on the values) in a temporary folder, and the built-in BEIR
-corpus is indexed by `retrieval_eval.evaluate_retrieval` (exact index).
+weights (speed does not depend on the values) in a temporary folder. The corpus (the
+built-in BEIR corpus, or --beir_folder, e.g. SciFact) is indexed by
+`retrieval_eval.evaluate_retrieval` with runs/retrieve.gin (--search exact, or approximate:
+the residual copy, RESIDUAL_BITS = 2), or its index reused; the server (--index_dir,
+--corpus, --nprobe, --query_cells, --candidates, --search_backend) and the offline
+`Searcher` are given that one index and the same settings (`serve_clients.IndexChoice`).
 
 The server is the user's command, `python -m decal_jax.serve`, in its own process
 (--server thread: `search_server.running` inside this process instead, clients and server
@@ -54,12 +60,12 @@ COMMON, BUILTIN_BINDINGS = serve_clients.COMMON, serve_clients.BUILTIN_BINDINGS
 
 def _tiny_model_dir(root: pathlib.Path, train_steps: int) -> pathlib.Path:
   """A tiny dual encoder fine-tuned `train_steps` steps on the built-in task from random
-  weights; its built-in corpus indexed. -> MODEL_DIR."""
+  weights. -> MODEL_DIR."""
   import gin
   import jax
   import jax.numpy as jnp
   from decal_jax.networks import t5
-  from decal_jax.runtime import checkpoints, gin_utils, retrieval_eval, trainer
+  from decal_jax.runtime import checkpoints, gin_utils, trainer
   gin_utils.parse(["models/decal_tiny.gin"], [], [])
   config = gin.query_parameter("%MODEL").scoped_configurable_fn().module.config
   gin.clear_config()
@@ -75,8 +81,6 @@ def _tiny_model_dir(root: pathlib.Path, train_steps: int) -> pathlib.Path:
       f"TRAIN_STEPS = {train_steps}", f"CHECKPOINT_PERIOD = {train_steps}",
       f"EVAL_PERIOD = {train_steps}", "EVAL_BATCHES = 1", "BATCH_SIZE = 8"])
   gin.get_configurable(trainer.train)()
-  gin_utils.parse(["runs/retrieve_builtin.gin"], [], [f"MODEL_DIR = '{model_dir}'"])
-  gin.get_configurable(retrieval_eval.evaluate_retrieval)()
   gin.clear_config()
   return model_dir
 
@@ -136,13 +140,16 @@ def open_searcher(model_dir: str, args):
   from decal_jax.runtime import searcher as searcher_lib
   return searcher_lib.Searcher.open(model_dir, gin_files=args.gin_file or COMMON,
                                     bindings=args.binding or BUILTIN_BINDINGS,
-                                    query_length=args.query_length, batch_size=args.max_batch)
+                                    query_length=args.query_length, batch_size=args.max_batch,
+                                    **serve_clients.IndexChoice.from_args(args)
+                                    .searcher_kwargs(model_dir))
 
 
-def test_queries(count: int) -> List[str]:
-  """The built-in BEIR test queries, repeated to `count`."""
+def test_queries(count: int, corpus: Optional[str] = None) -> List[str]:
+  """The test queries of the BEIR folder `corpus` (None: the built-in), repeated to
+  `count`."""
   from decal_jax.retrieval import beir
-  data = beir.load_beir(beir.builtin_beir_folder(), "test")
+  data = beir.load_beir(corpus or beir.builtin_beir_folder(), "test")
   queries = [q for q in data.queries.values() if q.strip()]
   return [queries[i % len(queries)] for i in range(count)]
 
@@ -181,7 +188,8 @@ def latency_row(clients: int, rounds: List[Tuple], args) -> Dict:
 def run_latency(model_dir: str, args) -> str:
   from decal_jax.runtime import search_server
   searcher = open_searcher(model_dir, args)
-  queries = test_queries(args.offline_queries)
+  queries = test_queries(args.offline_queries,
+                         serve_clients.IndexChoice.from_args(args).corpus())
   if args.server == "thread":
     searcher.warm_up(args.k)
     limits = search_server.Limits(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
@@ -206,9 +214,11 @@ def latency_table(rows: List[Dict], args, info: Dict) -> str:
       benchmarking.command("tools.bench_serve", None),
       f"load average at the end (1/5/15 min): {benchmarking.load_average()}",
       f"server {where}; clients: threads of the benchmark process, {connections}",
-      f"index: {info['index_kind']}, {info['num_docs']} passages at C = "
+      f"index: {info['index_kind']} ({serve_clients.IndexChoice.from_args(args)}), "
+      f"{info['num_docs']} passages at C = "
       f"{info['passage_compression_ratio']}; queries at C = {info['query_compression_ratio']}, "
-      f"{info['query_length']} tokens; k = {args.k}",
+      f"{info['query_length']} tokens; k = {args.k}; search: {info['search']}, backend "
+      f"{info['search_backend']}",
       f"micro-batches of at most {args.max_batch} queries, {args.max_wait_ms} ms max wait; "
       f"offline: `Searcher.search` of {args.offline_queries} queries in batches of "
       f"{args.max_batch}, median of {args.repeats}; each row: {args.rounds} rounds of "
@@ -287,7 +297,8 @@ def soak_client(url: str, seed: int, queries: List[str], deadline: float,
 def soak_loop(url: str, pid: int, args) -> Tuple[List[Dict], Tally]:
   """Runs the clients for --soak_minutes, sampling every --sample_s seconds until then. ->
   (the samples, the tally once the clients' last requests are answered)."""
-  queries, tally = test_queries(20), Tally()
+  corpus = serve_clients.IndexChoice.from_args(args).corpus()
+  queries, tally = test_queries(20, corpus), Tally()
   start = time.monotonic()
   deadline = start + 60 * args.soak_minutes
   threads = [threading.Thread(target=soak_client, args=(url, i, queries, deadline, tally),
@@ -405,6 +416,14 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--binding", action="append", default=None,
                  help="a gin binding of the model (default: the built-in run's C = 4)")
   p.add_argument("--query_length", type=int, default=16)
+  p.add_argument("--passage_length", type=int, default=128, help="tokens, when indexing")
+  p.add_argument("--search", choices=("exact", "approximate"), default="exact")
+  p.add_argument("--beir_folder", help="the corpus (default: the built-in one), e.g. "
+                 "../shared/data/beir/scifact")
+  p.add_argument("--nprobe", type=int, default=16)
+  p.add_argument("--query_cells", type=int, default=32)
+  p.add_argument("--candidates", type=int, default=None)
+  p.add_argument("--search_backend", choices=("numpy", "compiled"), default="numpy")
   p.add_argument("--train_steps", type=int, default=2)
   p.add_argument("--server", choices=("process", "thread"), default="process")
   p.add_argument("--connections", choices=("keepalive", "new"), default="keepalive")
@@ -427,8 +446,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
   args = parser().parse_args(argv)
+  serve_clients.IndexChoice.from_args(args)  # a missing --beir_folder fails before training
   with tempfile.TemporaryDirectory() as tmp:
     model_dir = args.model_dir or str(_tiny_model_dir(pathlib.Path(tmp), args.train_steps))
+    serve_clients.build_index(model_dir, args)
     if args.soak_minutes > 0:
       text = run_soak(model_dir, args, tmp)
     else:

@@ -1,11 +1,15 @@
 """What tools/bench_serve.py drives the HTTP search server with: the server command as a
 subprocess (`ServerProcess`), clients over persistent or one-shot HTTP/1.1 connections
 (`Connection`), the server's 4xx cases (`bad_requests`), a client that leaves mid-request,
-and the resident memory of a process (`rss_bytes`).
+the resident memory of a process (`rss_bytes`), and the index both sides search
+(`IndexChoice`: exact or approximate, built-in corpus or a BEIR folder; `build_index`).
 """
+import dataclasses
 import http.client
 import json
+import pathlib
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +24,87 @@ from tools import benchmarking
 COMMON = ["models/decal_tiny.gin", "models/dual_encoder.gin"]
 BUILTIN_BINDINGS = ["PASSAGE_COMPRESSION_RATIO = 4"]  # runs/retrieve_builtin.gin's
 TOKEN = "soak-token"
+BUILTIN_TASK = "decal_beir_builtin"
+RESIDUAL_SUFFIX = ".residual-b2"  # retrieve.gin's RESIDUAL_BITS = 2, default quantizer
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexChoice:
+  """The index the server and the offline Searcher both search, and how: `search` 'exact'
+  or 'approximate' (the residual copy), over the built-in corpus (`beir_folder` None) or a
+  BEIR folder; the approximate settings are decal_jax.serve's flags of the same names."""
+  search: str = "exact"
+  beir_folder: Optional[str] = None
+  nprobe: int = 16
+  query_cells: int = 32
+  candidates: Optional[int] = None
+  search_backend: str = "numpy"
+
+  @classmethod
+  def from_args(cls, args) -> "IndexChoice":
+    if args.beir_folder and not (pathlib.Path(args.beir_folder) / "corpus.jsonl").is_file():
+      raise SystemExit(f"--beir_folder {args.beir_folder}: no corpus.jsonl there. SciFact is "
+                       "at ../shared/data/beir/scifact (shared/data/README.md), which a bare "
+                       "clone lacks; leave --beir_folder out for the built-in corpus.")
+    return cls(args.search, args.beir_folder, args.nprobe, args.query_cells, args.candidates,
+               args.search_backend)
+
+  @property
+  def name(self) -> str:
+    """The corpus's name in MODEL_DIR/index/<name>.step<N> (retrieval_eval's)."""
+    return pathlib.Path(self.beir_folder).name if self.beir_folder else BUILTIN_TASK
+
+  def corpus(self) -> str:
+    from decal_jax.retrieval import beir
+    return self.beir_folder or beir.builtin_beir_folder()
+
+  def index_dir(self, model_dir: str) -> str:
+    """The newest checkpoint's index of this corpus and kind under MODEL_DIR/index/."""
+    pattern = re.compile(rf"{re.escape(self.name)}\.step(\d+)"
+                         + re.escape(RESIDUAL_SUFFIX if self.search == "approximate" else "")
+                         + "$")
+    found = [(int(m.group(1)), p) for p in (pathlib.Path(model_dir) / "index").glob("*")
+             if (m := pattern.match(p.name)) and (p / "meta.json").is_file()]
+    if not found:
+      raise SystemExit(f"no {self.search} index of {self.name} under {model_dir}/index/")
+    return str(max(found)[1])
+
+  def searcher_kwargs(self, model_dir: str) -> Dict:
+    """`Searcher.open`'s keyword arguments for this choice."""
+    kwargs = {"index_dir": self.index_dir(model_dir), "corpus": self.corpus()}
+    if self.search == "approximate":
+      kwargs.update(nprobe=self.nprobe, query_cells=self.query_cells,
+                    candidates=self.candidates, backend=self.search_backend)
+    return kwargs
+
+  def server_flags(self, model_dir: str) -> List[str]:
+    """The same, as `python -m decal_jax.serve` flags."""
+    flags = {"backend": "search_backend"}
+    return [f"--{flags.get(k, k)}={v}" for k, v in self.searcher_kwargs(model_dir).items()
+            if v is not None]
+
+  def gin_bindings(self) -> List[str]:
+    """runs/retrieve.gin's bindings that build (or reuse) this index."""
+    corpus = (f"BEIR_FOLDER = {self.beir_folder!r}" if self.beir_folder
+              else f"BEIR_TASK = {BUILTIN_TASK!r}")
+    return [corpus, f"SEARCH = {self.search!r}", f"NPROBE = {self.nprobe}",
+            f"QUERY_CELLS = {self.query_cells}", f"CANDIDATES = {self.candidates}",
+            f"SEARCH_BACKEND = {self.search_backend!r}"]
+
+
+def build_index(model_dir: str, args) -> None:
+  """`retrieval_eval.evaluate_retrieval` of MODEL_DIR on the chosen corpus and search:
+  builds the index (and its residual copy) unless there, and scores the test split."""
+  import gin
+  from decal_jax.runtime import gin_utils, retrieval_eval
+  gin_utils.parse([*(args.gin_file or COMMON), "runs/retrieve.gin"], [], [
+      *(args.binding or BUILTIN_BINDINGS), f"MODEL_DIR = {str(model_dir)!r}",
+      f"QUERY_LENGTH = {args.query_length}", f"PASSAGE_LENGTH = {args.passage_length}",
+      *IndexChoice.from_args(args).gin_bindings()])
+  try:
+    gin.get_configurable(retrieval_eval.evaluate_retrieval)()
+  finally:
+    gin.clear_config()
 
 
 def server_command(model_dir: str, args, token_file: Optional[str] = None) -> List[str]:
@@ -29,6 +114,7 @@ def server_command(model_dir: str, args, token_file: Optional[str] = None) -> Li
              f"--max_wait_ms={args.max_wait_ms}"]
   command += [f"--gin_file={f}" for f in args.gin_file or COMMON]
   command += [f"--gin_bindings={b}" for b in args.binding or BUILTIN_BINDINGS]
+  command += IndexChoice.from_args(args).server_flags(model_dir)
   return command + ([f"--token_file={token_file}"] if token_file else [])
 
 
