@@ -15,10 +15,8 @@ pick instead. Params saved in another layout of the T5 network (`T5Config.scan_l
 run (`restore_matching_params`), which also reads T5X checkpoints (`t5x_checkpoints`).
 """
 import dataclasses
-import errno
 import pathlib
 import re
-import shutil
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import flax
@@ -30,6 +28,8 @@ import orbax.checkpoint as ocp
 from decal_jax import fileio, partitioning
 from decal_jax.interop import t5x_checkpoints
 from decal_jax.networks import param_layout
+from decal_jax.runtime import disk_space
+from decal_jax.runtime.disk_space import DiskFullError  # raised by save; callers catch it here
 
 if TYPE_CHECKING:  # the `dataset` item's iterator (tf.data); imported where it is saved
   from decal_jax.data import batch_iterator
@@ -55,17 +55,6 @@ CHECKPOINT_LAYOUTS = (
 
 class DamagedCheckpointError(RuntimeError):
   """A checkpoint whose files no longer read back (truncated or partly deleted)."""
-
-
-class DiskFullError(OSError):
-  """A checkpoint did not fit on the disk of its MODEL_DIR (its partial folder is removed)."""
-
-  def __init__(self, message: str):
-    super().__init__(message)
-    self.errno = errno.ENOSPC
-
-
-OUT_OF_SPACE = ("No space left on device", "Disk quota exceeded", "os_error_code='28'")
 
 
 class _DatasetHandler(ocp.CheckpointHandler):
@@ -146,30 +135,11 @@ class Checkpointer:
       self.manager.save(step, args=args, force=True)
       self.manager.wait_until_finished()
     except Exception as e:
-      if not _out_of_space(e):
+      if not disk_space.out_of_space(e):
         raise
-      raise DiskFullError(self._disk_full_message(step, e)) from e
+      raise DiskFullError(disk_space.disk_full_message(
+          self.directory, step, self.manager.latest_step(), e)) from e
     return True
-
-  def _disk_full_message(self, step: int, error: BaseException) -> str:
-    """Removes checkpoint_<step>'s partial folder; what happened, what is intact, the fix."""
-    partial = [p for p in self.directory.iterdir()
-               if p.name.startswith(f"checkpoint_{step}.orbax-checkpoint-tmp")]
-    if jax.process_index() == 0:
-      for folder in partial:
-        if fileio.is_url(folder):
-          folder.rmtree()  # an epath.Path
-        else:
-          shutil.rmtree(folder, ignore_errors=True)
-    latest = self.manager.latest_step()
-    intact = (f"checkpoint_{latest} is intact and the same command resumes from it (steps "
-              f"{latest + 1}-{step} are not saved)" if latest is not None else
-              "no earlier checkpoint exists, so a rerun starts from step 0")
-    return (f"checkpoint_{step} did not fit on the disk of {self.directory}"
-            f"{_space_note(self.directory, latest)}. Removed its partial folder "
-            f"({', '.join(p.name for p in partial) or 'none was left'}); {intact}. Free space "
-            "there, keep fewer checkpoints (--gin.KEEP_CHECKPOINTS=1), or give a MODEL_DIR on "
-            f"a larger disk. The storage said: {_shortened(str(error))}")
 
   def saved_architecture(self, step: int) -> Dict[str, list]:
     restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -336,37 +306,6 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
-
-
-def _out_of_space(error: BaseException) -> bool:
-  """True when `error` or an error it came from is a full disk (ENOSPC / EDQUOT; TensorStore
-  reports them in its message as RESOURCE_EXHAUSTED)."""
-  while error is not None:
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-      return True
-    if any(mark in str(error) for mark in OUT_OF_SPACE):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
-
-
-def _shortened(message: str) -> str:
-  """The first line of `message`, its middle cut when long (TensorStore's paths are)."""
-  line = message.strip().splitlines()[0]
-  return line if len(line) <= 300 else f"{line[:100]} ... {line[-180:]}"
-
-
-def _space_note(directory: Any, latest: Optional[int]) -> str:
-  """' (N MB free; the last checkpoint takes M MB)' for a local MODEL_DIR, '' for a URL."""
-  if fileio.is_url(directory):
-    return ""
-  free = shutil.disk_usage(directory).free
-  note = f" ({free / 1e6:.1f} MB free"
-  if latest is not None:
-    size = sum(f.stat().st_size for f in (directory / f"checkpoint_{latest}").rglob("*")
-               if f.is_file())
-    note += f"; checkpoint_{latest} takes {size / 1e6:.1f} MB"
-  return note + ")"
 
 
 def leaf_shapes(tree: Any) -> Dict[str, list]:
