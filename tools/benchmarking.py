@@ -1,10 +1,11 @@
-"""What the benchmark tools in decal_jax/commands/ share: timing, memory checks, the machine's
+"""What the benchmark tools in tools/ share: timing, memory checks and the largest batch in a budget, the machine's
 description, random weights from parameter shapes, the results header and tables, and the
 tools' command-line options. Writing the results files and plots is results_files.py's.
 
 A results file states numbers: the command, date and machine, the settings, then tables,
 JSON lines or plots. What the numbers mean is written in docs/, not generated here.
 """
+import dataclasses
 import datetime
 import math
 import os
@@ -191,6 +192,71 @@ def check_weights_fit(need: int, have: Optional[int]) -> None:
   if have is not None and need > 0.5 * have:
     raise DoesNotFit(f"the weights need {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB "
                      "available (a smaller --preset, or a machine with more memory)")
+
+
+# The largest batch within a memory budget, by XLA's own need at each batch size.
+@dataclasses.dataclass(frozen=True)
+class MemoryFit:
+  """XLA's memory need at two batch sizes, and the line through them."""
+  batches: Tuple[int, int]
+  needed: Tuple[int, int]  # bytes
+
+  @property
+  def per_sequence(self) -> float:
+    return (self.needed[1] - self.needed[0]) / (self.batches[1] - self.batches[0])
+
+  @property
+  def fixed(self) -> float:  # weights, mostly
+    return self.needed[0] - self.per_sequence * self.batches[0]
+
+  def largest_batch(self, budget: float) -> int:
+    """The largest batch whose need on the line is within `budget` bytes (0: none)."""
+    if self.per_sequence <= 0:
+      raise ValueError(f"The memory need does not grow with the batch ({self.needed} bytes "
+                       f"at batches {self.batches}); no batch limit follows.")
+    return max(0, math.floor((budget - self.fixed) / self.per_sequence))
+
+
+class Largest(NamedTuple):
+  """The largest batch within a budget, by XLA's own need at it: `batch` fits; when `exact`,
+  batch + 1 was compiled too and does not."""
+  batch: int
+  exact: bool
+
+  def __str__(self) -> str:
+    return f"{self.batch}" if self.exact else f">= {self.batch}"
+
+
+def largest_batch(need: Callable[[int], int], batches: Tuple[int, int], budget: float,
+                  tries: int = 4) -> Tuple[MemoryFit, Largest]:
+  """(the line through the needs at `batches`, the largest batch within `budget`). XLA's
+  buffer assignment does not grow exactly linearly, so the line only gives the first
+  guess: each guess is compiled and its need read, and the next one comes from the line
+  through the two known needs around the budget, until a batch that fits sits next to one
+  that does not (at most `tries` compiles past the fit)."""
+  fit = MemoryFit(batches, tuple(need(b) for b in batches))
+  known = dict(zip(batches, fit.needed))
+  for attempt in range(tries + 1):
+    fits = max((b for b, m in known.items() if m <= budget), default=0)
+    over = min((b for b, m in known.items() if m > budget), default=None)
+    if over == fits + 1:
+      return fit, Largest(fits, True)
+    if attempt < tries:
+      guess = max(fits + 1, _next_guess(known, budget, fits, over))
+      guess = guess if over is None else min(guess, over - 1)
+      known[guess] = need(guess)
+  return fit, Largest(fits, False)
+
+
+def _next_guess(known: Dict[int, int], budget: float, fits: int, over: Optional[int]) -> int:
+  """The budget's batch on the line through the known needs just under and over it (or,
+  lacking one side, the two nearest the side known)."""
+  order = sorted(known)
+  pair = (fits, over) if fits and over else tuple(order[:2] if over else order[-2:])
+  try:
+    return MemoryFit(pair, (known[pair[0]], known[pair[1]])).largest_batch(budget)
+  except ValueError:  # equal needs at both: no slope, step on
+    return fits + 1
 
 
 # ----------------------------------------------------------------------------- weights

@@ -3,6 +3,9 @@
   PYTHONPATH=/path/to/t5x-site python -m tools.compare_trainers \
       --rounds=3 --steps=60 --ratios 1 4 --dtypes float32 bfloat16 \
       --out=docs/results/compare_trainers_cpu.jsonl
+  PYTHONPATH=/path/to/t5x-site python -m tools.compare_trainers --packing yes \
+      --rounds=3 --steps=60 --ratios 1 4 --dtypes float32 \
+      --out=docs/results/compare_trainers_packed_cpu.jsonl   # tokens/s, packed
 
 Three trainers, each a fresh `python -m ...` process in an empty MODEL_DIR:
   t5x+t5x    `python -m t5x.train` with T5X's own network (t5x/examples/t5/t5_1_1/small.gin,
@@ -11,12 +14,22 @@ Three trainers, each a fresh `python -m ...` process in an empty MODEL_DIR:
              resized);
   ours       `python -m decal_jax.train` (gin/runs/pretrain_builtin.gin, resized).
 Every run reads the built-in span-corruption task (`decal_builtin_span_corruption`, built-in
-vocabulary of 4,224 ids) unpacked, batch --batch_size, --inputs / --targets tokens, no
+vocabulary of 4,224 ids), batch --batch_size, --inputs / --targets tokens, no
 dropout, Adafactor (T5X's in the T5X runs, decal_jax's optax one in ours), and sizes the
 network as --emb_dim / --layers / --heads / --head_dim / --mlp_dim (default: the issue's
 "reduced small": 256, 4 + 4, 4 x 64, 1024). A round runs every (ratio, dtype, trainer) once,
 the trainers' order reversed every other round, so slow drift in the machine's load hits
 them alike.
+
+Packing (`--packing no yes`): each trainer packs as it does by default under T5X
+(`DatasetConfig.pack=True`: seqio's EncDecFeatureConverter packs several examples into each
+row, with segment ids and positions) or reads one example per row. Both trainers get their
+batches from the same seqio task and feature converter, so a step holds the same number of
+real tokens on average in either; that number (non-padding input + target tokens per batch)
+is counted once from seqio itself, over the first --count_batches batches of the task at
+the run's lengths, and tokens / s = steps / s x that count. Each run also records what the
+trainer itself logged as a check: decal_jax's tokens / s over its steps / s, and T5X's
+`non_padding_fraction/loss_weights` (real target tokens over target slots).
 
 Steady-state steps / s of a run: the median over its logging windows (--log_period steps
 each: T5X's `train.stats_period`, decal_jax's LOG_PERIOD) of the steps / s the trainer
@@ -56,6 +69,9 @@ from tools import benchmarking, results_files
 TRAINERS = ("t5x+t5x", "t5x+ours", "ours")
 TAGS = {"t5x+t5x": "timing/steps_per_second", "t5x+ours": "timing/steps_per_second",
         "ours": "steps_per_second"}
+# What each trainer logs about the tokens of a step (a check on the seqio count).
+TOKEN_TAGS = {"t5x+t5x": "non_padding_fraction/loss_weights",
+              "t5x+ours": "non_padding_fraction/loss_weights", "ours": "tokens_per_second"}
 # T5X's own network, resized, reading decal_jax's built-in task (written to a temporary file:
 # it is the tool's setting, not a config of the library).
 T5X_NETWORK_GIN = """from __gin__ import dynamic_registration
@@ -97,7 +113,8 @@ def network_bindings(args, ratio: int, dtype: str) -> List[str]:
            "--gin.DROPOUT_RATE=0.0"])
 
 
-def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str) -> List[str]:
+def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str,
+            pack: bool = False) -> List[str]:
   """The command line of one run."""
   steps, lengths = args.steps, f"{{'inputs': {args.inputs}, 'targets': {args.targets}}}"
   run = [f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
@@ -106,6 +123,7 @@ def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str
     return [sys.executable, "-m", "decal_jax.train", "--gin_file=runs/pretrain_builtin.gin",
             *run, f"--gin.LOG_PERIOD={args.log_period}", f"--gin.EVAL_PERIOD={10 * steps}",
             "--gin.EVAL_BATCHES=1", f"--gin.CHECKPOINT_PERIOD={10 * steps}",
+            f"--gin.train/pipeline.DatasetConfig.pack={pack}",
             *network_bindings(args, ratio, dtype)]
   if trainer == "t5x+ours":
     family = ["--gin_file=t5x/decal_t5_1_1_tiny.gin", *network_bindings(args, ratio, dtype)]
@@ -119,11 +137,11 @@ def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str
   return [sys.executable, "-m", "t5x.train",
           f"--gin_search_paths={gin_utils.GIN_DIR},{t5x_site()}", *family,
           "--gin_file=t5x/runs/pretrain.gin",
-          "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_span_corruption'", *run,
+          f"--gin.MIXTURE_OR_TASK_NAME='{args.task}'", *run,
           f"--gin.train.stats_period={args.log_period}", f"--gin.train.eval_period={steps}",
           "--gin.train.eval_steps=1", f"--gin.utils.SaveCheckpointConfig.period={10 * steps}",
-          "--gin.train/utils.DatasetConfig.pack=False",
-          "--gin.train_eval/utils.DatasetConfig.pack=False"]
+          f"--gin.train/utils.DatasetConfig.pack={pack}",
+          f"--gin.train_eval/utils.DatasetConfig.pack={pack}"]
 
 
 def read_scalars(model_dir: str, tag: str) -> List[float]:
@@ -139,10 +157,10 @@ def read_scalars(model_dir: str, tag: str) -> List[float]:
   return [points[step] for step in sorted(points)]
 
 
-def run_one(trainer: str, args, ratio: int, dtype: str, tmp: str) -> Dict:
+def run_one(trainer: str, args, ratio: int, dtype: str, tmp: str, pack: bool = False) -> Dict:
   """Trains once in a fresh MODEL_DIR; its steady-state steps / s and what it took."""
   model_dir = tempfile.mkdtemp(prefix=f"{trainer.replace('+', '_')}_", dir=tmp)
-  cmd = command(trainer, args, ratio, dtype, model_dir, tmp)
+  cmd = command(trainer, args, ratio, dtype, model_dir, tmp, pack)
   load = benchmarking.load_average()
   start = time.time()
   with open(os.path.join(model_dir, "log.txt"), "w") as log:
@@ -157,41 +175,74 @@ def run_one(trainer: str, args, ratio: int, dtype: str, tmp: str) -> Dict:
   if len(windows) < 2:
     sys.exit(f"{trainer} wrote {len(windows)} steps/s windows in {model_dir}/train; "
              "need --steps >= 2 x --log_period.")
-  return dict(trainer=trainer, ratio=ratio, dtype=dtype, steps_per_s=statistics.median(
-      windows[1:]), windows=windows, wall_s=wall, load_before=load, command=" ".join(cmd))
+  logged = read_scalars(model_dir, TOKEN_TAGS[trainer])[1:]
+  check = (statistics.median(t / s for t, s in zip(logged, windows[1:])) if trainer == "ours"
+           else statistics.median(logged)) if logged else None
+  return dict(trainer=trainer, ratio=ratio, dtype=dtype, pack=pack,
+              steps_per_s=statistics.median(windows[1:]), windows=windows, wall_s=wall,
+              load_before=load, logged_token_check=check, command=" ".join(cmd))
+
+
+def real_tokens_per_batch(args, pack: bool) -> Dict[str, float]:
+  """Mean non-padding input and target tokens per batch of the compared task, from seqio
+  itself (the feature converter both trainers use) over the first --count_batches batches."""
+  import gin
+  import numpy as np
+  import seqio
+  import decal_jax.tasks  # noqa: F401  (registers the built-in tasks)
+  from decal_jax.data import vocabularies
+  # the vocabulary both trainers' gin files bind for the downstream tasks
+  gin.bind_parameter("vocabularies.task_vocabulary.vocabulary",
+                     vocabularies.builtin_vocabulary())
+  lengths = {"inputs": args.inputs, "targets": args.targets}
+  ds = seqio.get_dataset(args.task, lengths, dataset_split="train", shuffle=False, num_epochs=None,
+                         feature_converter=seqio.EncDecFeatureConverter(pack=pack),
+                         verbose=False).batch(args.batch_size, drop_remainder=True)
+  inputs, targets = [], []
+  for batch in ds.take(args.count_batches).as_numpy_iterator():
+    inputs.append(int(np.sum(batch["encoder_input_tokens"] > 0)))
+    targets.append(int(np.sum(batch["decoder_target_tokens"] > 0)))
+  return dict(inputs=float(np.mean(inputs)), targets=float(np.mean(targets)),
+              tokens=float(np.mean(inputs) + np.mean(targets)),
+              target_fraction=float(np.mean(targets)) / (args.batch_size * args.targets))
 
 
 def variants(args) -> List[tuple]:
-  """(ratio, dtype, trainer) of one round; T5X's network only at ratio 1."""
-  return [(r, d, t) for r in args.ratios for d in args.dtypes for t in args.trainers
-          if not (t == "t5x+t5x" and r != 1)]
+  """(ratio, dtype, pack, trainer) of one round; T5X's network only at ratio 1."""
+  return [(r, d, p, t) for r in args.ratios for d in args.dtypes for p in args.packing
+          for t in args.trainers if not (t == "t5x+t5x" and r != 1)]
 
 
-def summarize(rows: Sequence[Dict]) -> List[Dict]:
-  """Median, min and max steps / s over rounds of every (ratio, dtype, trainer), and the
-  ratio of each median to t5x+ours's at the same ratio and dtype."""
-  keys = sorted({(r["ratio"], r["dtype"], r["trainer"]) for r in rows},
-                key=lambda k: (k[0], k[1], TRAINERS.index(k[2])))
+def summarize(rows: Sequence[Dict], tokens: Optional[Dict[bool, float]] = None) -> List[Dict]:
+  """Median, min and max steps / s over rounds of every (ratio, dtype, pack, trainer); tokens
+  / s = steps / s x `tokens[pack]` (real tokens per batch); and the ratio of each median to
+  t5x+ours's at the same ratio, dtype and packing."""
+  def key(r):
+    return (r["ratio"], r["dtype"], r.get("pack", False), r["trainer"])
+  keys = sorted({key(r) for r in rows}, key=lambda k: (*k[:3], TRAINERS.index(k[3])))
   out = []
-  for ratio, dtype, trainer in keys:
-    values = [r["steps_per_s"] for r in rows if (r["ratio"], r["dtype"], r["trainer"]) ==
-              (ratio, dtype, trainer)]
-    out.append(dict(ratio=ratio, dtype=dtype, trainer=trainer, rounds=len(values),
-                    median=statistics.median(values), low=min(values), high=max(values)))
+  for ratio, dtype, pack, trainer in keys:
+    values = [r["steps_per_s"] for r in rows if key(r) == (ratio, dtype, pack, trainer)]
+    median = statistics.median(values)
+    out.append(dict(ratio=ratio, dtype=dtype, pack=pack, trainer=trainer, rounds=len(values),
+                    median=median, low=min(values), high=max(values),
+                    tokens_per_s=median * tokens[pack] if tokens else None))
   for row in out:
-    base = [o["median"] for o in out if (o["ratio"], o["dtype"], o["trainer"]) ==
-            (row["ratio"], row["dtype"], "t5x+ours")]
+    base = [o["median"] for o in out if key(o) == (row["ratio"], row["dtype"], row["pack"],
+                                                   "t5x+ours")]
     row["vs_t5x_trainer"] = row["median"] / base[0] if base else None
   return out
 
 
 def print_summary(summary: Sequence[Dict]) -> None:
-  print(f"\n{'C':>3} {'dtype':<9}{'trainer':<10}{'rounds':>7}{'steps/s':>9}{'range':>14}"
-        f"{'vs t5x+ours':>13}")
+  print(f"\n{'C':>3} {'dtype':<9}{'packed':<7}{'trainer':<10}{'rounds':>7}{'steps/s':>9}"
+        f"{'range':>14}{'tokens/s':>10}{'vs t5x+ours':>13}")
   for s in summary:
     ratio = f"{s['vs_t5x_trainer']:.2f}x" if s["vs_t5x_trainer"] else ""
-    print(f"{s['ratio']:>3} {s['dtype']:<9}{s['trainer']:<10}{s['rounds']:>7}"
-          f"{s['median']:>9.2f}{s['low']:>7.2f}-{s['high']:<6.2f}{ratio:>13}")
+    tokens = f"{s['tokens_per_s']:.0f}" if s["tokens_per_s"] else ""
+    print(f"{s['ratio']:>3} {s['dtype']:<9}{'yes' if s['pack'] else 'no':<7}{s['trainer']:<10}"
+          f"{s['rounds']:>7}{s['median']:>9.2f}{s['low']:>7.2f}-{s['high']:<6.2f}{tokens:>10}"
+          f"{ratio:>13}")
 
 
 # ----------------------------------------------------------------------------- XLA costs
@@ -308,6 +359,13 @@ def parse_args(argv: Optional[Sequence[str]]):
   p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                  choices=["float32", "bfloat16"])
   p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
+  p.add_argument("--packing", nargs="+", default=["no"], choices=["no", "yes"],
+                 help="read one example per row (no) and / or pack several (yes)")
+  p.add_argument("--task", default="decal_builtin_span_corruption",
+                 help="a built-in task (span corruption fills every row; the QA task's "
+                 "examples are shorter than a row, so packing pays)")
+  p.add_argument("--count_batches", type=int, default=200,
+                 help="batches over which real tokens per batch are counted")
   p.add_argument("--batch_size", type=int, default=8)
   p.add_argument("--inputs", type=int, default=128)
   p.add_argument("--targets", type=int, default=32)
@@ -321,6 +379,7 @@ def parse_args(argv: Optional[Sequence[str]]):
   p.add_argument("--xla_costs", action="store_true", help="print XLA's cost analysis of both "
                  "trainers' steps (in this process) instead of running the trainers")
   args = p.parse_args(argv)
+  args.packing = [value == "yes" for value in args.packing]
   if args.steps < 2 * args.log_period:
     p.error("--steps must be >= 2 x --log_period (the first window is left out).")
   return args
@@ -337,17 +396,24 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                 cpu_cores=benchmarking.cpu_cores(),
                 tool=benchmarking.command("tools.compare_trainers", argv))
   print(f"{record['date']}  {record['cpu']}, {record['cpu_cores']} cores  work: {tmp}")
+  counts = {pack: real_tokens_per_batch(args, pack) for pack in args.packing}
+  for pack, count in counts.items():
+    print(f"{'packed' if pack else 'unpacked'}: {count['inputs']:.0f} input + "
+          f"{count['targets']:.0f} target real tokens per batch (seqio, first "
+          f"{args.count_batches} batches)")
   rows = []
   for round_index in range(args.rounds):
     order = benchmarking.alternating(variants(args), round_index)
-    for ratio, dtype, trainer in order:
-      row = dict(record, round=round_index, **run_one(trainer, args, ratio, dtype, tmp))
+    for ratio, dtype, pack, trainer in order:
+      row = dict(record, round=round_index, real_tokens_per_batch=counts[pack],
+                 **run_one(trainer, args, ratio, dtype, tmp, pack))
       rows.append(row)
-      print(f"round {round_index}  C={ratio} {dtype:<9}{trainer:<10}{row['steps_per_s']:7.2f} "
-            f"steps/s  (load {row['load_before']}, {row['wall_s']:.0f} s)", flush=True)
+      print(f"round {round_index}  C={ratio} {dtype:<9}{'packed' if pack else 'unpacked':<9}"
+            f"{trainer:<10}{row['steps_per_s']:7.2f} steps/s  (load {row['load_before']}, "
+            f"{row['wall_s']:.0f} s)", flush=True)
       if args.out:
         results_files.write_jsonl(args.out, [row])
-  summary = summarize(rows)
+  summary = summarize(rows, {pack: c["tokens"] for pack, c in counts.items()})
   print_summary(summary)
   print(f"load average now: {benchmarking.load_average()}")
   return summary

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from decal_jax import decoding, models
-from tools import benchmarking
+from tools import benchmarking, inference_report as report
 
 bench = importlib.import_module("tools.bench_inference")
 
@@ -38,13 +38,13 @@ def run(tmp_path_factory):
     rows = bench.main(argv)
     args = bench.parse_args(argv)
     zoo = bench.Zoo(args.preset_value, N, NEW, [], args.seed)
-    zoo.params(bench.Config("decal", 1))  # made (scaled) here, as the run made its own
+    zoo.params(report.Config("decal", 1))  # made (scaled) here, as the run made its own
   assert (out / "inference.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   return rows, (out / "inference.md").read_text(), zoo, args
 
 
 def _row(rows, ratio):
-  return next(r for r in rows if r.config == bench.Config("decal", ratio))
+  return next(r for r in rows if r.config == report.Config("decal", ratio))
 
 
 def _batch(zoo, cfg):
@@ -53,7 +53,7 @@ def _batch(zoo, cfg):
 
 def test_c1_generates_what_the_librarys_greedy_decode_and_the_uncached_pass_give(run):
   rows, _, zoo, _ = run
-  cfg = bench.Config("decal", 1)
+  cfg = report.Config("decal", 1)
   params, batch = zoo.params(cfg), _batch(zoo, cfg)
   tokens = _row(rows, 1).tokens  # the first timed run's
   assert tokens.shape == (BATCH, NEW) and len({*tokens.ravel().tolist()}) > 2
@@ -93,21 +93,21 @@ def test_throughput_and_ratios_by_hand():
     side = benchmarking.Side("x", None, None)
     side.runs = [benchmarking.Run({"wall": w, "cpu": c}, np.zeros((batch, 1)))
                  for w, c in zip(walls, cpus)]
-    return bench.Row(1024, bench.Config("decal", 4), "table", 128, batch, side, None, None,
+    return report.Row(1024, report.Config("decal", 4), "table", 128, batch, side, None, None,
                      largest)
-  assert bench.throughput(3, 128, 2.0) == (1.5, 192.0)
-  c4 = row(3, [4.0, 2.0, 1.0], [1.0, 1.5, 3.0], bench.Largest(30, True))  # medians 2, 1.5 s
-  c1 = row(2, [1.0], [0.5], bench.Largest(12, True))
+  assert report.throughput(3, 128, 2.0) == (1.5, 192.0)
+  c4 = row(3, [4.0, 2.0, 1.0], [1.0, 1.5, 3.0], benchmarking.Largest(30, True))  # medians 2, 1.5 s
+  c1 = row(2, [1.0], [0.5], benchmarking.Largest(12, True))
   assert c4.throughput == (1.5, 192.0) and c1.throughput == (2.0, 256.0)
   assert (c4.seconds, c4.cpu_seconds, c4.wall_range()) == (2.0, 1.5, "2000.0 (1000.0-4000.0)")
-  r = bench.ratios(c4, c1)
+  r = report.ratios(c4, c1)
   assert (r.sequences, r.tokens, r.largest, r.cpu) == (0.75, 0.75, 2.5, 0.5)  # 2 vs 4 /CPU-s
   assert r.memory is None  # different batches, no fit: no like-for-like memory ratio
-  assert bench.ratios(c1, c1) == (1.0, 1.0, None, 1.0, 1.0)
+  assert report.ratios(c1, c1) == (1.0, 1.0, None, 1.0, 1.0)
 
 
 def test_the_largest_batch_line_by_hand():
-  fit = bench.MemoryFit((2, 4), (1000, 1600))  # 300 bytes per sequence + 400 fixed
+  fit = benchmarking.MemoryFit((2, 4), (1000, 1600))  # 300 bytes per sequence + 400 fixed
   assert (fit.per_sequence, fit.fixed) == (300, 400)
   assert [fit.largest_batch(b) for b in (399, 700, 2199, 2200)] == [0, 1, 5, 6]
   # needs steeper past batch 4 (100 -> 150 bytes per sequence): the line through 2 and 4
@@ -115,11 +115,11 @@ def test_the_largest_batch_line_by_hand():
   # and 15 (3,050) is over: 14 is the largest
   need = lambda b: 1000 + 100 * b if b <= 4 else 1400 + 150 * (b - 4)
   calls = []
-  fit, largest = bench.largest_batch(lambda b: calls.append(b) or need(b), (2, 4), 3000)
+  fit, largest = benchmarking.largest_batch(lambda b: calls.append(b) or need(b), (2, 4), 3000)
   assert (fit.per_sequence, largest, calls) == (100, (14, True), [2, 4, 20, 14, 15])
   assert str(largest) == "14"
-  assert bench.largest_batch(need, (2, 4), 1050)[1] == (0, True)  # not even batch 1
-  fit, largest = bench.largest_batch(need, (2, 4), 3000, tries=2)  # stopped at 20, 14
+  assert benchmarking.largest_batch(need, (2, 4), 1050)[1] == (0, True)  # not even batch 1
+  fit, largest = benchmarking.largest_batch(need, (2, 4), 3000, tries=2)  # stopped at 20, 14
   assert largest == (14, False) and str(largest) == ">= 14"
 
 
@@ -143,17 +143,17 @@ def test_break_even_is_the_shortest_length_where_the_compressed_model_is_faster(
   def row(n, cfg, seconds):
     side = benchmarking.Side("x", None, None)
     side.runs = [benchmarking.Run({"wall": seconds, "cpu": 1.0}, np.zeros((1, 1)))]
-    return bench.Row(n, cfg, "scan", 8, 1, side)
+    return report.Row(n, cfg, "scan", 8, 1, side)
   args = bench.parse_args(["--preset", "tiny", "--methods", "decal"])
   speeds = {128: 0.8, 256: 1.1, 512: 0.95, 1024: 1.2, 2048: 1.3}  # seq/s ratio of C = 4
-  rows = [r for n, s in speeds.items() for r in (row(n, bench.Config("decal", 1), 1.0),
-                                                row(n, bench.Config("decal", 4), 1 / s))]
-  shortest, again, points = bench.breakeven(args, rows, "decal")
+  rows = [r for n, s in speeds.items() for r in (row(n, report.Config("decal", 1), 1.0),
+                                                row(n, report.Config("decal", 4), 1 / s))]
+  shortest, again, points = report.breakeven(args, rows, "decal")
   assert (shortest, again) == (256, [512]) and [n for n, _ in points] == list(speeds)
   assert [round(r, 6) for _, r in points] == list(speeds.values())
-  assert bench.breakeven(args, rows[:2], "decal")[:2] == (None, [])  # 128 only: slower
-  assert bench.breakeven(args, rows, "decal", "cpu")[:2] == (None, [])  # equal CPU time
-  text = "\n".join(bench.breakeven_lines(args, rows))
+  assert report.breakeven(args, rows[:2], "decal")[:2] == (None, [])  # 128 only: slower
+  assert report.breakeven(args, rows, "decal", "cpu")[:2] == (None, [])  # equal CPU time
+  text = "\n".join(report.breakeven_lines(args, rows))
   assert "| DeCAL C=4 | 128: 0.80, 256: 1.10, 512: 0.95, 1024: 1.20, 2048: 1.30 | 256 | 512 |" \
       in text
 
@@ -165,13 +165,13 @@ def test_the_other_methods_generate_what_their_uncached_passes_give():
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(benchmarking, "random_params", _scaled(benchmarking.random_params))
     zoo = bench.Zoo(args.preset_value, N, NEW, [4], 0)
-    configs = (bench.Config("dodo", 4), bench.Config("squid", 4),
-               bench.Config(bench.REFERENCE, 1))
+    configs = (report.Config("dodo", 4), report.Config("squid", 4),
+               report.Config(report.REFERENCE, 1))
     programs = {c: zoo.program(c) for c in configs}
   for cfg, program in programs.items():
     batch = _batch(zoo, cfg)
     got = np.asarray(jax.jit(program.predict)(program.params, batch))  # [BATCH, NEW]
-    if cfg.method == bench.REFERENCE:
+    if cfg.method == report.REFERENCE:
       model = models.DecoderOnlyModel(zoo.network(cfg), NO_EOS)
       want = model.generate_uncached(program.params, batch["encoder_input_tokens"], NEW)
     else:

@@ -13,9 +13,11 @@ breakeven = importlib.import_module("tools.decal_breakeven")
 
 def test_every_round_runs_t5x_network_only_uncompressed():
   args = compare.parse_args(["--ratios", "1", "4", "--dtypes", "float32"])
-  assert compare.variants(args) == [(1, "float32", "t5x+t5x"), (1, "float32", "t5x+ours"),
-                                    (1, "float32", "ours"), (4, "float32", "t5x+ours"),
-                                    (4, "float32", "ours")]
+  assert compare.variants(args) == [(1, "float32", False, "t5x+t5x"),
+                                    (1, "float32", False, "t5x+ours"),
+                                    (1, "float32", False, "ours"),
+                                    (4, "float32", False, "t5x+ours"),
+                                    (4, "float32", False, "ours")]
   with pytest.raises(SystemExit):
     compare.parse_args(["--steps", "10", "--log_period", "10"])  # no window after the first
 
@@ -29,7 +31,12 @@ def test_commands_train_the_same_network_and_batches(tmp_path, monkeypatch):
             "--gin.t5.T5Config.emb_dim=256", "--gin.BATCH_SIZE=8",
             "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 32}"]
   assert all(flag in ours and flag in t5x for flag in shared)
-  assert "--gin.train/utils.DatasetConfig.pack=False" in t5x  # ours does not pack either
+  assert "--gin.train/utils.DatasetConfig.pack=False" in t5x  # unpacked unless asked
+  assert "--gin.train/pipeline.DatasetConfig.pack=False" in ours
+  packed = [compare.command(t, args, 4, "float32", "/m", str(tmp_path), pack=True)
+            for t in ("ours", "t5x+ours")]
+  assert "--gin.train/pipeline.DatasetConfig.pack=True" in packed[0]
+  assert "--gin.train/utils.DatasetConfig.pack=True" in packed[1]
   compare.command("t5x+t5x", args, 1, "float32", "/m", str(tmp_path))
   written = (tmp_path / "t5x_network_float32.gin").read_text()
   assert "emb_dim = 256" in written and "dtype = 'float32'" in written
@@ -43,6 +50,32 @@ def test_steps_per_second_read_back_from_the_trainers_events(tmp_path):
   assert compare.read_scalars(str(tmp_path), "steps_per_second") == [1.0, 3.0, 3.5]
 
 
+def test_packing_is_a_dimension_of_every_round():
+  args = compare.parse_args(["--ratios", "4", "--dtypes", "float32", "--trainers", "t5x+ours",
+                             "ours", "--packing", "no", "yes"])
+  assert compare.variants(args) == [(4, "float32", False, "t5x+ours"), (4, "float32", False, "ours"),
+                                    (4, "float32", True, "t5x+ours"), (4, "float32", True, "ours")]
+
+
+def test_real_tokens_per_batch_counted_from_the_task_itself():
+  """Unpacked: the mean of the first batches' real tokens equals a count over the task's own
+  examples (already trimmed to the lengths) taken in order; packed: at least as many real
+  tokens per batch, never more than the rows hold."""
+  import seqio
+  args = compare.parse_args(["--task", "decal_builtin_qa", "--batch_size", "4", "--inputs", "256",
+                             "--targets", "16", "--count_batches", "5"])
+  unpacked = compare.real_tokens_per_batch(args, pack=False)
+  examples = seqio.get_mixture_or_task("decal_builtin_qa").get_dataset(
+      {"inputs": 256, "targets": 16}, split="train", shuffle=False)
+  lengths = [(len(e["inputs"]), len(e["targets"])) for e in
+             examples.take(5 * 4).as_numpy_iterator()]
+  assert unpacked["inputs"] == sum(i for i, _ in lengths) / 5
+  assert unpacked["targets"] == sum(t for _, t in lengths) / 5
+  packed = compare.real_tokens_per_batch(args, pack=True)
+  assert unpacked["tokens"] < packed["tokens"] <= 4 * (256 + 16)
+  assert packed["target_fraction"] == packed["targets"] / (4 * 16)
+
+
 def test_summary_medians_ranges_and_ratio_to_the_t5x_trainer():
   rows = [dict(ratio=1, dtype="float32", trainer=t, steps_per_s=v) for t, v in
           (("t5x+ours", 2.0), ("t5x+ours", 4.0), ("t5x+ours", 3.0), ("ours", 3.3),
@@ -51,6 +84,18 @@ def test_summary_medians_ranges_and_ratio_to_the_t5x_trainer():
   assert (theirs["median"], theirs["low"], theirs["high"], theirs["vs_t5x_trainer"]) == \
       (3.0, 2.0, 4.0, 1.0)
   assert ours["median"] == 3.6 and ours["vs_t5x_trainer"] == pytest.approx(1.2)
+
+
+def test_packed_tokens_per_second_and_ratios_within_one_packing():
+  rows = [dict(ratio=4, dtype="float32", trainer=t, pack=p, steps_per_s=v) for t, p, v in
+          (("t5x+ours", False, 2.0), ("ours", False, 2.2), ("t5x+ours", True, 1.5),
+           ("ours", True, 1.8))]
+  summary = {(s["pack"], s["trainer"]): s for s in
+             compare.summarize(rows, {False: 600.0, True: 800.0})}
+  assert summary[True, "ours"]["tokens_per_s"] == pytest.approx(1.8 * 800)
+  assert summary[False, "ours"]["tokens_per_s"] == pytest.approx(2.2 * 600)
+  assert summary[True, "ours"]["vs_t5x_trainer"] == pytest.approx(1.8 / 1.5)  # not / 2.0
+  assert summary[False, "t5x+ours"]["vs_t5x_trainer"] == 1.0
 
 
 def test_breakeven_ratio_by_hand():
