@@ -83,6 +83,21 @@ def test_partial_results_are_marked_under_the_title_until_every_row_is_done(tmp_
   assert sorted(p.name for p in pathlib.Path(args.out).parent.iterdir()) == ["r.md"]
 
 
+def test_a_rewritten_results_file_keeps_the_reading_below_its_marker(tmp_path, capsys):
+  out = tmp_path / "r.md"
+  results_files.report("# New\n\n| 2 |\n", str(out))  # no file yet: the text alone
+  assert out.read_text() == "# New\n\n| 2 |\n"
+  out.write_text("# Old\n\n| 1 |\n\n" + results_files.READING + "\n\n## Reading\n\nMine.\n")
+  results_files.report("# New\n\n| 2 |\n", str(out))
+  assert out.read_text() == ("# New\n\n| 2 |\n\n" + results_files.READING +
+                             "\n\n## Reading\n\nMine.\n")
+  args = argparse.Namespace(out=str(out), plot=None)
+  results_files.write_partial(args, ["a"], 1, 2, _results)  # a partial rewrite keeps it too
+  text = out.read_text()
+  assert text.startswith("# Title\n\n**Partial") and text.endswith("## Reading\n\nMine.\n")
+  assert text.count(results_files.READING) == 1
+
+
 def test_a_partial_write_that_fails_leaves_the_last_file_whole(tmp_path):
   args = argparse.Namespace(out=str(tmp_path / "r.md"), plot=None)
   results_files.write_partial(args, ["a"], 1, 2, _results)

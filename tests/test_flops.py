@@ -298,3 +298,31 @@ def test_gpt_generation_flops_add_up_as_derived():
                                   for i in range(prompt, slots))
   with pytest.raises(ValueError, match="prefill"):
     flops.gpt_generation_flops(cfg, prompt, new, cached=False, prefill=True)
+
+
+def test_paper_count_hand_worked():
+  """The paper's count on HAND, P = 2, K = 3, sentences [2, 3]: the fed tokens' (place,
+  sentence) are (0, 0) (1, 0) | (0, 1) (1, 1) (2, 1), so the steps rerun (1, 2), (2, 2), (3, 2)
+  (word-level tokens, sentence-level rows). Dense pairs: 16 per pair, 288 per position and
+  block, head 80. Prompt: the word-level block over 2 tokens, 2 * 288 + 4 * 16 = 640. Steps:
+  word-level 1 * 288 + 16 = 304, 2 * 288 + 64 = 640, 3 * 288 + 144 = 1008; sentence-level
+  2 * 288 + 64 = 640 each; + 80 each."""
+  assert flops.paper_steps(HAND, 2, 3, [2, 3]) == [(1, 2), (2, 2), (3, 2)]
+  ours = flops.gpthf_paper_generation_flops(HAND, 2, 3, [2, 3])
+  assert (ours.prompt, ours.generation) == (640, (304 + 640 + 80) + (640 + 640 + 80)
+                                            + (1008 + 640 + 80))
+  # GPT (both blocks) reruns 3, 4, 5 positions: 2 * (L * 288 + 16 * L^2) + 80.
+  gpt = flops.gpt_paper_generation_flops(HAND.decoder, 2, 3)
+  assert (gpt.prompt, gpt.generation) == (0, (2 * (864 + 144) + 80) + (2 * (1152 + 256) + 80)
+                                          + (2 * (1440 + 400) + 80))
+
+
+def test_growing_uncached_buffer_flops_hand_worked():
+  """generate_uncached(bucket=2), P = 2, K = 3: steps 0-1 run over 4 positions, step 2 over
+  5, logits everywhere: 2 blocks x (L * 288 + 16 * L^2) + L * 80."""
+  four, five = 2 * (4 * 288 + 16 * 16) + 4 * 80, 2 * (5 * 288 + 16 * 25) + 5 * 80
+  grown = flops.gpt_generation_flops(HAND.decoder, 2, 3, cached=False, bucket=2)
+  assert grown.generation == 2 * four + five
+  assert flops.gpt_generation_flops(HAND.decoder, 2, 3, cached=False).generation == 3 * five
+  assert flops.gpt_generation_flops(HAND.decoder, 2, 3, cached=False, bucket=1).generation == (
+      2 * (3 * 288 + 16 * 9) + 3 * 80 + four + five)

@@ -1,4 +1,5 @@
-"""GPTHF (cached) against an equally sized GPT without and with a KV cache: FLOPs and time.
+"""GPTHF (cached, and as the paper runs it) against an equally sized GPT without and with a
+KV cache: FLOPs and time.
 
   python -m tools.bench_gpthf --out docs/results/gpthf_efficiency_cpu.md \
       --plot docs/results/gpthf_efficiency_cpu.png
@@ -7,21 +8,27 @@
 
 For every prompt length n, generation length k and batch size, on one set of random weights
 (GPTHF has exactly the parameters of the GPT built from the same DecoderConfig, so one
-parameter tree serves both networks):
+parameter tree serves both networks; the sides are in tools/bench_gpthf_sides.py):
   * GPTHF: `DecoderOnlyModel.generate` on `Gpthf`: the prompt fed one token at a time
-    through its sentence and body caches, then k cached steps;
+    through its sentence and body caches (keys / values in both parts), then k cached steps;
+  * GPTHF, paper inference: `gpthf.paper_generate`, no keys / values kept: the prompt's
+    sentence embeddings from one word-level pass, then k steps that each rerun the word-level
+    blocks over the current sentence and the sentence-level blocks over the finished
+    sentences' embeddings (compiled at lengths 8, 16, 32, .. `gpthf.bucket_sizes`);
   * GPT, no cache (the paper's baseline, its Tables 2-3): `generate_uncached` on `Decoder`,
-    k steps, each rerunning the whole network over the n + k token buffer;
+    k steps, each rerunning the whole network over the tokens so far: the buffer grows in
+    groups of --bucket steps (the group ending at step e runs over n + e + 1 positions);
   * GPT, cache (the like-for-like one): `generate` on `Decoder`, the prompt fed one token at
     a time through the KV cache exactly as GPTHF's is, then k cached steps;
   * GPT, cache + prefill (how GPT serving reads a prompt): the prompt written into the KV
     cache by one causal pass, then the same k cached steps (GPTHF has no prefill).
 Every side is one jitted program timed end to end (median of --repeats runs after
 compilation and --warmup untimed runs; the sides' order reversed every repeat). FLOPs are
-analytical (`decal_jax.networks.flops`, matmuls, per example): "as computed" counts dense attention
-over every slot a side scores (GPTHF: max_sentence_length sentence slots and n + k body
-slots; GPT: its n + k cache slots, or the whole buffer), "causal" only the keys each token
-may see.
+analytical (`decal_jax.networks.flops`, matmuls, per example): "as computed" counts dense
+attention over every slot a side scores (GPTHF: max_sentence_length sentence slots and n + k
+body slots; paper inference: its compiled lengths; GPT: its n + k cache slots, or its
+buffer), "causal" only the keys each token may see, and "the paper's count" both networks
+without keys / values, each pass over just the positions it needs (`flops` explains).
 
 Prompts are real text (`data.sentences.builtin_text_rows`: built-in corpus paragraphs, the
 end-of-sentence id after each sentence, as GPTHF's training data; each batch row a window
@@ -42,173 +49,25 @@ import argparse
 import dataclasses
 import os
 import statistics
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from decal_jax import decoding, models
-from decal_jax.networks import flops
-from tools import benchmarking, results_files
-from tools.benchmarking import (DoesNotFit, NoEos, Run, Side, available_bytes, check_fits,
-                                    decoder_line, gflop, load_average, needed_bytes, timed)
 from decal_jax.data import vocabularies
 from decal_jax.data.sentences import builtin_text_rows as text_rows
 from decal_jax.data.sentences import sentence_end_id
-from decal_jax.networks import gpthf
-from decal_jax.networks.decoder import Decoder, DecoderConfig
+from decal_jax.networks import flops, gpthf
+from decal_jax.networks.decoder import DecoderConfig
+from tools import benchmarking, results_files
+from tools.bench_gpthf_sides import (  # noqa: F401  (OURS, NoEos, PRESETS: the tests' names)
+    BASELINES, OURS, PRESETS, SIDES, NoEos, SentenceCounts, compile_side, paper_computed_steps,
+    param_count, random_params, row_configs, sentence_stats, side_functions)
+from tools.benchmarking import DoesNotFit, Side, decoder_line, gflop, load_average
 
-SIDES = ("GPTHF", "GPT no cache", "GPT cache", "GPT cache + prefill")
 PAPER = {"n": 500, "k": 20, "flop_ratio": 9.73, "speedup": 2.99, "speedup_batch": 32}
-
-
-# ----------------------------------------------------------------------------- presets
-class Preset(NamedTuple):
-  decoder: DecoderConfig       # the GPT's shape; max_length is set per row to n + k
-  encoder_layers: int          # GPTHF's word-level blocks (the rest are sentence-level)
-  max_sentence_length: int
-  dtype: str
-  init_std: float              # random weights ~ N(0, init_std); norm scales 1
-  max_batch_work: Optional[int]  # batches > 1 only where batch * k * (n + k) <= this
-  source: str
-
-
-def _cpu_preset() -> Preset:
-  """GPTHF-16-8's 2 : 1 split shrunk (4 word-level + 2 sentence-level blocks, mlp 4x emb),
-  tied embeddings over the built-in vocabulary (4,224 ids as in gin/models/*_tiny.gin)."""
-  return Preset(DecoderConfig(vocab_size=4224, emb_dim=128, num_heads=4, head_dim=32,
-                              mlp_dim=512, num_layers=6, tie_embeddings=True),
-                4, 64, "float32", 0.02, 200_000, "the `cpu` preset (tools/bench_gpthf.py)")
-
-
-def _paper_preset() -> Preset:
-  """GPTHF-16-8 and Baseline-24: 24 blocks of d 1024, 16 heads x 64, SwiGLU 4096, tied."""
-  return Preset(DecoderConfig(vocab_size=50304, emb_dim=1024, num_heads=16, head_dim=64,
-                              mlp_dim=4096, num_layers=24, tie_embeddings=True),
-                16, 64, "bfloat16", 0.02, None,
-                "the `paper` preset: GPTHF-16-8 / Baseline-24 shapes (tools/bench_gpthf.py)")
-
-
-def _tiny_preset() -> Preset:
-  return Preset(DecoderConfig(vocab_size=4224, emb_dim=16, num_heads=2, num_kv_heads=1,
-                              head_dim=8, mlp_dim=32, num_layers=2, tie_embeddings=True),
-                1, 8, "float32", 0.5, None, "the `tiny` preset (tests)")
-
-
-PRESETS: Dict[str, Callable[[], Preset]] = {"cpu": _cpu_preset, "paper": _paper_preset,
-                                            "tiny": _tiny_preset}
-
-
-def row_configs(args, prompt_length: int, new_tokens: int
-                ) -> Tuple[DecoderConfig, gpthf.GpthfConfig]:
-  """The GPT's and GPTHF's configs for one row: max_length = n + k (the fewest positions
-  `generate` accepts, which also sizes GPTHF's body cache); same weights for every row."""
-  preset = args.preset_value
-  decoder = dataclasses.replace(preset.decoder, max_length=prompt_length + new_tokens,
-                                dtype=jnp.dtype(args.dtype or preset.dtype), dropout_rate=0.0)
-  return decoder, gpthf.GpthfConfig(decoder=decoder, encoder_layers=preset.encoder_layers,
-                                    sentence_end_id=args.end_id,
-                                    max_sentence_length=preset.max_sentence_length)
-
-
-# ----------------------------------------------------------------------------- weights
-def _param_shapes(cfg: DecoderConfig):
-  tokens = jnp.ones((1, 1), jnp.int32)
-  return jax.eval_shape(lambda: Decoder(cfg).init(jax.random.PRNGKey(0), tokens,
-                                                  enable_dropout=False))["params"]
-
-
-def param_count(cfg: DecoderConfig) -> int:
-  return benchmarking.param_count(_param_shapes(cfg))
-
-
-def random_params(cfg: DecoderConfig, seed: int = 0, std: float = 0.02) -> dict:
-  """Random weights of `Decoder`'s tree (also `Gpthf`'s), after checking that they fit."""
-  need = param_count(cfg) * jnp.dtype(cfg.dtype).itemsize
-  benchmarking.check_weights_fit(need, available_bytes())
-  return benchmarking.random_params(_param_shapes(cfg), cfg.dtype, seed, std)
-
-
-class SentenceCounts(NamedTuple):
-  """Sentences GPTHF's layout closes, summed over the batch rows."""
-  prompt_end: int    # in the prompt, by the end id
-  prompt_bound: int  # in the prompt, by max_sentence_length
-  new_end: int       # in the k new tokens, by the end id
-  new_bound: int
-
-
-def sentence_stats(config: gpthf.GpthfConfig, prompt: np.ndarray, new: np.ndarray
-                   ) -> Tuple[SentenceCounts, List[List[int]]]:
-  """Counts of closed sentences, and per row the sentence lengths of the n + k fed tokens
-  (BOS, prompt, new tokens but the last) by the network's own rule (`sentence_layout`)."""
-  text = np.concatenate([np.zeros((prompt.shape[0], 1), np.int32), prompt, new], axis=1)
-  layout = gpthf.sentence_layout(jnp.asarray(text), config.sentence_end_id,
-                                 config.max_sentence_length)
-  closes = np.asarray(layout.closes)  # [b, 1 + n + k]
-  by_end = closes & (text == config.sentence_end_id)
-  n = prompt.shape[1]
-  counts = SentenceCounts(int(by_end[:, 1:n + 1].sum()), int((closes & ~by_end)[:, 1:n + 1].sum()),
-                          int(by_end[:, n + 1:].sum()), int((closes & ~by_end)[:, n + 1:].sum()))
-  fed = text.shape[1] - 1
-  lengths = []
-  for row in closes[:, :fed]:
-    ends = (np.flatnonzero(row) + 1).tolist()  # exclusive ends of the closed sentences
-    if not ends or ends[-1] < fed:
-      ends.append(fed)  # the sentence still open after the last fed token
-    lengths.append(np.diff([0] + ends).tolist())
-  return counts, lengths
-
-
-# ----------------------------------------------------------------------------- generation
-def uncached_continuation(model: models.DecoderOnlyModel, params, prompt, continuation):
-  """`DecoderOnlyModel.generate_uncached` step for step, except that step i writes the
-  text's token continuation[:, i] into the buffer; its argmax is recorded. `[b, k]`."""
-  batch, length = prompt.shape
-  new_tokens = continuation.shape[1]
-  tokens = jnp.zeros((batch, length + new_tokens), jnp.int32).at[:, :length].set(prompt)
-
-  def step(i, carry):
-    tokens, predicted = carry
-    inputs = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]  # BOS + everything so far
-    logits = model.module.apply({"params": params}, inputs, enable_dropout=False)
-    best = jnp.argmax(logits[:, length + i], axis=-1).astype(jnp.int32)  # [b]
-    tokens = tokens.at[:, length + i].set(continuation[:, i])
-    return tokens, predicted.at[:, i].set(best)
-
-  init = (tokens, jnp.zeros((batch, new_tokens), jnp.int32))
-  return jax.lax.fori_loop(0, new_tokens, step, init)[1]
-
-
-def side_functions(decoder: DecoderConfig, config: gpthf.GpthfConfig, new_tokens: int,
-                   continuation: str) -> Dict[str, Callable]:
-  """{side: fn(params, prompt [b, n], text continuation [b, k]) -> tokens [b, k]}."""
-  decode_fn = decoding.forced_decode if continuation == "real" else decoding.temperature_sample
-  ours = models.DecoderOnlyModel(gpthf.Gpthf(config), NoEos(), decode_fn=decode_fn)
-  gpt = models.DecoderOnlyModel(Decoder(decoder), NoEos(), decode_fn=decode_fn)
-  k = new_tokens
-  if continuation == "real":
-    return {
-        "GPTHF": lambda p, prompt, text: ours.generate(p, prompt, k, forced=text),
-        "GPT no cache": lambda p, prompt, text: uncached_continuation(gpt, p, prompt, text),
-        "GPT cache": lambda p, prompt, text: gpt.generate(p, prompt, k, forced=text),
-        "GPT cache + prefill": lambda p, prompt, text: gpt.generate(p, prompt, k, prefill=True,
-                                                                    forced=text)}
-  return {"GPTHF": lambda p, prompt, text: ours.generate(p, prompt, k),
-          "GPT no cache": lambda p, prompt, text: gpt.generate_uncached(p, prompt, k),
-          "GPT cache": lambda p, prompt, text: gpt.generate(p, prompt, k),
-          "GPT cache + prefill": lambda p, prompt, text: gpt.generate(p, prompt, k, prefill=True)}
-
-
-def compile_side(name: str, fn: Callable, params, prompt, text, what: str) -> Side:
-  compiled = jax.jit(fn).lower(params, prompt, text).compile()
-  check_fits(compiled, f"{name} at {what}")
-
-  def run() -> Run:
-    tokens, seconds = timed(compiled, params, prompt, text)
-    return Run(seconds, np.asarray(tokens))
-  return Side(name, run, needed_bytes(compiled))
+PAPER_SIDE = "GPTHF, paper inference"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -220,6 +79,7 @@ class Row:
   sides: Dict[str, Side] = dataclasses.field(default_factory=dict)
   flops: Dict[str, float] = dataclasses.field(default_factory=dict)         # as computed
   causal_flops: Dict[str, float] = dataclasses.field(default_factory=dict)  # visible keys
+  paper_flops: Dict[str, float] = dataclasses.field(default_factory=dict)   # paper's count
   counts: Optional[SentenceCounts] = None
   text: Optional[np.ndarray] = None  # [batch, n + k] the prompts and their continuations
   configs: Optional[Tuple[DecoderConfig, gpthf.GpthfConfig]] = None
@@ -230,8 +90,10 @@ class Row:
     return not self.note
 
 
-def _gpt_flops(decoder: DecoderConfig, n: int, k: int, causal: bool) -> Dict[str, float]:
-  return {"GPT no cache": flops.gpt_generation_flops(decoder, n, k, False, causal=causal).total,
+def _gpt_flops(decoder: DecoderConfig, n: int, k: int, causal: bool,
+               bucket: Optional[int]) -> Dict[str, float]:
+  return {"GPT no cache": flops.gpt_generation_flops(decoder, n, k, False, causal=causal,
+                                                     bucket=bucket).total,
           "GPT cache": flops.gpt_generation_flops(decoder, n, k, True, causal=causal).total,
           "GPT cache + prefill": flops.gpt_generation_flops(decoder, n, k, True, prefill=True,
                                                             causal=causal).total}
@@ -255,17 +117,23 @@ def run_row(row: Row, args, params) -> None:
   row.text = text_rows(batch, n + k, config.max_sentence_length)
   prompt, continuation = jnp.asarray(row.text[:, :n]), jnp.asarray(row.text[:, n:])
   what = f"n={n}, k={k}, batch={batch}"
-  functions = side_functions(decoder, config, k, args.continuation)
+  functions = side_functions(decoder, config, k, args.continuation, args.bucket or None)
   for name in tqdm.tqdm(SIDES, desc=f"compile {what}", leave=False, dynamic_ncols=True):
     row.sides[name] = compile_side(name, functions[name], params, prompt, continuation, what)
   benchmarking.measure_sides(list(row.sides.values()), args.warmup, args.repeats, what)
   new = row.text[:, n:] if args.continuation == "real" else row.sides["GPTHF"].tokens
   row.counts, lengths = sentence_stats(config, row.text[:, :n], new)
+  fed = np.concatenate([np.zeros((batch, 1), np.int32), row.text[:, :n], new], 1)[:, :n + k]
   row.flops = {"GPTHF": flops.gpthf_generation_flops(config, n, k).total,
-               **_gpt_flops(decoder, n, k, causal=False)}
+               PAPER_SIDE: flops.gpthf_paper_flops(
+                   config, n, paper_computed_steps(config, fed, n)).total,
+               **_gpt_flops(decoder, n, k, False, args.bucket or None)}
   row.causal_flops = {"GPTHF": statistics.mean(
       flops.gpthf_generation_flops(config, n, k, lengths_b, causal=True).total
-      for lengths_b in lengths), **_gpt_flops(decoder, n, k, causal=True)}
+      for lengths_b in lengths), **_gpt_flops(decoder, n, k, True, args.bucket or None)}
+  row.paper_flops = {PAPER_SIDE: statistics.mean(
+      flops.gpthf_paper_generation_flops(config, n, k, lengths_b).total for lengths_b in lengths),
+      "GPT no cache": flops.gpt_paper_generation_flops(decoder, n, k).total}
 
 
 def run(args) -> List[Row]:
@@ -292,14 +160,19 @@ def run(args) -> List[Row]:
 
 
 # ----------------------------------------------------------------------------- report
-def speedup(row: Row, baseline: str) -> float:
-  """Measured: the baseline's median time / GPTHF's."""
-  return row.sides[baseline].median() / row.sides["GPTHF"].median()
+def speedup(row: Row, baseline: str, ours: str = "GPTHF") -> float:
+  """Measured: the baseline's median time / GPTHF's (or `ours`, e.g. the paper inference)."""
+  return row.sides[baseline].median() / row.sides[ours].median()
 
 
 def flop_ratio(row: Row, baseline: str, causal: bool = False) -> float:
   table = row.causal_flops if causal else row.flops
   return table[baseline] / table["GPTHF"]
+
+
+def paper_ratio(row: Row) -> float:
+  """The paper's count: GPT without a cache / GPTHF as the paper runs it."""
+  return row.paper_flops["GPT no cache"] / row.paper_flops[PAPER_SIDE]
 
 
 def _summary(row: Row) -> str:
@@ -308,27 +181,28 @@ def _summary(row: Row) -> str:
 
 
 def time_table(rows: Sequence[Row]) -> List[str]:
-  lines = ["| n | k | batch | GPTHF ms (min-max) | GPT no cache ms | GPT cache ms "
-           "| GPT cache + prefill ms | speedup vs no cache (paper) | speedup vs cache (fair) "
-           "| speedup vs cache + prefill |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| n | k | batch | GPTHF ms (min-max) | GPTHF paper inference ms | GPT no cache ms "
+           "| GPT cache ms | GPT cache + prefill ms | GPTHF speedup vs no cache "
+           "| vs cache (fair) | vs cache + prefill | paper inference vs no cache (paper) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in rows:
     head = f"| {row.prompt} | {row.new} | {row.batch} |"
     if not row.done:
-      lines.append(f"{head} {row.note} |" + " |" * 6)
+      lines.append(f"{head} {row.note} |" + " |" * 8)
       continue
     lines.append(f"{head} {' | '.join(row.sides[name].ms_range() for name in SIDES)} | "
-                 + " | ".join(f"{speedup(row, name):.2f}" for name in SIDES[1:]) + " |")
+                 + " | ".join(f"{speedup(row, name):.2f}" for name in BASELINES)
+                 + f" | {speedup(row, 'GPT no cache', PAPER_SIDE):.2f} |")
   return lines
 
 
 def flop_table(rows: Sequence[Row]) -> List[str]:
-  lines = ["| n | k | batch | GFLOP as computed: GPTHF / no cache / cache / cache + prefill "
-           "| FLOP ratio as computed: no cache / cache / cache + prefill "
-           "| FLOP ratio causal: no cache / cache / cache + prefill "
-           "| GPTHF sentences closed in prompt: end id / bound "
-           "| in the k new tokens: end id / bound |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = ["| n | k | batch | GFLOP as computed: GPTHF / paper inference / no cache / cache "
+           "/ cache + prefill | GPTHF's FLOP ratio as computed: no cache / cache / cache + "
+           "prefill | causal: no cache / cache / cache + prefill | the paper's count, GFLOP: "
+           "paper inference / no cache (ratio) | GPTHF sentences closed in prompt: end id / "
+           "bound | in the k new tokens: end id / bound |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for row in rows:
     if not row.done:
       continue
@@ -336,22 +210,29 @@ def flop_table(rows: Sequence[Row]) -> List[str]:
     lines.append(
         f"| {row.prompt} | {row.new} | {row.batch} | "
         f"{' / '.join(gflop(row.flops[name]) for name in SIDES)} | "
-        f"{' / '.join(f'{flop_ratio(row, name):.2f}' for name in SIDES[1:])} | "
-        f"{' / '.join(f'{flop_ratio(row, name, True):.2f}' for name in SIDES[1:])} | "
-        f"{counts.prompt_end} / {counts.prompt_bound} | {counts.new_end} / {counts.new_bound} |")
+        f"{' / '.join(f'{flop_ratio(row, name):.2f}' for name in BASELINES)} | "
+        f"{' / '.join(f'{flop_ratio(row, name, True):.2f}' for name in BASELINES)} | "
+        f"{gflop(row.paper_flops[PAPER_SIDE])} / {gflop(row.paper_flops['GPT no cache'])} "
+        f"({paper_ratio(row):.2f}) | {counts.prompt_end} / {counts.prompt_bound} | {counts.new_end} / {counts.new_bound} |")
   return lines
 
 
-def token_agreement(rows: Sequence[Row]) -> Tuple[int, int]:
-  """(tokens where both cached GPT sides equal the uncached one, tokens compared)."""
+def token_agreement(rows: Sequence[Row], reference: str,
+                    others: Sequence[str]) -> Tuple[int, int]:
+  """(tokens where every side of `others` equals `reference`'s, tokens compared)."""
   same = total = 0
   for row in rows:
     if row.done:
-      reference = row.sides["GPT no cache"].tokens
-      for name in ("GPT cache", "GPT cache + prefill"):
-        same += int((row.sides[name].tokens == reference).sum())
-        total += reference.size
+      for name in others:
+        same += int((row.sides[name].tokens == row.sides[reference].tokens).sum())
+        total += row.sides[reference].tokens.size
   return same, total
+
+
+def _group_stops(args, k: int) -> List[int]:
+  """The uncached GPT's compiled lengths past n: each group's last step + 1."""
+  group = args.bucket or k
+  return [min(stop, k) for stop in range(group, k + group, group)]
 
 
 def markdown(args, rows: Sequence[Row]) -> str:
@@ -361,7 +242,10 @@ def markdown(args, rows: Sequence[Row]) -> str:
   done = [row for row in rows if row.done]
   closed = sum(r.counts.prompt_end + r.counts.prompt_bound for r in done)
   prompt_tokens = sum(r.prompt * r.batch for r in done)
-  same, compared = token_agreement(done)
+  same, compared = token_agreement(done, "GPT no cache", BASELINES[1:])
+  ours_same, ours_compared = token_agreement(done, "GPTHF", (PAPER_SIDE,))
+  lengths = "; ".join(f"k = {k}: " + ", ".join(f"n + {stop}" for stop in _group_stops(args, k))
+                      for k in args.new_tokens)
   lines = benchmarking.header(
       "GPTHF vs an equally sized GPT without and with a KV cache: FLOPs and wall clock",
       args.command,
@@ -378,7 +262,13 @@ def markdown(args, rows: Sequence[Row]) -> str:
       "baseline's / GPTHF's.",
       f"prompt sentences closed: {closed} in {prompt_tokens:,} prompt tokens over all rows."
       if closed else "",
-      f"cached GPT sides equal to the uncached GPT's tokens: {same} of {compared}.",
+      f"GPT no cache: the buffer grows in groups of --bucket {args.bucket or 'k'} steps, each "
+      f"compiled at its last step's length (BOS, prompt, new tokens): {lengths} positions. "
+      "GPTHF, paper inference: compiled sentence lengths "
+      f"{gpthf.bucket_sizes(config.max_sentence_length)}, finished-sentence slots 8, 16, 32, "
+      ".. up to n + k; each step takes the smallest that holds every row.",
+      f"cached GPT sides equal to the uncached GPT's tokens: {same} of {compared}; GPTHF's "
+      f"paper inference equal to cached GPTHF's: {ours_same} of {ours_compared}.",
       f"{len(skipped)} row(s) with batch > 1 skipped: batch x k x (n + k) > "
       f"{args.max_batch_work:,}." if skipped else "",
       f"host load average (1/5/15 min) before / after: "
@@ -392,7 +282,8 @@ def markdown(args, rows: Sequence[Row]) -> str:
 
 def plot(rows: Sequence[Row], path: str) -> None:
   """Measured speedups (left) and FLOP ratios (right) of GPTHF vs prompt length n: colour =
-  baseline, line style = k, marker = batch; the paper's point as a star."""
+  baseline (purple: GPTHF's paper inference vs GPT without a cache, FLOPs by the paper's
+  count), line style = k, marker = batch; the paper's point as a star."""
   plt = results_files.pyplot()
   done = [row for row in rows if row.done]
   colours = {"GPT no cache": "tab:red", "GPT cache": "tab:blue",
@@ -412,13 +303,19 @@ def plot(rows: Sequence[Row], path: str) -> None:
                      label=f"vs {name}, k={k}")
         flop_ax.plot(xs, [flop_ratio(r, name, True) for r in at], color=colour,
                      linestyle="none", marker="x")
+    style = dict(color="tab:purple", linestyle=styles[k], marker=markers[batch])
+    time_ax.plot(xs, [speedup(r, "GPT no cache", PAPER_SIDE) for r in at], **style,
+                 label=f"paper inference vs GPT no cache, k={k}, batch {batch}")
+    if batch == min(markers):
+      flop_ax.plot(xs, [paper_ratio(r) for r in at], **style,
+                   label=f"paper inference vs GPT no cache, the paper's count, k={k}")
   flop_ax.plot([], [], "kx", linestyle="none", label="causal counting (same colours)")
   time_ax.plot([PAPER["n"]], [PAPER["speedup"]], "k*", markersize=12,
                label=f"paper vs no cache (k={PAPER['k']}, batch {PAPER['speedup_batch']})")
   flop_ax.plot([PAPER["n"]], [PAPER["flop_ratio"]], "k*", markersize=12,
                label=f"paper vs no cache (k={PAPER['k']})")
   for ax, title in ((time_ax, "measured speedup of GPTHF (baseline time / GPTHF's)"),
-                    (flop_ax, "FLOP ratio as computed (baseline / GPTHF)")):
+                    (flop_ax, "FLOP ratio (baseline / GPTHF): as computed; purple: paper's")):
     ax.axhline(1.0, color="grey", linewidth=0.8)
     results_files.log_log_axes(ax, "prompt length n (tokens)", title, fontsize=6.5,
                                loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
@@ -438,13 +335,17 @@ def parse_args(argv=None):
                       help="run batches > 1 only where batch * k * (n + k) <= this (default: "
                            "the preset's; 0: no limit)")
   parser.add_argument("--continuation", default="real", choices=["real", "greedy"])
+  parser.add_argument("--bucket", type=int, default=16,
+                      help="steps per compiled buffer length of the uncached GPT (0: one "
+                           "length, the whole n + k buffer)")
   benchmarking.add_side_by_side_args(parser)
   args = parser.parse_args(argv)
   args.prompts = benchmarking.int_list(parser, args.prompts, "--prompts")
   args.new_tokens = benchmarking.int_list(parser, args.new_tokens, "--new_tokens")
   args.batches = benchmarking.int_list(parser, args.batches, "--batches")
-  if args.repeats < 1 or args.warmup < 0:
-    parser.error(f"need --repeats >= 1 and --warmup >= 0, got {args.repeats}, {args.warmup}.")
+  if args.repeats < 1 or args.warmup < 0 or args.bucket < 0:
+    parser.error(f"need --repeats >= 1, --warmup >= 0 and --bucket >= 0, got {args.repeats}, "
+                 f"{args.warmup}, {args.bucket}.")
   args.preset_value = PRESETS[args.preset]()
   args.init_std = args.preset_value.init_std
   if args.max_batch_work < 0:

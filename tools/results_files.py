@@ -1,7 +1,9 @@
 """The results files of the benchmark tools: Markdown and JSON lines, matplotlib figures, and
 the partial results a tool rewrites after each finished row (`write_partial`), marked as
 partial until the run completes. Every file is written whole (`fileio`): a run stopped
-midway leaves the last complete version, never half a file.
+midway leaves the last complete version, never half a file. A person's reading of the
+numbers goes below the `READING` line of a Markdown results file: a rerun rewrites what is
+above it and keeps what is below (`keep_reading`).
 """
 import io
 import json
@@ -10,6 +12,17 @@ import pathlib
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from decal_jax import fileio
+
+
+READING = "<!-- reading: written by hand; kept when the tool rewrites the table above -->"
+
+
+def keep_reading(path, text: str) -> str:
+  """`text` followed by the READING line and what the file at `path` holds below it (the
+  hand-written reading), when it has one; `text` alone otherwise."""
+  path = pathlib.Path(path)
+  kept = path.read_text().split(READING, 1) if path.exists() else []
+  return text if len(kept) < 2 else text.rstrip("\n") + "\n\n" + READING + kept[1]
 
 
 def write_text(path: str, text: str) -> None:
@@ -22,7 +35,7 @@ def report(text: str, out: Optional[str]) -> None:
   """Prints a results text and, with `out`, writes it there."""
   print(text)
   if out:
-    write_text(out, text)
+    write_text(out, keep_reading(out, text))
 
 
 def write_jsonl(path: str, rows: Sequence[Dict[str, Any]]) -> None:
@@ -97,5 +110,5 @@ def write_partial(args, rows: Sequence, done: int, total: int,
     plot(rows, args.plot)
   if args.out:
     line = partial_line(done, total, unit, detail)
-    fileio.write_text_atomic(args.out, mark_partial(markdown(rows), line))
+    fileio.write_text_atomic(args.out, keep_reading(args.out, mark_partial(markdown(rows), line)))
     print(f"wrote {args.out} ({line.replace('**', '')})", flush=True)

@@ -56,7 +56,6 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(  # seeds 1, 2 r
 from decal_jax import fileio
 from tools import benchmarking, results_files
 
-READING = "<!-- reading: written by hand; kept when the tool rewrites the table above -->"
 FLAT_POINTS = 0.01  # a curve has flattened once every later point is this close to its last
 
 
@@ -289,9 +288,14 @@ def table(rows: Sequence[Mapping], metrics=METRICS) -> str:
   head += [name for _, name, _ in metrics]
   body = [[METHODS[r["method"]][0], r["ratio"],
            *([f"{r['bits_per_latent']:.1f}"] if bits else []), len(r["seeds"])] +
-          [f"{r[k][0]:.2f} ± {r[k][1]:.2f}" if k != "flat_step" else f"{r[k][0]:.0f}"
+          [_mean_se(r[k], len(r["seeds"])) if k != "flat_step" else f"{r[k][0]:.0f}"
            for k, _, _ in metrics] for r in rows]
   return "\n".join(benchmarking.table(head, body))
+
+
+def _mean_se(mean_se: Tuple[float, float], seeds: int) -> str:
+  """'mean ± s.e.'; one seed has no error bar, so its value is written alone."""
+  return f"{mean_se[0]:.2f}" if seeds < 2 else f"{mean_se[0]:.2f} ± {mean_se[1]:.2f}"
 
 
 def _curves(ax, results: Sequence[Mapping]) -> None:
@@ -458,10 +462,7 @@ def write(a, results, planned: int) -> None:
     png = a.out.with_suffix(".png")
     plot(rows, results, png)
     text += f"\n![retention vs C, and learning curves]({png.name})\n"
-  kept = a.out.read_text().split(READING, 1) if a.out.exists() else []
-  if len(kept) == 2:  # the hand-written reading below the marker survives a rerun
-    text += "\n" + READING + kept[1]
-  fileio.write_text_atomic(a.out, text)
+  fileio.write_text_atomic(a.out, results_files.keep_reading(a.out, text))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """T5X-style decoder-only model: loss, generation and scoring around a causal LM module
 (`networks.decoder.Decoder`, `networks.dodo_lm.DodoLM`, `networks.gpthf.Gpthf`)."""
+import functools
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple
 
 import flax.linen as nn
@@ -101,26 +102,45 @@ class DecoderOnlyModel(base.TokenModel):
       return new["cache"], None
     return jax.lax.scan(prefeed, cache, feed.T)[0]
 
-  def generate_uncached(self, params, prompt: Array, max_new_tokens: int) -> Array:
+  def generate_uncached(self, params, prompt: Array, max_new_tokens: int, *,
+                        bucket: Optional[int] = None, forced: Optional[Array] = None) -> Array:
     """Greedy continuation that reruns the whole network over everything so far at every
     step (no cache): the reference cached `generate` must match, and the paper-style
-    "GPT without a KV cache" baseline. `[batch, P]` -> `[batch, max_new_tokens]`."""
+    "GPT without a KV cache" baseline. `[batch, P]` -> `[batch, max_new_tokens]`.
+
+    Step i needs BOS + the prompt + i new tokens, P + i + 1 positions. `bucket=None`: every
+    step runs over the whole P + K buffer (the positions past P + i are computed, and
+    causality hides them). `bucket=b`: the steps go in groups of b, and the group that ends
+    at step e runs over P + e + 1 positions (ceil(K / b) compiled lengths; b = 1: every step
+    exactly its own). `forced` `[batch, K]`: step i appends forced[:, i] instead of its
+    argmax (teacher forcing); the argmaxes are returned, and EOS does not stop a row."""
     prompt = jnp.asarray(prompt, jnp.int32)
     batch, length = prompt.shape
+    k = max_new_tokens
+    if bucket is not None and bucket < 1:
+      raise ValueError(f"bucket must be >= 1 (steps per compiled length), got {bucket}.")
     eos = self.output_vocabulary.eos_id
-    tokens = jnp.zeros((batch, length + max_new_tokens), jnp.int32).at[:, :length].set(prompt)
+    tokens = jnp.zeros((batch, length + k), jnp.int32).at[:, :length].set(prompt)
+    forced = None if forced is None else jnp.asarray(forced, jnp.int32)  # [b, K]
 
-    def step(i, carry):
-      tokens, ended = carry
-      inputs = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]  # BOS + everything so far
+    def step(width, i, carry):  # width: this group's positions, static
+      tokens, best, ended = carry
+      inputs = jnp.pad(tokens[:, :width - 1], ((0, 0), (1, 0)))  # [b, width]: BOS + so far
       logits = self.module.apply({"params": params}, inputs, enable_dropout=False)
-      next_logits = logits[:, length + i]  # predicts tokens[length + i]
-      token = jnp.where(ended, 0, jnp.argmax(next_logits, axis=-1))
-      tokens = tokens.at[:, length + i].set(token.astype(jnp.int32))
-      return tokens, ended | (token == eos)
+      argmax = jnp.argmax(logits[:, length + i], axis=-1).astype(jnp.int32)  # [b]
+      if forced is None:  # greedy: 0 after EOS
+        argmax = jnp.where(ended, 0, argmax)
+        token, ended = argmax, ended | (argmax == eos)
+      else:
+        token = forced[:, i]
+      return tokens.at[:, length + i].set(token), best.at[:, i].set(argmax), ended
 
-    init = (tokens, jnp.zeros((batch,), bool))
-    return jax.lax.fori_loop(0, max_new_tokens, step, init)[0][:, length:]
+    carry = (tokens, jnp.zeros((batch, k), jnp.int32), jnp.zeros((batch,), bool))
+    group = max(k, 1) if bucket is None else bucket
+    for start in range(0, k, group):  # each group one compiled buffer length
+      stop = min(start + group, k)
+      carry = jax.lax.fori_loop(start, stop, functools.partial(step, length + stop), carry)
+    return carry[1]
 
   def predict_batch(self, params, batch: Batch, rng: Optional[Array] = None,
                     **kwargs) -> Array:

@@ -28,7 +28,10 @@ GPTHF (`networks/gpthf.py`) and its GPT baselines are counted per example by
 `gpthf_generation_flops` (cached generation, `models.DecoderOnlyModel.generate` on a
 `Gpthf`), `gpthf_forward_flops` (one parallel pass), `gpthf_step_flops` (one cached step) and
 `gpt_generation_flops` (`generate` on a `Decoder`, with or without a parallel prefill, or
-`generate_uncached`): see their docstrings for exactly which keys each counts.
+`generate_uncached`): see their docstrings for exactly which keys each counts. The paper's own
+count (no keys / values kept on either side) is `gpthf_paper_generation_flops` and
+`gpt_paper_generation_flops`; `gpthf_paper_flops` also counts `gpthf.paper_generate` as
+computed (its compiled lengths).
 """
 import dataclasses
 import numbers
@@ -350,8 +353,8 @@ def gpthf_forward_flops(config: GpthfConfig, length: int,
 
 
 def gpt_generation_flops(cfg: DecoderConfig, prompt_length: int, new_tokens: int,
-                         cached: bool, prefill: bool = False, causal: bool = False
-                         ) -> AnswerFlops:
+                         cached: bool, prefill: bool = False, causal: bool = False,
+                         bucket: Optional[int] = None) -> AnswerFlops:
   """A plain `Decoder` generating `new_tokens` after `prompt_length` tokens (one example).
 
   cached (`DecoderOnlyModel.generate`): a KV cache of T = P + K slots (the length of the
@@ -359,9 +362,10 @@ def gpt_generation_flops(cfg: DecoderConfig, prompt_length: int, new_tokens: int
   generation steps with logits; dense, every step scores all T slots; causal, step i scores
   i + 1. With `prefill`, the P fed prompt tokens instead go through one causal pass that
   attends within them (dense P x P; no head, last block keys / values only), then the same K
-  steps. Not cached (`generate_uncached`): each of the K steps reruns the whole network over
-  the T-position buffer with logits at every position (`prompt` is 0: there is no separate
-  prompt phase).
+  steps. Not cached (`generate_uncached`): each of the K steps reruns the whole network with
+  logits at every position (`prompt` is 0: there is no separate prompt phase), over the
+  T-position buffer (`bucket` None) or, in groups of `bucket` steps, over P + e + 1
+  positions for the group that ends at step e (the growing buffer).
   """
   if prompt_length < 0 or new_tokens < 1:
     raise ValueError(f"need prompt_length >= 0 and new_tokens >= 1, got {prompt_length} and "
@@ -370,7 +374,11 @@ def gpt_generation_flops(cfg: DecoderConfig, prompt_length: int, new_tokens: int
   if not cached:
     if prefill:
       raise ValueError("prefill fills a KV cache: pass cached=True with prefill=True.")
-    return AnswerFlops(0.0, new_tokens * decoder_flops(cfg, total, causal=causal))
+    group = new_tokens if bucket is None else bucket
+    return AnswerFlops(0.0, sum(
+        (min(start + group, new_tokens) - start)
+        * decoder_flops(cfg, prompt_length + min(start + group, new_tokens), causal=causal)
+        for start in range(0, new_tokens, group)))
   layers = cfg.num_layers
   keys = lambda step: step + 1 if causal else total
   if prefill:
@@ -382,3 +390,52 @@ def gpt_generation_flops(cfg: DecoderConfig, prompt_length: int, new_tokens: int
   generation = sum(layers * _layer(cfg, 1, keys(i)) + _head(cfg, 1)
                    for i in range(prompt_length, total))
   return AnswerFlops(prompt, generation)
+
+
+# ----------------------------------------------------------------------------- the paper's count
+# How the paper counts (our reading of gpthf_summary.md, which gives no formula): neither side
+# keeps keys / values. GPT reruns the whole network over the tokens so far at each of the K
+# steps; GPTHF reads the prompt once (its word-level blocks over the P fed tokens, which yields
+# the finished sentences' embeddings), then each step reruns the word-level blocks over the
+# current sentence so far and the sentence-level blocks over the finished sentences'
+# embeddings plus the token's state (`gpthf.paper_generate`). Every pass is counted as a dense
+# product over the positions it holds (the paper's dynamic masks zero the pairs they hide, they
+# do not skip them), and one LM head row per step (the one read), on both sides.
+def gpthf_paper_flops(config: GpthfConfig, prompt_length: int,
+                      steps: Sequence[Tuple[int, int]]) -> AnswerFlops:
+  """GPTHF without keys / values: the word-level blocks over the P fed prompt tokens (dense
+  P x P pairs, no head), then per step (word-level rows, sentence-level rows): every block
+  over its rows densely and one LM head row. `steps` from `paper_steps` (what the paper
+  counts), or the compiled lengths a jitted run took (as computed)."""
+  cfg = config.decoder
+  body = cfg.num_layers - config.encoder_layers
+  prompt = config.encoder_layers * _layer(cfg, prompt_length, prompt_length ** 2)
+  return AnswerFlops(prompt, sum(
+      config.encoder_layers * _layer(cfg, words, words ** 2)
+      + body * _layer(cfg, sentences, sentences ** 2) + _head(cfg, 1)
+      for words, sentences in steps))
+
+
+def paper_steps(config: GpthfConfig, prompt_length: int, new_tokens: int,
+                sentence_lengths: SentenceLengths = None) -> List[Tuple[int, int]]:
+  """(word-level rows, sentence-level rows) of each of the K steps: the token at place p of
+  sentence j reruns p + 1 tokens and j + 1 rows (`sentence_places` of the P + K fed tokens)."""
+  place, sentence = sentence_places(prompt_length + new_tokens, sentence_lengths,
+                                    config.max_sentence_length)
+  return [(p + 1, j + 1) for p, j in zip(place[prompt_length:], sentence[prompt_length:])]
+
+
+def gpthf_paper_generation_flops(config: GpthfConfig, prompt_length: int, new_tokens: int,
+                                 sentence_lengths: SentenceLengths = None) -> AnswerFlops:
+  """GPTHF generation as the paper counts it (see above)."""
+  return gpthf_paper_flops(config, prompt_length,
+                           paper_steps(config, prompt_length, new_tokens, sentence_lengths))
+
+
+def gpt_paper_generation_flops(cfg: DecoderConfig, prompt_length: int,
+                               new_tokens: int) -> AnswerFlops:
+  """GPT generation as the paper counts it: step i reruns the network over the P + i + 1
+  positions so far (BOS, the prompt, i new tokens), dense pairs, one LM head row."""
+  return AnswerFlops(0.0, sum(
+      cfg.num_layers * _layer(cfg, length, length ** 2) + _head(cfg, 1)
+      for length in range(prompt_length + 1, prompt_length + new_tokens + 1)))

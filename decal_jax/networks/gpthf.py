@@ -12,16 +12,23 @@ parameters of the equally sized GPT, `networks.decoder.Decoder`), run with two m
 Training runs every position at once: body row t attends to itself and to every earlier
 row that closes a sentence (those rows *are* e_0 .. e_{j-1}: a closing token's own body row
 reads [e_0 .. e_{j-1}, e_j]). Sentences end at `sentence_end_id`; a sentence that reaches
-`max_sentence_length` tokens without one is closed there (the same rule in training, cached
-and uncached generation), which bounds the encoder's work per generated token.
+`max_sentence_length` tokens without one is closed there (the same rule in training, cached,
+uncached and the paper's generation), which bounds the encoder's work per generated token
+and the fixed-size sentence caches (docs/methods/gpthf.md says why it stays).
 
 Cached generation (`decode=True`, one token per call) keeps, per row: the current sentence's
 encoder keys/values (at most max_sentence_length slots, reused from slot 0 when a sentence
 closes), the body keys/values of every finished sentence, and the sentence counters; only the
 current token passes through the encoder.
+
+The paper's inference (`paper_generate`, gpthf_summary.md) keeps no keys / values at all:
+only the finished sentences' embeddings and the current sentence's tokens. Every step reruns
+the word-level blocks over the current sentence so far (`sentence_state`) and the
+sentence-level blocks over [e_0 .. e_{j-1}, h_t] (`sentence_logits`); the prompt's sentence
+embeddings come from one parallel word-level pass (`word_states`).
 """
 import dataclasses
-from typing import ClassVar, NamedTuple, Optional
+from typing import ClassVar, List, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -199,3 +206,100 @@ class Gpthf(DecoderOnlyNetwork):
     self.position(batch, closes)
     return self.stack.logits(y)
 
+  # ---------------------------------------------------------------- the paper's inference
+  def sentence_state(self, sentence: Array, place: Array) -> Array:
+    """The word-level blocks rerun over the current sentence `[batch, s]` (its tokens so far
+    in slots 0 .. place; later slots are padding, which causality hides) -> the state of the
+    token at `place` `[batch]`: `[batch, embed]` (its sentence's embedding if it closes it)."""
+    batch, s = sentence.shape
+    causal = attn.mask_to_bias(jnp.tril(jnp.ones((s, s), bool))[None, None],
+                               self.config.decoder.dtype)  # [1, 1, s, s]
+    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (batch, s))  # places
+    h = self.stack(self.stack.embed(sentence), positions, causal,
+                   upto=self.config.encoder_layers)  # [b, s, embed]
+    return jnp.take_along_axis(h, place[:, None, None], axis=1)[:, 0]  # [b, embed]
+
+  def sentence_logits(self, state: Array, embeddings: Array, count: Array) -> Array:
+    """The sentence-level blocks rerun over [e_0 .. e_{count-1}, state] -> next-token logits
+    `[batch, vocab]`. state `[batch, embed]`; embeddings `[batch, m, embed]`, of which the
+    first `count` `[batch]` (<= m) are the row's finished sentences (the rest are not read)."""
+    m = embeddings.shape[1]
+    rows = jnp.concatenate([embeddings.astype(state.dtype), state[:, None]], 1)  # [b, m+1, e]
+    index = jnp.arange(m + 1)
+    positions = jnp.where(index < m, index, count[:, None]).astype(jnp.int32)  # [b, m + 1]
+    causal = index[:, None] >= index[None, :]  # [m + 1, m + 1]: rows e_i read e_0 .. e_i
+    own = (index[None] < count[:, None]) | (index == m)[None]  # [b, m + 1]: the token's row
+    visible = jnp.where((index == m)[None, :, None], own[:, None, :], causal[None])  # [b, q, k]
+    y = self.stack(rows, positions, attn.mask_to_bias(visible[:, None], self.config.decoder.dtype),
+                   start=self.config.encoder_layers)  # [b, m + 1, embed]
+    return self.stack.logits(y[:, -1:])[:, 0]  # [b, vocab]
+
+
+def bucket_sizes(limit: int, smallest: int = 8) -> List[int]:
+  """The compiled lengths of `paper_generate`: smallest, 2 x smallest, .. up to `limit`."""
+  sizes = [min(smallest, limit)]
+  while sizes[-1] < limit:
+    sizes.append(min(2 * sizes[-1], limit))
+  return sizes
+
+
+def _bucketed(sizes: List[int], need: Array, run) -> Array:
+  """run(size) for the smallest size >= need (a scalar): one compiled branch per size."""
+  index = jnp.searchsorted(jnp.asarray(sizes), need)  # first size >= need
+  return jax.lax.switch(jnp.minimum(index, len(sizes) - 1), [lambda s=s: run(s) for s in sizes])
+
+
+def paper_generate(module: Gpthf, params, prompt: Array, max_new_tokens: int,
+                   forced: Optional[Array] = None, return_logits: bool = False) -> Array:
+  """GPTHF generation as the paper runs it (no keys / values kept): `[batch, P]` -> the
+  argmax of each of `max_new_tokens` steps `[batch, K]` (greedy; with `forced` `[batch, K]`,
+  step i feeds forced[:, i] next instead, teacher forcing), or with `return_logits` the
+  steps' logits `[batch, K, vocab]`. No EOS stop.
+
+  The prompt's fed tokens (BOS + prompt[:-1]) go through the word-level blocks in one
+  parallel pass: the closed sentences' embeddings and the open sentence's tokens are kept.
+  Each step then feeds one token (prompt[-1] first): `sentence_state` over the current
+  sentence, `sentence_logits` over the finished sentences plus it; a closing token's state
+  joins the embeddings. Under jit the reruns take the smallest of `bucket_sizes` lengths that
+  holds every row (sentence slots up to max_sentence_length, embedding slots up to P + K)."""
+  cfg = module.config
+  prompt = jnp.asarray(prompt, jnp.int32)
+  forced = None if forced is None else jnp.asarray(forced, jnp.int32)  # [b, K]
+  batch, length = prompt.shape
+  s, slots = cfg.max_sentence_length, length + max_new_tokens  # a fed token closes <= 1
+  rows = jnp.arange(batch)
+  apply = lambda method, *args: module.apply({"params": params}, *args, method=method)
+  place = count = jnp.zeros((batch,), jnp.int32)
+  sentence = jnp.zeros((batch, s), jnp.int32)  # the open sentence's tokens
+  embeddings = jnp.zeros((batch, slots, cfg.decoder.emb_dim), cfg.decoder.dtype)
+  if length:
+    feed = jnp.pad(prompt, ((0, 0), (1, 0)))[:, :length]  # [b, P]: BOS + prompt[:-1]
+    h, layout = apply(Gpthf.word_states, feed)  # [b, P, embed]
+    at = jnp.where(layout.closes, layout.sentence, slots)  # [b, P]: closed -> its slot
+    embeddings = embeddings.at[rows[:, None], at].set(h.astype(embeddings.dtype), mode="drop")
+    count = layout.sentence[:, -1] + layout.closes[:, -1]  # [b] sentences finished
+    place = jnp.where(layout.closes[:, -1], 0, layout.place[:, -1] + 1)  # [b] next place
+    open_slot = jnp.where(layout.sentence == count[:, None], layout.place, s)  # [b, P]
+    sentence = sentence.at[rows[:, None], open_slot].set(feed, mode="drop")
+  first = prompt[:, -1] if length else jnp.zeros((batch,), jnp.int32)  # BOS when empty
+  sizes, embedding_sizes = bucket_sizes(s), bucket_sizes(slots)
+
+  def step(i, carry):
+    token, place, count, sentence, embeddings, best = carry  # token [b]: fed now
+    sentence = sentence.at[rows, place].set(token)
+    state = _bucketed(sizes, jnp.max(place) + 1, lambda n: apply(
+        Gpthf.sentence_state, sentence[:, :n], place))  # [b, embed]
+    logits = _bucketed(embedding_sizes, jnp.max(count), lambda m: apply(
+        Gpthf.sentence_logits, state, embeddings[:, :m], count))  # [b, vocab]
+    closes = (token == cfg.sentence_end_id) | (place == s - 1)  # [b]
+    embeddings = embeddings.at[rows, jnp.where(closes, count, slots)].set(
+        state.astype(embeddings.dtype), mode="drop")
+    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b]
+    token = argmax if forced is None else forced[:, i]
+    return (token, jnp.where(closes, 0, place + 1), count + closes, sentence, embeddings,
+            best.at[:, i].set(logits if return_logits else argmax))
+
+  out = ((batch, max_new_tokens, cfg.vocab_size), jnp.float32) if return_logits else (
+      (batch, max_new_tokens), jnp.int32)
+  carry = (first, place, count, sentence, embeddings, jnp.zeros(*out))
+  return jax.lax.fori_loop(0, max_new_tokens, step, carry)[-1]

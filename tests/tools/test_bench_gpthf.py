@@ -1,5 +1,6 @@
 """tools/bench_gpthf.py on its tiny preset: a row per (n, k, batch), ratios that are the
-quotients of the recorded medians and FLOPs, sentence counts as a numpy scan gives them, and
+quotients of the recorded medians and FLOPs (the paper inference's compiled lengths and the
+paper's count from numpy scans of the text), sentence counts as a numpy scan gives them, and
 every side's tokens equal to its own network's uncached reference (GPTHF and GPT are
 different networks, so each is checked against itself)."""
 import importlib
@@ -104,7 +105,7 @@ def test_plot_draws_the_rows_speedups_and_flop_ratios(real):
                                                             prefill=True).total}
   speedups = {line.get_label(): line.get_ydata() for line in time_ax.lines}
   ratios = {line.get_label(): line.get_ydata() for line in flop_ax.lines}
-  for name in bench.SIDES[1:]:  # one point per line: the one finished row, at x = n
+  for name in bench.BASELINES:  # one point per line: the one finished row, at x = n
     label = f"vs {name}, k={k}, batch {row.batch}"
     assert list(speedups[label]) == [pytest.approx(medians[name] / medians["GPTHF"])]
     assert list(ratios[f"vs {name}, k={k}"]) == [pytest.approx(flop[name] / flop["GPTHF"])]
@@ -125,22 +126,30 @@ def test_ratios_are_the_quotients_of_the_medians_and_the_flops(real):
     # The runs are timed one after another inside main(): together shorter than main().
     assert sum(run.seconds for side in row.sides.values() for run in side.runs) < elapsed
     assert times[key][3].split()[0] == f"{medians['GPTHF'] * 1e3:.1f}"
-    for cell, name in zip(times[key][7:10], bench.SIDES[1:]):
+    for cell, name in zip(times[key][8:11], bench.BASELINES):
       assert cell == f"{medians[name] / medians['GPTHF']:.2f}"
+    assert times[key][11] == f"{medians['GPT no cache'] / medians[bench.PAPER_SIDE]:.2f}"
     # The FLOPs are decal_jax.networks.flops' (checked against XLA in tests/test_flops.py).
     decoder, config = row.configs
     n, k = row.prompt, row.new
+    fed = np.concatenate([np.zeros((row.batch, 1), np.int32), row.text], 1)[:, :n + k]
     want = [flops.gpthf_generation_flops(config, n, k).total,
+            flops.gpthf_paper_flops(config, n, _numpy_paper_steps(config, fed, n)).total,
             flops.gpt_generation_flops(decoder, n, k, cached=False).total,
             flops.gpt_generation_flops(decoder, n, k, cached=True).total,
             flops.gpt_generation_flops(decoder, n, k, cached=True, prefill=True).total]
     assert flop_cells[key][3] == " / ".join(f"{w / 1e9:.3g}" for w in want)
-    assert flop_cells[key][4] == " / ".join(f"{w / want[0]:.2f}" for w in want[1:])
+    assert flop_cells[key][4] == " / ".join(f"{w / want[0]:.2f}" for w in want[2:])
     causal = [float(c) for c in flop_cells[key][5].split("/")]
     assert causal == [pytest.approx(row.causal_flops[s] / row.causal_flops["GPTHF"], abs=0.01)
-                      for s in bench.SIDES[1:]]
+                      for s in bench.BASELINES]
     # Causal counting sees fewer keys than dense counting, on every side.
-    assert all(row.causal_flops[s] < row.flops[s] for s in bench.SIDES)
+    assert all(row.causal_flops[s] < row.flops[s] for s in row.causal_flops)
+    # The paper's count: GPTHF's paper inference (mean over the rows' sentences) / GPT's.
+    paper = statistics.mean(flops.gpthf_paper_generation_flops(config, n, k, lengths).total
+                            for lengths in _numpy_lengths(fed, config))
+    gpt = flops.gpt_paper_generation_flops(decoder, n, k).total
+    assert flop_cells[key][6] == f"{paper / 1e9:.3g} / {gpt / 1e9:.3g} ({gpt / paper:.2f})"
 
 
 def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_path,
@@ -159,15 +168,51 @@ def test_a_run_stopped_after_its_first_row_leaves_that_row_marked_partial(tmp_pa
   times, flop_cells = _cells(text, "Wall clock"), _cells(text, "FLOPs")
   assert set(times) == set(flop_cells) == {(8, 4, 1)}
   seconds = {name: [run.seconds for run in row.sides[name].runs] for name in bench.SIDES}
-  assert times[8, 4, 1][3:7] == [f"{s[0] * 1e3:.1f} ({s[0] * 1e3:.1f}-{s[0] * 1e3:.1f})"
+  assert times[8, 4, 1][3:8] == [f"{s[0] * 1e3:.1f} ({s[0] * 1e3:.1f}-{s[0] * 1e3:.1f})"
                                  for s in seconds.values()]  # one repeat: its seconds
   decoder, config = row.configs
+  fed = np.concatenate([np.zeros((1, 1), np.int32), row.text], 1)[:, :12]
   want = [flops.gpthf_generation_flops(config, 8, 4).total,
+          flops.gpthf_paper_flops(config, 8, _numpy_paper_steps(config, fed, 8)).total,
           *(flops.gpt_generation_flops(decoder, 8, 4, cached=cached, prefill=prefill).total
             for cached, prefill in ((False, False), (True, False), (True, True)))]
   assert flop_cells[8, 4, 1][3] == " / ".join(f"{w / 1e9:.3g}" for w in want)
   assert matplotlib.image.imread(png).std() > 0  # the partial plot decodes as a PNG
   assert sorted(p.name for p in tmp_path.iterdir()) == ["gpthf.md", "gpthf.png"]
+
+
+def _numpy_lengths(fed, config):
+  """Per row, the lengths of the sentences GPTHF's rule closes in `fed` (the open one last)."""
+  out = []
+  for row in fed:
+    lengths, size = [], 0
+    for token in row.tolist():
+      size += 1
+      if token == config.sentence_end_id or size == config.max_sentence_length:
+        lengths.append(size)
+        size = 0
+    out.append(lengths + [size] if size else lengths)
+  return out
+
+
+def _numpy_paper_steps(config, fed, n):
+  """The lengths `gpthf.paper_generate` runs at each step, by a left-to-right scan: the
+  power-of-two sizes from 8 (capped by the limit) holding every row's sentence so far and
+  its finished sentences, plus the token's own row."""
+  def smallest(need, limit):
+    size = min(8, limit)
+    while size < need:
+      size = min(2 * size, limit)
+    return size
+  places, counts = np.zeros(fed.shape, int), np.zeros(fed.shape, int)
+  for b, row in enumerate(fed):
+    place = count = 0
+    for t, token in enumerate(row.tolist()):
+      places[b, t], counts[b, t] = place, count
+      closes = token == config.sentence_end_id or place == config.max_sentence_length - 1
+      place, count = (0, count + 1) if closes else (place + 1, count)
+  return [(smallest(places[:, t].max() + 1, config.max_sentence_length),
+           smallest(counts[:, t].max(), fed.shape[1]) + 1) for t in range(n, fed.shape[1])]
 
 
 def _numpy_counts(text, n, end, bound):
@@ -210,9 +255,10 @@ def test_real_continuation_tokens_equal_each_networks_parallel_pass(real):
     gpt_want = _forward_argmax(Decoder(decoder), params, row.text, row.prompt)
     assert len(set(gpthf_want.ravel().tolist())) > 1  # not a degenerate repetition
     assert not np.array_equal(gpthf_want, gpt_want)  # two different networks
-    for run in row.sides["GPTHF"].runs:
-      np.testing.assert_array_equal(run.tokens, gpthf_want)
-    for name in bench.SIDES[1:]:
+    for name in bench.OURS:
+      for run in row.sides[name].runs:
+        np.testing.assert_array_equal(run.tokens, gpthf_want)
+    for name in bench.BASELINES:
       for run in row.sides[name].runs:
         np.testing.assert_array_equal(run.tokens, gpt_want)
 
@@ -226,12 +272,13 @@ def test_greedy_tokens_equal_each_networks_uncached_generation(real):
   decoder, config = bench.row_configs(args, prompt_length, NEW)
   text = bench.text_rows(2, prompt_length + NEW, config.max_sentence_length)
   prompt, unused = jnp.asarray(text[:, :prompt_length]), jnp.asarray(text[:, prompt_length:])
-  functions = bench.side_functions(decoder, config, NEW, "greedy")
-  sides = {name: np.asarray(jax.jit(functions[name])(params, prompt, unused))
-           for name in ("GPTHF", "GPT no cache", "GPT cache")}  # prefill: as in real mode
+  functions = bench.side_functions(decoder, config, NEW, "greedy", bucket=4)
+  sides = {name: np.asarray(jax.jit(functions[name])(params, prompt, unused))  # prefill: as
+           for name in ("GPTHF", bench.PAPER_SIDE, "GPT no cache", "GPT cache")}  # in real mode
   model = models.DecoderOnlyModel(gpthf.Gpthf(config), bench.NoEos())
   want = jax.jit(model.generate_uncached, static_argnums=2)(params, prompt, NEW)
   np.testing.assert_array_equal(sides["GPTHF"], want)
+  np.testing.assert_array_equal(sides[bench.PAPER_SIDE], want)
   assert len(set(np.asarray(want).ravel().tolist())) > 1
   np.testing.assert_array_equal(sides["GPT cache"], sides["GPT no cache"])
   counts, lengths = bench.sentence_stats(config, text[:, :prompt_length], sides["GPTHF"])
@@ -244,7 +291,7 @@ def test_greedy_tokens_equal_each_networks_uncached_generation(real):
 
 @pytest.mark.parametrize("argv", [["--prompts", "1k"], ["--new_tokens", "0"],
                                   ["--preset", "huge"], ["--continuation", "sampled"],
-                                  ["--repeats", "0"]])
+                                  ["--repeats", "0"], ["--bucket", "-1"]])
 def test_bad_arguments_are_rejected(argv):
   with pytest.raises(SystemExit):
     bench.parse_args(argv)

@@ -10,7 +10,7 @@ import gin
 import numpy as np
 import pytest
 
-from tools import benchmarking
+from tools import benchmarking, results_files
 from decal_jax.data import public_text
 from tools import retention_table as rt
 
@@ -48,15 +48,18 @@ def test_table_mean_and_standard_error_are_numpys_over_the_seed_rows():
   assert [c.strip() for c in cells[2]] == ["DeCAL", "2", "3", "16.00 ± 0.76", "2.00 ± 0.58",
                                            "32.00 ± 1.53", "32.00 ± 1.53"]  # 0.32; s.e. 0.01528
   assert math.isnan(benchmarking.mean_stderr([0.5])[1])  # one seed: no error bar, not a zero
+  one = rt.summarize(_results({("decal", 4): [0.25]}))
+  assert "| DeCAL | 4 | 1 | 12.50 |" in rt.table(one)  # written alone, not "± nan"
 
 
 def test_rewriting_the_report_keeps_the_hand_written_reading(tmp_path):
   out = tmp_path / "retention.md"
-  out.write_text("an older table\n" + rt.READING + "\nMy reading.\n")
+  out.write_text("an older table\n" + results_files.READING + "\nMy reading.\n")
   args = argparse.Namespace(out=out, no_plot=True, argv=["--steps", "80"], content="real")
   rt.write(args, _results({("decal", 2): [0.3, 0.31, 0.32]}), 36)
   text = out.read_text()
-  assert "an older table" not in text and text.endswith(rt.READING + "\nMy reading.\n")
+  assert "an older table" not in text
+  assert text.endswith(results_files.READING + "\nMy reading.\n")
   assert "| DeCAL | 2 | 3 | 15.50 ± 0.29 |" in text and "3 of 36 runs done so far" in text
 
 
