@@ -26,8 +26,6 @@ positive match and above those whose best matches are negative.
 import abc
 import datetime
 import functools
-import glob
-import hashlib
 import json
 import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -39,71 +37,17 @@ import tqdm
 
 from decal_jax import fileio
 from decal_jax.retrieval import maxsim
+from decal_jax.retrieval.index_files import (IndexConfigMismatchError, canonical_config,
+                                             check_npy, config_differences, config_fingerprint,
+                                             npy_header, read_meta, write_json)
 
 EncodeFn = Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]]
 DTYPES = ("float16", "float32")
 FORMAT_VERSION = 1
 _FILES = ("vectors.npy", "offsets.npy", "doc_ids.json", "meta.json")
-_NPY_ALIGN = 64  # the .npy format pads its header so the data starts on a 64-byte boundary
-
-
-class IndexConfigMismatchError(ValueError):
-  """The index was built with another encoder config than the one searching it."""
-
-
-class DamagedIndexError(ValueError):
-  """An index file that does not hold what the index's meta.json says (truncated, cut,
-  replaced or unreadable); the message names the file, what it should hold and the fix."""
-
-
-# ------------------------------------------------------------------------------- config
-def canonical_config(config: Mapping[str, Any]) -> str:
-  """The config as canonical JSON (sorted keys, no spaces; tuples become lists)."""
-  try:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
-  except TypeError as e:
-    raise TypeError(f"The index config must be JSON-serialisable ({e}). Pass plain dicts, "
-                    "lists, strings and numbers (e.g. dataclasses.asdict(config)).") from None
-
-
-def config_fingerprint(config: Mapping[str, Any]) -> str:
-  """sha256 (hex) of the canonical JSON of `config`."""
-  return hashlib.sha256(canonical_config(config).encode("utf-8")).hexdigest()
-
-
-def _config_differences(built: Any, wanted: Any, prefix: str = "") -> List[str]:
-  """'key: built=..., expected=...' for each differing (dotted) key."""
-  if isinstance(built, dict) and isinstance(wanted, dict):
-    lines = []
-    for key in sorted(set(built) | set(wanted)):
-      name = f"{prefix}.{key}" if prefix else str(key)
-      if key not in built:
-        lines.append(f"{name}: missing in the index, expected={wanted[key]!r}")
-      elif key not in wanted:
-        lines.append(f"{name}: built={built[key]!r}, missing in the expected config")
-      else:
-        lines.extend(_config_differences(built[key], wanted[key], name))
-    return lines
-  return [] if built == wanted else [f"{prefix or '<config>'}: built={built!r}, "
-                                     f"expected={wanted!r}"]
 
 
 # ------------------------------------------------------------------------------- build
-def _npy_header(shape: Tuple[int, ...], dtype: np.dtype, size: Optional[int] = None) -> bytes:
-  """A version 1.0 .npy header for a C-order array, padded with spaces to `size` bytes
-  (default: the smallest multiple of 64 that holds it)."""
-  text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-               "shape": tuple(shape)})
-  prefix_len = len(np.lib.format.magic(1, 0)) + 2  # magic string + uint16 header length
-  if size is None:
-    size = -(-(prefix_len + len(text) + 1) // _NPY_ALIGN) * _NPY_ALIGN
-  padding = size - prefix_len - len(text) - 1
-  if padding < 0 or size - prefix_len > 65535:
-    raise ValueError(f"An .npy header for shape {shape} does not fit in {size} bytes.")
-  body = (text + " " * padding + "\n").encode("latin1")
-  return np.lib.format.magic(1, 0) + len(body).to_bytes(2, "little") + body
-
-
 def _check_encoded(vectors: np.ndarray, valid: np.ndarray, rows: int, dim: Optional[int],
                    batch_number: int) -> None:
   where = f"encode_fn on token batch {batch_number} ({rows} rows)"
@@ -185,7 +129,7 @@ def _write_index_files(tmp: str, doc_ids: List[str], token_batches: Iterable[np.
       _check_encoded(vectors, valid, tokens.shape[0], dim, batch_number)
       if dim is None:
         dim = vectors.shape[2]
-        header_size = len(_npy_header((np.iinfo(np.int64).max, dim), dtype))
+        header_size = len(npy_header((np.iinfo(np.int64).max, dim), dtype))
         f.write(b"\0" * header_size)  # reserved; the real header is written at the end
       kept = vectors[valid].astype(dtype)  # [valid vectors of the batch, d], row order
       if not np.all(np.isfinite(kept)):
@@ -203,19 +147,12 @@ def _write_index_files(tmp: str, doc_ids: List[str], token_batches: Iterable[np.
     if dim is None:
       raise ValueError("The corpus is empty (no token batch). Index at least one document.")
     f.seek(0)
-    f.write(_npy_header((total, dim), dtype, header_size))
+    f.write(npy_header((total, dim), dtype, header_size))
     f.flush()
     os.fsync(f.fileno())
   np.save(os.path.join(tmp, "offsets.npy"), np.asarray(offsets, dtype=np.int64))
   return {"dim": int(dim), "dtype": dtype.name, "num_docs": len(doc_ids),
           "num_vectors": int(total), "bytes": int(total) * int(dim) * dtype.itemsize}
-
-
-def write_json(path: str, value: Any) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1, ensure_ascii=False)
-    f.flush()
-    os.fsync(f.fileno())
 
 
 # ------------------------------------------------------------------------------- search
@@ -277,7 +214,7 @@ class StoredIndex(abc.ABC):
     if config_fingerprint(expected_config) == self.meta["fingerprint"]:
       return
     wanted = json.loads(canonical_config(expected_config))
-    differences = _config_differences(self.meta["config"], wanted) or [
+    differences = config_differences(self.meta["config"], wanted) or [
         "(the configs are equal but the stored fingerprint differs: meta.json was edited)"]
     raise IndexConfigMismatchError(
         f"The index in {self.directory} was built with another encoder config:\n  "
@@ -449,80 +386,3 @@ class Index(StoredIndex):
     scores = np.asarray(scores).reshape(nb * qb, k)[:num_queries]
     ids = np.asarray(ids).reshape(nb * qb, k)[:num_queries]
     return scores, ids
-
-def read_meta(directory: str, files: Sequence[str]) -> Tuple[str, Dict[str, Any], List[str]]:
-  """(absolute directory, meta.json, doc_ids.json) of a complete index directory, or a
-  clear error (`_check_complete`; DamagedIndexError for a file that is not JSON)."""
-  directory = os.path.abspath(directory)
-  _check_complete(directory, files)
-  return directory, _read_json(directory, "meta.json"), _read_json(directory, "doc_ids.json")
-
-
-def _read_json(directory: str, name: str) -> Any:
-  try:
-    with open(os.path.join(directory, name), encoding="utf-8") as f:
-      return json.load(f)
-  except ValueError as e:  # not JSON (cut short), or not UTF-8
-    raise damaged(directory, name, f"it does not read as JSON ({e})",
-                  "what the build wrote") from None
-
-
-def damaged(directory: str, name: str, problem: str, should: str) -> DamagedIndexError:
-  """The error for an index file that does not hold what it should, with the fix."""
-  return DamagedIndexError(
-      f"{os.path.join(directory, name)} is damaged: {problem}; it should hold {should}. The "
-      f"index cannot be searched: delete the folder {directory} and build it again "
-      "(`python -m decal_jax.retrieve` rebuilds a damaged index by itself).")
-
-
-def npy_layout(path: str) -> Tuple[Tuple[int, ...], np.dtype, int]:
-  """(shape, dtype, bytes the file must have) from a .npy file's header."""
-  with open(path, "rb") as f:
-    version = np.lib.format.read_magic(f)
-    read = {(1, 0): np.lib.format.read_array_header_1_0,
-            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-    if read is None:
-      raise ValueError(f".npy format version {version}")
-    shape, _, dtype = read(f)
-    return tuple(shape), dtype, f.tell() + int(np.prod(shape)) * dtype.itemsize
-
-
-def check_npy(directory: str, name: str, shape: Optional[Tuple[int, ...]] = None,
-              dtype: Optional[str] = None, rows: Optional[int] = None) -> None:
-  """Refuses (DamagedIndexError) a .npy file of the index whose header does not read, whose
-  size is not what its header says (truncated: memory-mapping it would fail at every
-  search), or whose shape / dtype / first dimension (`rows`) differ from meta.json's."""
-  path = os.path.join(directory, name)
-  wanted = " ".join(filter(None, [f"{dtype}" if dtype else "",
-                                  f"[{', '.join(map(str, shape))}]" if shape else
-                                  f"[{rows}, ...]" if rows is not None else "",
-                                  "as meta.json says"]))
-  try:
-    found_shape, found_dtype, size = npy_layout(path)
-  except (ValueError, OSError, EOFError) as e:
-    raise damaged(directory, name, f"its .npy header does not read ({e})", wanted) from None
-  actual = os.path.getsize(path)
-  if actual != size:
-    raise damaged(directory, name, f"it has {actual:,} bytes, its header (shape "
-                  f"{list(found_shape)}, {found_dtype}) needs {size:,} (cut short)"
-                  if actual < size else f"it has {actual:,} bytes, {actual - size:,} more than "
-                  f"its header (shape {list(found_shape)}, {found_dtype}) needs", wanted)
-  if ((shape is not None and found_shape != tuple(shape))
-      or (rows is not None and (not found_shape or found_shape[0] != rows))
-      or (dtype is not None and found_dtype != np.dtype(dtype))):
-    raise damaged(directory, name, f"it holds {found_dtype} [{', '.join(map(str, found_shape))}]",
-                  wanted)
-
-
-def _check_complete(directory: str, files: Sequence[str] = _FILES) -> None:
-  """A clear error for a missing, interrupted or partial index directory."""
-  if not os.path.isdir(directory):
-    leftovers = glob.glob(glob.escape(directory) + ".tmp-*")
-    hint = (f" {leftovers[0]} is left from an interrupted build: delete it and build again."
-            if leftovers else " Build it first with build_index(directory, ...).")
-    raise FileNotFoundError(f"No index at {directory}.{hint}")
-  missing = [name for name in files if not os.path.exists(os.path.join(directory, name))]
-  if missing:
-    raise FileNotFoundError(f"{directory} is not a complete index (missing: "
-                            f"{', '.join(missing)}). Rebuild it with build_index(..., "
-                            "overwrite=True).")

@@ -29,6 +29,7 @@ import tqdm
 from decal_jax import fileio
 from decal_jax.retrieval import codec as codec_lib
 from decal_jax.retrieval import index as exact
+from decal_jax.retrieval import index_files
 from decal_jax.retrieval import kernels, residual_search
 from decal_jax.retrieval.codec import Codec, check_bits
 
@@ -132,9 +133,9 @@ def build_residual_index(directory: str, source: exact.Index,
     np.save(os.path.join(tmp, "centroids.npy"), codec.centroids)
     codec_lib.save_tables(tmp, codec)
     np.save(os.path.join(tmp, "offsets.npy"), source.offsets)
-    exact.write_json(os.path.join(tmp, "doc_ids.json"), source.doc_ids)
+    index_files.write_json(os.path.join(tmp, "doc_ids.json"), source.doc_ids)
     meta = _meta(source, codec, settings, backend)
-    exact.write_json(os.path.join(tmp, "meta.json"), meta)  # last: marks completion
+    index_files.write_json(os.path.join(tmp, "meta.json"), meta)  # last: marks completion
   return ResidualIndex.open(directory)
 
 
@@ -205,13 +206,13 @@ def _write_inverted_lists(tmp: str, codes: np.ndarray, offsets: np.ndarray, k: i
 
 # ------------------------------------------------------------------------------- open
 def _check_files(directory: str, meta: Mapping[str, Any]) -> None:
-  """Refuses (exact.DamagedIndexError) a .npy file that is cut short or whose rows differ
+  """Refuses (index_files.DamagedIndexError) a .npy file that is cut short or whose rows differ
   from meta.json's counts, before anything is memory-mapped."""
   rows = {"codes.npy": meta["num_vectors"], "residuals.npy": meta["num_vectors"],
           "offsets.npy": meta["num_docs"] + 1}
   names = sorted(n for n in os.listdir(directory) if n.endswith(".npy"))
   for name in names:
-    exact.check_npy(directory, name, rows=rows.get(name))
+    index_files.check_npy(directory, name, rows=rows.get(name))
 
 
 class ResidualIndex(exact.StoredIndex):
@@ -235,7 +236,7 @@ class ResidualIndex(exact.StoredIndex):
            ) -> "ResidualIndex":
     """Opens the residual index in `directory`; with `expected_config`, refuses one built
     with a different encoder config (IndexConfigMismatchError)."""
-    directory, meta, doc_ids = exact.read_meta(directory, _FILES)
+    directory, meta, doc_ids = index_files.read_meta(directory, _FILES)
     _check_files(directory, meta)
 
     def load(name: str, mmap: bool = False) -> np.ndarray:

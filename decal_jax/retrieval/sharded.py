@@ -12,7 +12,7 @@ build writes the vectors a 1-process build writes, byte for byte.
 
 Resume: a chunk whose folder holds a complete index built with the same encoder config
 from the same documents is kept, not re-encoded; one built with another encoder config is
-refused (`index.IndexConfigMismatchError`); one built from other documents (the corpus
+refused (`index_files.IndexConfigMismatchError`); one built from other documents (the corpus
 changed there) is rebuilt. A chunk is written whole or not at all (`fileio.atomic_directory`),
 so a build stopped at any moment resumes from its last finished chunk (the temporary
 folder a hard kill leaves is deleted when that chunk is built again). Encoding shows one
@@ -49,7 +49,7 @@ import tqdm
 
 from decal_jax import fileio
 from decal_jax.retrieval import codec as codec_lib
-from decal_jax.retrieval import index, residual
+from decal_jax.retrieval import index, index_files, residual
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -204,7 +204,7 @@ def write_manifest(directory: str, kind: str, ranges: Sequence[Tuple[int, int]],
   from their meta.json); deletes shard folders past them (left by a larger corpus)."""
   shards, metas = [], []
   for j, (a, b) in enumerate(ranges):
-    _, meta, _ = index.read_meta(os.path.join(directory, shard_name(j)), ["meta.json"])
+    _, meta, _ = index_files.read_meta(os.path.join(directory, shard_name(j)), ["meta.json"])
     metas.append(meta)
     shards.append({"name": shard_name(j), "start": a, "stop": b, "num_docs": b - a,
                    "num_vectors": meta["num_vectors"], "corpus": meta.get("corpus")})
@@ -213,8 +213,8 @@ def write_manifest(directory: str, kind: str, ranges: Sequence[Tuple[int, int]],
     if name.split(".")[0] == name and name not in {s["name"] for s in shards}:
       shutil.rmtree(stale, ignore_errors=True)
   manifest = {"format_version": FORMAT_VERSION, "kind": kind,
-              "config": json.loads(index.canonical_config(config)),
-              "fingerprint": index.config_fingerprint(config), "chunk_docs": chunk_docs,
+              "config": json.loads(index_files.canonical_config(config)),
+              "fingerprint": index_files.config_fingerprint(config), "chunk_docs": chunk_docs,
               "num_docs": ranges[-1][1], "num_vectors": sum(s["num_vectors"] for s in shards),
               "dim": metas[0]["dim"], "bytes": sum(m["bytes"] for m in metas),
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),

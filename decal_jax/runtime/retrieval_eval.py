@@ -37,7 +37,8 @@ import numpy as np
 from decal_jax import fileio, metrics, partitioning
 from decal_jax.runtime import train_state
 from decal_jax.data.batches import DatasetConfig
-from decal_jax.retrieval import beir, index, ir_metrics, residual, residual_search, sharded
+from decal_jax.retrieval import (beir, index, index_files, ir_metrics, residual, residual_search,
+                                 sharded)
 from decal_jax.retrieval import codec as codec_lib
 
 EOS_ID = 1
@@ -183,7 +184,7 @@ def build_or_open_index(directory: str, data: beir.BeirData, model, params, conf
   """The corpus index at `directory`: reused when it exists and was built with `config`
   from this corpus (another config is refused: IndexConfigMismatchError); rebuilt, with a
   WARNING, when the corpus changed since or one of its files is damaged (a truncated
-  vectors.npy: `index.DamagedIndexError`); else built. A build replaces the old index only
+  vectors.npy: `index_files.DamagedIndexError`); else built. A build replaces the old index only
   when complete (`fileio.atomic_directory`)."""
   if (pathlib.Path(directory) / "meta.json").exists():
     existing = _open_unless_damaged(index.Index.open, directory, config)
@@ -216,8 +217,8 @@ def _open_unless_damaged(open_fn, directory: str, config: Dict):
   raised (as an intact one's IndexConfigMismatchError is)."""
   try:
     return open_fn(directory, expected_config=config)
-  except index.DamagedIndexError as e:
-    if _fingerprint_of(directory) not in (None, index.config_fingerprint(config)):
+  except index_files.DamagedIndexError as e:
+    if _fingerprint_of(directory) not in (None, index_files.config_fingerprint(config)):
       raise
     problem = str(e).split(" The index cannot be searched", 1)[0]
     partitioning.log(f"WARNING: {problem} Rebuilding the index at {directory}.")

@@ -10,7 +10,7 @@ configure (default: MODEL_DIR/config.gin, which a run of `python -m decal_jax.tr
 writes), opens its index read-only and memory-mapped (default: the one index under
 MODEL_DIR/index/ of that checkpoint; an exact, residual or sharded index, whichever the
 folder holds), and refuses an index built by another encoder config or checkpoint
-(`index.IndexConfigMismatchError`, as `python -m decal_jax.retrieve` does) or, when a
+(`index_files.IndexConfigMismatchError`, as `python -m decal_jax.retrieve` does) or, when a
 corpus is given, from another corpus (`CorpusMismatchError`). Queries are encoded
 as the offline run encodes them (`retrieval_eval.TextEncoder`: the run's vocabulary, cut to
 `query_length` tokens, the query-side compression ratio) and searched with exact MaxSim, or

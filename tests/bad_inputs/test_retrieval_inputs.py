@@ -12,7 +12,8 @@ import pytest
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax.runtime import checkpoints, gin_utils
-from decal_jax.retrieval import beir, index, ir_metrics, kernels, residual, residual_search
+from decal_jax.retrieval import (beir, index, index_files, ir_metrics, kernels, residual,
+                                 residual_search)
 
 from retrieval.test_retrieval_e2e import _write_fixture
 from retrieval.test_retrieval_index import _build, _ragged_corpus
@@ -212,7 +213,7 @@ def test_a_truncated_index_file_is_named_and_the_run_rebuilds_the_index(tmp_path
   vectors.write_bytes(vectors.read_bytes()[:vectors.stat().st_size // 2])
   capsys.readouterr()
 
-  with pytest.raises(index.DamagedIndexError) as err:
+  with pytest.raises(index_files.DamagedIndexError) as err:
     index.Index.open(str(directory))
   message = str(err.value)
   assert message.startswith(f"{vectors} is damaged: it has ") and "(cut short)" in message

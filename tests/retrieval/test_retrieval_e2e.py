@@ -21,7 +21,7 @@ from decal_jax import partitioning
 from decal_jax.runtime import checkpoints, gin_utils, train_state, trainer
 from decal_jax.data.pipeline import DatasetConfig
 from decal_jax.networks import t5
-from decal_jax.retrieval import beir, index, ir_metrics, kernels
+from decal_jax.retrieval import beir, index, index_files, ir_metrics, kernels
 from decal_jax.runtime import retrieval_eval as pipeline
 
 TOPICS = ["apple orchard harvest", "volcano lava eruption", "violin concerto orchestra",
@@ -191,6 +191,6 @@ def test_fine_tune_index_search_and_score(tmp_path, capsys):
     np.testing.assert_allclose(np.linalg.norm(stored, axis=-1), 1.0, atol=2e-3)
 
   # Searching with another encoder config (passages at 2x) is refused, naming the key.
-  with pytest.raises(index.IndexConfigMismatchError, match="passage_compression_ratio"):
+  with pytest.raises(index_files.IndexConfigMismatchError, match="passage_compression_ratio"):
     retrieve.main(args + ["--gin.PASSAGE_COMPRESSION_RATIO=2"])
   gin.clear_config()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tolerances
-from decal_jax.retrieval import beir, index, ir_metrics
+from decal_jax.retrieval import beir, index_files, ir_metrics
 from decal_jax.runtime import gin_utils, searcher as searcher_lib, trainer
 
 COMMON = ["models/decal_tiny.gin", "models/dual_encoder.gin"]
@@ -148,7 +148,7 @@ def test_residual_and_sharded_indexes_equal_their_runs(built):
 
 
 def test_an_index_of_another_encoder_or_corpus_is_refused(built, tmp_path):
-  with pytest.raises(index.IndexConfigMismatchError, match="passage_compression_ratio"):
+  with pytest.raises(index_files.IndexConfigMismatchError, match="passage_compression_ratio"):
     open_searcher(built, bindings=BINDINGS + ["PASSAGE_COMPRESSION_RATIO = 2"],
                   index_dir=str(built.model_dir / "index" / "beir_fixture.step2"))
   corpus = dict(built.corpus)
