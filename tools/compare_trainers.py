@@ -118,7 +118,8 @@ def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str
   """The command line of one run."""
   steps, lengths = args.steps, f"{{'inputs': {args.inputs}, 'targets': {args.targets}}}"
   run = [f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
-         f"--gin.BATCH_SIZE={args.batch_size}", f"--gin.TASK_FEATURE_LENGTHS={lengths}"]
+         f"--gin.BATCH_SIZE={args.batch_size}", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
+         f"--gin.MIXTURE_OR_TASK_NAME='{args.task}'"]
   if trainer == "ours":
     return [sys.executable, "-m", "decal_jax.train", "--gin_file=runs/pretrain_builtin.gin",
             *run, f"--gin.LOG_PERIOD={args.log_period}", f"--gin.EVAL_PERIOD={10 * steps}",
@@ -136,8 +137,7 @@ def command(trainer: str, args, ratio: int, dtype: str, model_dir: str, tmp: str
     family = [f"--gin_file={network_gin}"]
   return [sys.executable, "-m", "t5x.train",
           f"--gin_search_paths={gin_utils.GIN_DIR},{t5x_site()}", *family,
-          "--gin_file=t5x/runs/pretrain.gin",
-          f"--gin.MIXTURE_OR_TASK_NAME='{args.task}'", *run,
+          "--gin_file=t5x/runs/pretrain.gin", *run,
           f"--gin.train.stats_period={args.log_period}", f"--gin.train.eval_period={steps}",
           "--gin.train.eval_steps=1", f"--gin.utils.SaveCheckpointConfig.period={10 * steps}",
           f"--gin.train/utils.DatasetConfig.pack={pack}",
@@ -205,6 +205,20 @@ def real_tokens_per_batch(args, pack: bool) -> Dict[str, float]:
   return dict(inputs=float(np.mean(inputs)), targets=float(np.mean(targets)),
               tokens=float(np.mean(inputs) + np.mean(targets)),
               target_fraction=float(np.mean(targets)) / (args.batch_size * args.targets))
+
+
+def check_tokens(row: Dict, count: Dict[str, float], tolerance: float = 0.1) -> bool:
+  """Whether what the trainer logged agrees with the seqio count within `tolerance`
+  (relative; its batches are shuffled, so not exactly): decal_jax's real tokens per step,
+  T5X's real share of the target slots. Prints a warning when it does not."""
+  logged = row.get("logged_token_check")
+  want = count["tokens"] if row["trainer"] == "ours" else count["target_fraction"]
+  if logged is None or abs(logged - want) <= tolerance * want:
+    return True
+  print(f"  warning: {row['trainer']} logged {logged:.3g} "
+        f"({'real tokens per step' if row['trainer'] == 'ours' else 'real target share'}), "
+        f"the seqio count says {want:.3g}: is it reading another task or lengths?", flush=True)
+  return False
 
 
 def variants(args) -> List[tuple]:
@@ -411,6 +425,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
       print(f"round {round_index}  C={ratio} {dtype:<9}{'packed' if pack else 'unpacked':<9}"
             f"{trainer:<10}{row['steps_per_s']:7.2f} steps/s  (load {row['load_before']}, "
             f"{row['wall_s']:.0f} s)", flush=True)
+      check_tokens(row, counts[pack])
       if args.out:
         results_files.write_jsonl(args.out, [row])
   summary = summarize(rows, {pack: c["tokens"] for pack, c in counts.items()})

@@ -29,12 +29,15 @@ def test_commands_train_the_same_network_and_batches(tmp_path, monkeypatch):
   t5x = compare.command("t5x+ours", args, 4, "bfloat16", "/m", str(tmp_path))
   shared = ["--gin.COMPRESSION_RATIO=4", "--gin.ACTIVATION_DTYPE='bfloat16'",
             "--gin.t5.T5Config.emb_dim=256", "--gin.BATCH_SIZE=8",
-            "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 32}"]
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 32}",
+            "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_span_corruption'"]
   assert all(flag in ours and flag in t5x for flag in shared)
   assert "--gin.train/utils.DatasetConfig.pack=False" in t5x  # unpacked unless asked
   assert "--gin.train/pipeline.DatasetConfig.pack=False" in ours
-  packed = [compare.command(t, args, 4, "float32", "/m", str(tmp_path), pack=True)
+  qa = compare.parse_args(["--task", "decal_builtin_qa"])
+  packed = [compare.command(t, qa, 4, "float32", "/m", str(tmp_path), pack=True)
             for t in ("ours", "t5x+ours")]
+  assert all("--gin.MIXTURE_OR_TASK_NAME='decal_builtin_qa'" in p for p in packed)
   assert "--gin.train/pipeline.DatasetConfig.pack=True" in packed[0]
   assert "--gin.train/utils.DatasetConfig.pack=True" in packed[1]
   compare.command("t5x+t5x", args, 1, "float32", "/m", str(tmp_path))
@@ -84,6 +87,15 @@ def test_summary_medians_ranges_and_ratio_to_the_t5x_trainer():
   assert (theirs["median"], theirs["low"], theirs["high"], theirs["vs_t5x_trainer"]) == \
       (3.0, 2.0, 4.0, 1.0)
   assert ours["median"] == 3.6 and ours["vs_t5x_trainer"] == pytest.approx(1.2)
+
+
+def test_a_trainer_that_logged_other_tokens_than_seqio_counted_is_flagged(capsys):
+  count = {"tokens": 836.8, "target_fraction": 0.214}
+  assert compare.check_tokens({"trainer": "ours", "logged_token_check": 820.0}, count)
+  assert not compare.check_tokens({"trainer": "ours", "logged_token_check": 1256.0}, count)
+  assert "warning: ours logged 1.26e+03" in capsys.readouterr().out
+  assert compare.check_tokens({"trainer": "t5x+ours", "logged_token_check": 0.22}, count)
+  assert not compare.check_tokens({"trainer": "t5x+ours", "logged_token_check": 0.166}, count)
 
 
 def test_packed_tokens_per_second_and_ratios_within_one_packing():
