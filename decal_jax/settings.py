@@ -84,6 +84,9 @@ SETTINGS = {s.name: s for s in (
             ("auto", "off")),
     Setting("DECAL_PEER_TIMEOUT", "multi-host: seconds a process may give no sign of life "
             "before the others stop, naming it (runtime/peer_watch.py)", 60, COUNT),
+    Setting("DECAL_INDEX_CACHE_MIB", "MiB of an exact index's padded document chunks kept "
+            "on the device between searches (a served index pads its corpus once); 0: none, "
+            "an index that needs more: none", 1024, INDEX),
     Setting("DECAL_SKIPPED_TESTS", "the test suite only: a file to which each skipped "
             "test's id and reason is appended (tests/conftest.py)", None, PATH),
 )}

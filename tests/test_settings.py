@@ -28,6 +28,7 @@ DEFAULTS = {
     "DECAL_LOCAL_DEVICE_IDS": None,
     "DECAL_DISTRIBUTED": "off",
     "DECAL_PEER_TIMEOUT": 60,
+    "DECAL_INDEX_CACHE_MIB": 1024,
     "DECAL_SKIPPED_TESTS": None,
 }
 # name: (what is set, what get() returns)
@@ -47,6 +48,7 @@ GOOD = {
     "DECAL_LOCAL_DEVICE_IDS": ("0, 1,2", (0, 1, 2)),
     "DECAL_DISTRIBUTED": ("AUTO", "auto"),
     "DECAL_PEER_TIMEOUT": ("30", 30),
+    "DECAL_INDEX_CACHE_MIB": ("0", 0),
     "DECAL_SKIPPED_TESTS": ("/tmp/skipped.jsonl", "/tmp/skipped.jsonl"),
 }
 PATH_RULE = "must be a path (no leading or trailing blanks, no control characters)"
@@ -86,6 +88,10 @@ BAD = {
     "DECAL_PEER_TIMEOUT": ("0", " (below 1): DECAL_PEER_TIMEOUT (multi-host: seconds a process "
                            "may give no sign of life before the others stop, naming it "
                            "(runtime/peer_watch.py)) must be a whole number >= 1."),
+    "DECAL_INDEX_CACHE_MIB": ("1.5", " (not a whole number): DECAL_INDEX_CACHE_MIB (MiB of an exact index's padded "
+                              "document chunks kept on the device between searches (a served "
+                              "index pads its corpus once); 0: none, an index that needs "
+                              "more: none) must be a whole number >= 0."),
     "DECAL_SKIPPED_TESTS": ("skipped.jsonl\r", f" {BLANKS}"),
 }
 

@@ -19,7 +19,9 @@ builds in `<directory>.tmp-<random>` and renames that into place when complete
 `Index.search` scores every document with exact MaxSim (for each valid query vector, the
 largest dot product with the document's vectors, summed), jit-compiled and run over the
 corpus in chunks of `doc_batch_size` documents padded to a power-of-two vector count (so few
-shapes compile), keeping a running top-k with `jax.lax.top_k`. A document with no vector
+shapes compile), keeping a running top-k with `jax.lax.top_k`. The padded chunks stay on the
+device for the next search when all of them fit `DECAL_INDEX_CACHE_MIB` (a served index
+answers many small requests: it pads and copies its corpus once, not per request). A document with no vector
 scores 0 for every query (as in `maxsim.maxsim`), so it ranks below any document with a
 positive match and above those whose best matches are negative.
 """
@@ -35,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from decal_jax import fileio
+from decal_jax import fileio, settings
 from decal_jax.retrieval import maxsim
 from decal_jax.retrieval.index_files import (IndexConfigMismatchError, canonical_config,
                                              check_npy, config_differences, config_fingerprint,
@@ -284,6 +286,7 @@ class Index(StoredIndex):
     self.offsets = offsets  # [num_docs + 1] int64
     self.doc_ids = doc_ids
     self.meta = meta
+    self._kept_chunks: Dict[int, List[Tuple[Any, Any, Any]]] = {}  # chunk size -> on device
 
   # ----------------------------------------------------------------------------- open
   @classmethod
@@ -353,6 +356,23 @@ class Index(StoredIndex):
     ids[:stop - start] = np.arange(start, stop)
     return docs, valid, ids
 
+  def _device_chunks(self, size: int) -> Iterable[Tuple[Any, Any, Any]]:
+    """Every chunk of `size` docs, padded (`_chunk`) and on the device; kept for the next
+    search when all of them fit `DECAL_INDEX_CACHE_MIB` (the last size searched only)."""
+    if size in self._kept_chunks:
+      yield from self._kept_chunks[size]
+      return
+    budget, used, kept = settings.get("DECAL_INDEX_CACHE_MIB") * 2**20, 0, []
+    for start in range(0, self.num_docs, size):
+      chunk = tuple(jnp.asarray(a) for a in self._chunk(start, size))  # docs, valid, ids
+      used += sum(a.nbytes for a in chunk)
+      if kept is not None and used <= budget:
+        kept.append(chunk)
+      else:
+        kept = None  # over the budget: this search's chunks are not kept
+      yield chunk
+    self._kept_chunks = {size: kept} if kept else {}
+
   def search(self, query_vectors: np.ndarray, query_valid: np.ndarray, top_k: int = 100,
              doc_batch_size: int = 1024, query_batch_size: int = 32,
              precision: str = "highest") -> Tuple[np.ndarray, np.ndarray]:
@@ -379,8 +399,7 @@ class Index(StoredIndex):
     scores = jnp.full((nb, qb, k), -jnp.inf, jnp.float32)  # running top-k
     ids = jnp.full((nb, qb, k), -1, jnp.int32)
     chunk = min(doc_batch_size, self.num_docs)
-    for start in range(0, self.num_docs, chunk):
-      docs, valid, doc_ids = self._chunk(start, chunk)
+    for docs, valid, doc_ids in self._device_chunks(chunk):
       scores, ids = _score_chunk(queries, qvalid, scores, ids, docs, valid, doc_ids,
                                  top_k=k, precision=precision)
     scores = np.asarray(scores).reshape(nb * qb, k)[:num_queries]

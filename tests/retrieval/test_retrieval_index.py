@@ -264,6 +264,33 @@ def test_search_equals_numpy_brute_force(tmp_path, dtype):
   assert run["q0"][f"doc-{expected_ids[0, 0]}"] == pytest.approx(reference[0].max(), rel=1e-5)
 
 
+@pytest.mark.parametrize("cache_mib, pads_per_search", [("1024", 0), ("0", 4)])
+def test_searches_after_the_first_reuse_the_padded_chunks_within_the_budget(
+    tmp_path, monkeypatch, cache_mib, pads_per_search):
+  """The chunks padded for one search are kept for the next (none padded again) when the
+  budget holds them all; with DECAL_INDEX_CACHE_MIB=0 every search pads every chunk. The
+  scores are the numpy brute force's either way, and after another chunk size too."""
+  monkeypatch.setenv("DECAL_INDEX_CACHE_MIB", cache_mib)
+  corpus = _ragged_corpus(seed=3)  # 23 docs: 4 chunks of 7
+  _build(tmp_path / "index", corpus)
+  index = index_lib.Index.open(str(tmp_path / "index"))
+  padded = []
+  chunk = index._chunk
+  monkeypatch.setattr(index, "_chunk", lambda start, size: padded.append(start) or
+                      chunk(start, size))
+  queries = np.random.default_rng(4).standard_normal((3, 4, DIM)).astype(np.float32)
+  valid = np.ones((3, 4), bool)
+  reference = np.array([[_numpy_maxsim(q, v, doc) for doc in corpus]
+                        for q, v in zip(queries, valid)])
+  for doc_batch, pads in [(7, 4), (7, pads_per_search), (7, pads_per_search), (5, 5)]:
+    padded.clear()
+    scores, ids = index.search(queries, valid, top_k=23, doc_batch_size=doc_batch)
+    assert len(padded) == pads
+    np.testing.assert_allclose(scores, np.take_along_axis(reference, ids, 1), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(ids, np.argsort(-reference, axis=1, kind="stable"))
+
+
 def test_config_mismatch_names_the_keys(tmp_path):
   _build(tmp_path / "index", _ragged_corpus())
   other = {"passage_ratio": 4, "dim": DIM, "encoder": {"layers": 3, "name": "decal"}}
