@@ -207,10 +207,12 @@ def real_tokens_per_batch(args, pack: bool) -> Dict[str, float]:
               target_fraction=float(np.mean(targets)) / (args.batch_size * args.targets))
 
 
-def check_tokens(row: Dict, count: Dict[str, float], tolerance: float = 0.1) -> bool:
+def check_tokens(row: Dict, count: Dict[str, float], tolerance: float = 0.25) -> bool:
   """Whether what the trainer logged agrees with the seqio count within `tolerance`
-  (relative; its batches are shuffled, so not exactly): decal_jax's real tokens per step,
-  T5X's real share of the target slots. Prints a warning when it does not."""
+  (relative): decal_jax's real tokens per step, T5X's real share of the target slots. A
+  check for a gross mistake (another task or other lengths), not a measurement: a trainer
+  shuffles its examples, and a few logging windows of short QA answers vary by 10-15 %
+  around the count. Prints a warning when it does not agree."""
   logged = row.get("logged_token_check")
   want = count["tokens"] if row["trainer"] == "ours" else count["target_fraction"]
   if logged is None or abs(logged - want) <= tolerance * want:
