@@ -189,11 +189,13 @@ def real_tokens_per_batch(args, pack: bool) -> Dict[str, float]:
   import gin
   import numpy as np
   import seqio
-  import decal_jax.tasks  # noqa: F401  (registers the built-in tasks)
-  from decal_jax.data import vocabularies
-  # the vocabulary both trainers' gin files bind for the downstream tasks
-  gin.bind_parameter("vocabularies.task_vocabulary.vocabulary",
-                     vocabularies.builtin_vocabulary())
+  # the vocabulary both trainers' gin files bind for the downstream tasks (gin may be
+  # locked by an earlier parse in this process)
+  with gin.unlock_config():
+    import decal_jax.tasks  # noqa: F401  (registers the built-in tasks)
+    from decal_jax.data import vocabularies
+    gin.bind_parameter("vocabularies.task_vocabulary.vocabulary",
+                       vocabularies.builtin_vocabulary())
   lengths = {"inputs": args.inputs, "targets": args.targets}
   ds = seqio.get_dataset(args.task, lengths, dataset_split="train", shuffle=False, num_epochs=None,
                          feature_converter=seqio.EncDecFeatureConverter(pack=pack),

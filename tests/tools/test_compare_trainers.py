@@ -60,11 +60,13 @@ def test_packing_is_a_dimension_of_every_round():
                                     (4, "float32", True, "t5x+ours"), (4, "float32", True, "ours")]
 
 
-def test_real_tokens_per_batch_counted_from_the_task_itself():
+def test_real_tokens_per_batch_counted_from_the_task_itself(builtin_vocabulary):
   """Unpacked: the mean of the first batches' real tokens equals a count over the task's own
   examples (already trimmed to the lengths) taken in order; packed: at least as many real
   tokens per batch, never more than the rows hold."""
+  import gin
   import seqio
+  gin.finalize()  # as an earlier test's parse leaves it: the tool must still bind its vocabulary
   args = compare.parse_args(["--task", "decal_builtin_qa", "--batch_size", "4", "--inputs", "256",
                              "--targets", "16", "--count_batches", "5"])
   unpacked = compare.real_tokens_per_batch(args, pack=False)
