@@ -112,3 +112,15 @@ def write_partial(args, rows: Sequence, done: int, total: int,
     line = partial_line(done, total, unit, detail)
     fileio.write_text_atomic(args.out, keep_reading(args.out, mark_partial(markdown(rows), line)))
     print(f"wrote {args.out} ({line.replace('**', '')})", flush=True)
+
+
+def add_record_args(parser, dry_run_help: str) -> None:
+  """The options of a resumable table tool: --record, --out, --no-plot, --dry_run and
+  --report_only."""
+  parser.add_argument("--record", type=pathlib.Path, help="JSON of finished runs (resumable)")
+  parser.add_argument("--out", type=pathlib.Path,
+                      help="the Markdown report (plot: same name .png)")
+  parser.add_argument("--no-plot", action="store_true")
+  parser.add_argument("--dry_run", action="store_true", help=dry_run_help)
+  parser.add_argument("--report_only", action="store_true",
+                      help="redraw the table from --record without training the runs it lacks")

@@ -396,12 +396,7 @@ def parse_args(argv=None):
   p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
   p.add_argument("--steps", type=int, default=None, help="default: the run file's TRAIN_STEPS")
   p.add_argument("--work", type=pathlib.Path, help="default: runs/retention_<content>")
-  p.add_argument("--record", type=pathlib.Path, help="JSON of finished runs (resumable)")
-  p.add_argument("--out", type=pathlib.Path, help="the Markdown report (plot: same name .png)")
-  p.add_argument("--no-plot", action="store_true")
-  p.add_argument("--dry_run", action="store_true", help="2 steps, 4 examples: a check only")
-  p.add_argument("--report_only", action="store_true",
-                 help="redraw the table from --record without training the runs it lacks")
+  results_files.add_record_args(p, "2 steps, 4 examples: a check only")
   a = p.parse_args(argv)
   a.argv = argv
   content = CONTENTS[a.content]

@@ -344,12 +344,7 @@ def parse_args(argv=None):
   p.add_argument("--task", default="decal_builtin_span_corruption")
   p.add_argument("--model_gin", default="experiments/models/mini.gin")
   p.add_argument("--work", type=pathlib.Path, default=pathlib.Path("runs", "stability_16x"))
-  p.add_argument("--record", type=pathlib.Path, help="JSON of finished runs (resumable)")
-  p.add_argument("--out", type=pathlib.Path, help="the Markdown report (plot: same name .png)")
-  p.add_argument("--no-plot", action="store_true")
-  p.add_argument("--dry_run", action="store_true", help="2 steps, batch 2: a check only")
-  p.add_argument("--report_only", action="store_true",
-                 help="redraw the table from --record without training the runs it lacks")
+  results_files.add_record_args(p, "2 steps, batch 2: a check only")
   a = p.parse_args(argv)
   a.argv = argv
   if a.dry_run:
