@@ -1,7 +1,8 @@
-"""Retrieval quality against the passage compression ratio C: for each C, fine-tune the same
-pretrained DeCAL checkpoint as a multi-vector dual encoder (runs/retrieval_finetune.gin,
-queries at C = 1), then index the corpus and score the split's queries with
-`python -m decal_jax.retrieve` (NDCG@10, Recall@100, index size). `--mean_pooling_ratio C`
+"""Retrieval quality against the compression ratio C: for each C, fine-tune a pretrained
+DeCAL checkpoint as a multi-vector dual encoder (runs/retrieval_finetune.gin; queries and
+passages both read at C, the paper's protocol), then index the corpus and score the split's
+queries with `python -m decal_jax.retrieve` (NDCG@10, Recall@100, index size).
+`--asymmetric` adds, for each C > 1, the row with passages at C and queries at C = 1. `--mean_pooling_ratio C`
 adds the single-vector reference: the same encoder at C, its vectors averaged into one
 (cosine similarity, temperature 0.05). Every row uses the same data, steps and batch.
 With --seeds, every row is fine-tuned once per seed (gin SEED: the order of the training
@@ -10,6 +11,9 @@ pairs and dropout; the weights all come from --init), and the table gives each r
 standard error over the queries instead. Several --init checkpoints (the main job run with
 --gin.SEED=0, 1, 2) make every (checkpoint, seed) pair a run of each row: the spread then
 includes the pretraining run's, which on SciFact is larger than the fine-tune seed's.
+An --init holding `{C}` is a checkpoint per ratio (the paper pretrains at each C):
+`runs/pre_c{C}_s0` fine-tunes the C = 4 row from runs/pre_c4_s0 and the C = 1 row from
+runs/pre_c1_s0; a row whose checkpoint is absent is skipped and named in the results file.
 
 Runs live under --work (default runs/retrieval_table/<task>), one folder per row and seed
 (<pooling>_c<C>_s<seed>; with several --init, under <work>/<checkpoint folder name>/); a
@@ -67,12 +71,30 @@ READING = "## Reading"
 
 
 def variants(a):
-  """(label, passage ratio, pooling) rows of the table."""
-  rows = [(f"multi-vector, C = {c}", c, "multi") for c in a.ratios]
+  """(label, passage ratio, pooling, query ratio or None: the passages') rows of the table."""
+  rows = [(f"multi-vector, C = {c}", c, "multi", None) for c in a.ratios]
+  if a.asymmetric:
+    rows += [(f"multi-vector, C = {c}, queries C = 1", c, "multi", 1) for c in a.ratios if c > 1]
   if a.mean_pooling_ratio:
     rows.append((f"single vector (mean of C = {a.mean_pooling_ratio})",
-                 a.mean_pooling_ratio, "mean"))
+                 a.mean_pooling_ratio, "mean", None))
   return rows
+
+
+def init_path(init: str, ratio: int) -> str:
+  """The checkpoint folder of the row at `ratio`: `init` with `{C}` filled in."""
+  return init.replace("{C}", str(ratio))
+
+
+def init_name(init: str) -> str:
+  """The folder name a run is known by ('pre_c{C}_s0' -> 'pre_cC_s0')."""
+  return pathlib.Path(init).name.replace("{C}", "C")
+
+
+def has_checkpoint(folder: str) -> bool:
+  path = pathlib.Path(folder)
+  return path.is_dir() and (re.fullmatch(r"checkpoint_\d+", path.name) is not None
+                            or any(path.glob("checkpoint_*")))
 
 
 def resolve_splits(a) -> None:
@@ -129,9 +151,11 @@ def fine_tune(name: str, model, init: str, seed: int, a, work: pathlib.Path) -> 
   return result
 
 
-def row_name(ratio: int, pooling: str, seed: int) -> str:
-  """The row's folder (MODEL_DIR) and file names under --work."""
-  return f"{pooling}_c{ratio}_s{seed}"
+def row_name(ratio: int, pooling: str, seed: int, query_ratio=None) -> str:
+  """The row's folder (MODEL_DIR) and file names under --work (`_q<ratio>` when the
+  queries are read at another ratio than the passages)."""
+  asymmetric = query_ratio is not None and query_ratio != ratio
+  return f"{pooling}_c{ratio}" + (f"_q{query_ratio}" if asymmetric else "") + f"_s{seed}"
 
 
 def run_folder(a, work: pathlib.Path, init_name: str) -> pathlib.Path:
@@ -140,20 +164,22 @@ def run_folder(a, work: pathlib.Path, init_name: str) -> pathlib.Path:
   return work if len(a.inits) == 1 else work / init_name
 
 
-def one_variant(label: str, ratio: int, pooling: str, init: str, seed: int, a,
+def one_variant(label: str, ratio: int, pooling: str, query_ratio, init: str, seed: int, a,
                 work: pathlib.Path) -> dict:
-  """Fine-tunes, indexes and scores one row from checkpoint `init` with one seed (or reads
-  it back when it is finished)."""
-  init_name = pathlib.Path(init).name
-  work = run_folder(a, work, init_name)
+  """Fine-tunes, indexes and scores one row from checkpoint `init` (`{C}` filled in) with
+  one seed (or reads it back when it is finished)."""
+  name_of_init, init = init_name(init), init_path(init, ratio)
+  work = run_folder(a, work, name_of_init)
   work.mkdir(parents=True, exist_ok=True)
-  name = row_name(ratio, pooling, seed)
-  label_seed = f"{label}, seed {seed}" + (f", from {init_name}" if len(a.inits) > 1 else "")
+  name = row_name(ratio, pooling, seed, query_ratio)
+  label_seed = f"{label}, seed {seed}" + (f", from {name_of_init}" if len(a.inits) > 1 else "")
   log, done = work / f"{name}.log", work / f"{name}.row.json"
   if done.exists():
     print(f"{label_seed}: finished earlier ({done})", flush=True)
-    return dict(json.loads(done.read_text()), init=init_name)
+    return dict(json.loads(done.read_text()), init=name_of_init)
   model = [f"--gin.PASSAGE_COMPRESSION_RATIO={ratio}", f"--gin.POOLING='{pooling}'"]
+  if query_ratio is not None:
+    model.append(f"--gin.QUERY_COMPRESSION_RATIO={query_ratio}")
   if pooling == "mean":
     model.append("--gin.LOGIT_SCALE=20.0")  # 1 / 0.05: the single-vector reference's scale
   print(f"{label_seed}: fine-tuning {a.steps} steps on {a.task} (log: {log}) ...", flush=True)
@@ -170,7 +196,8 @@ def one_variant(label: str, ratio: int, pooling: str, init: str, seed: int, a,
     sys.exit(f"retrieve wrote no {metrics}; see {log}")
   run_file = metrics.with_name(metrics.name.replace(".metrics.json", ".trec"))
   row = dict(json.loads(metrics.read_text()), label=label, ratio=ratio, pooling=pooling,
-             seed=seed, init=init_name, ndcg_stderr=ndcg_stderr(run_file, a),
+             query_ratio=ratio if query_ratio is None else query_ratio, seed=seed,
+             init=name_of_init, init_path=init, ndcg_stderr=ndcg_stderr(run_file, a),
              train_minutes=trained["minutes"],
              eval_minutes=t_eval / 60,
              heldout_accuracy=trained["heldout"].get("accuracy"),
@@ -195,7 +222,7 @@ def ndcg_stderr(run_file: pathlib.Path, a) -> float:
 
 
 def run_file_of(row, a, work: pathlib.Path) -> pathlib.Path:
-  name = row_name(row["ratio"], row["pooling"], row["seed"])
+  name = row_name(row["ratio"], row["pooling"], row["seed"], row.get("query_ratio"))
   return (run_folder(a, work, row.get("init")) / name / "retrieval" /
           f"{a.task}.{a.eval_split}.step{a.steps}.trec")
 
@@ -273,8 +300,8 @@ def report(a, rows, command: str) -> str:
       f"{minutes:.0f} min of fine-tuning, indexing and search in all; host load average "
       f"(1/5/15 min) {benchmarking.load_average()} when this file was written",
       f"each row: {' / '.join(f'`{display(i)}`' for i in a.inits)} (models/decal_tiny.gin + "
-      "models/dual_encoder.gin, "
-      f"queries at C = 1) fine-tuned {a.steps} steps with in-batch softmax on the task's "
+      "models/dual_encoder.gin; queries read at the passages' C unless the row says "
+      "otherwise) fine-tuned {a.steps} steps with in-batch softmax on the task's "
       f"train qrels (batch {a.batch_size}, learning rate {a.learning_rate}, queries "
       f"{a.query_length} / passages {a.passage_length} tokens); held-out in-batch accuracy "
       f"on '{a.validation_split}' ({heldout_queries(rows)} queries in batches of "
@@ -286,7 +313,9 @@ def report(a, rows, command: str) -> str:
       f"random rankings (mean of 20): NDCG@10 {floor['ndcg@10']:.4f}, Recall@100 "
       f"{floor['recall@100']:.4f}",
       f"{bm25['name']}, no training: NDCG@10 "
-      f"{bm25['ndcg@10']:.4f}, Recall@100 {bm25['recall@100']:.4f}")
+      f"{bm25['ndcg@10']:.4f}, Recall@100 {bm25['recall@100']:.4f}",
+      *([f"not run (no checkpoint): {'; '.join(a.skipped)}"] if getattr(a, "skipped", None)
+        else []))
   return ("\n".join(lines) + f"\n\n{table(rows)}\n\n## Rows (JSON lines)\n\n```jsonl\n"
           + "\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n```\n")
 
@@ -306,13 +335,16 @@ def parse_args(argv):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--init", required=True, nargs="+",
                       help="pretrained DeCAL checkpoint folder (the main job's MODEL_DIR); "
-                      "several: every row is fine-tuned from each (e.g. main-job seeds)")
+                      "several: every row is fine-tuned from each (e.g. main-job seeds); "
+                      "'{C}' in it: one checkpoint per ratio (runs/pre_c{C}_s0)")
   parser.add_argument("--task", default="decal_beir_builtin", help="a decal_beir_<name> task")
   parser.add_argument("--validation_split", default=None,
                       help="split for the fine-tune's held-out in-batch loss (default: "
                       "'validation' where the folder has it, else --eval_split)")
   parser.add_argument("--eval_split", default="test", help="split whose queries are scored")
   parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8])
+  parser.add_argument("--asymmetric", action="store_true",
+                      help="add, for each C > 1, the row with queries read at C = 1")
   parser.add_argument("--mean_pooling_ratio", type=int, default=None,
                       help="add the single-vector row: mean of the encoder's vectors at C")
   parser.add_argument("--steps", type=int, default=300)
@@ -339,14 +371,14 @@ def parse_args(argv):
   if not a.task.startswith("decal_beir_"):
     parser.error(f"--task {a.task}: give a BEIR task (decal_beir_<name>); the table indexes "
                  "and searches its corpus")
+  row_ratios = sorted({v[1] for v in variants(a)})
   for given in a.init:
-    init = pathlib.Path(given)
-    if not (init.is_dir() and (re.fullmatch(r"checkpoint_\d+", init.name)
-                               or any(init.glob("checkpoint_*")))):
-      parser.error(f"--init {given} holds no checkpoint_<step> folder; give the pretraining "
-                   "run's MODEL_DIR (the README's main job writes runs/decal_tiny)")
+    if not any(has_checkpoint(init_path(given, c)) for c in row_ratios):
+      where = f" (with {{C}} = {', '.join(map(str, row_ratios))})" if "{C}" in given else ""
+      parser.error(f"--init {given}{where} holds no checkpoint_<step> folder; give the "
+                   "pretraining run's MODEL_DIR (the README's main job writes runs/decal_tiny)")
   a.inits = [str(pathlib.Path(i).absolute()) for i in a.init]
-  names = [pathlib.Path(i).name for i in a.inits]
+  names = [init_name(i) for i in a.inits]
   if len(a.inits) > 1 and len(set(names)) < len(names):
     parser.error(f"--init {' '.join(a.init)}: each checkpoint's runs go to a folder named "
                  "after it, so the folder names must differ (give MODEL_DIRs, e.g. "
@@ -361,13 +393,18 @@ def main(argv=None):
   work = pathlib.Path(a.work or pathlib.Path("runs", "retrieval_table", a.task)).absolute()
   work.mkdir(parents=True, exist_ok=True)
   check_settings(a, work)
-  rows = []
+  rows, a.skipped = [], []
   todo = [(*variant, init, seed) for init in a.inits for seed in a.seeds
           for variant in variants(a)]
   for i, variant in enumerate(todo, start=1):
+    label, ratio, init, seed = variant[0], variant[1], variant[4], variant[5]
+    if not has_checkpoint(init_path(init, ratio)):
+      a.skipped.append(f"{label}, seed {seed}, from {display(init_path(init, ratio))}")
+      print(f"[{i}/{len(todo)}] {a.skipped[-1]}: no checkpoint there, skipped", flush=True)
+      continue
     print(f"[{i}/{len(todo)}] ", end="", flush=True)
     rows.append(one_variant(*variant, a, work))
-  order = {label: i for i, (label, _, _) in enumerate(variants(a))}
+  order = {variant[0]: i for i, variant in enumerate(variants(a))}
   rows.sort(key=lambda r: order[r["label"]])  # stable: each row's runs in --init, --seeds order
   command = benchmarking.command("tools.retrieval_table", argv)
   paired_to_base(rows, a, work)

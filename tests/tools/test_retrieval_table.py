@@ -314,3 +314,46 @@ def test_checkpoints_with_the_same_folder_name_are_refused(tmp_path, capsys):
     table.parse_args(["--init", str(tmp_path / "a" / "decal_tiny"),
                       str(tmp_path / "b" / "decal_tiny")])
   assert "the folder names must differ" in capsys.readouterr().err
+
+
+def test_a_checkpoint_per_ratio_and_the_asymmetric_rows(monkeypatch, tmp_path):
+  """`{C}` in --init: each row starts from its own ratio's checkpoint, a ratio without one
+  is skipped and named in the results; --asymmetric adds queries at C = 1 for C > 1, in
+  folders of their own, paired with the C = 1 row of the same run."""
+  calls = _fake_runs(monkeypatch, tmp_path)
+  for c, s in ((1, 0), (4, 0), (1, 1), (4, 1), (8, 0)):
+    (tmp_path / "pre" / f"pre_c{c}_s{s}" / "checkpoint_800").mkdir(parents=True)
+  work, out = tmp_path / "work", tmp_path / "table.md"
+  template = str(tmp_path / "pre" / "pre_c{C}_s{S}")
+  table.main(["--init", template.replace("{S}", "0"), template.replace("{S}", "1"),
+              "--task", "decal_beir_x", "--ratios", "1", "4", "8", "--asymmetric",
+              "--steps", "3", "--work", str(work), "--seeds", "3", "--out", str(out)])
+  trains = [(g["INITIAL_CHECKPOINT_PATH"], g["MODEL_DIR"], g.get("QUERY_COMPRESSION_RATIO"))
+            for m, g in calls if m == "train"]
+  pre = tmp_path / "pre"
+  assert trains == [
+      (f"'{pre}/pre_c1_s0'", f"'{work}/pre_cC_s0/multi_c1_s3'", None),
+      (f"'{pre}/pre_c4_s0'", f"'{work}/pre_cC_s0/multi_c4_s3'", None),
+      (f"'{pre}/pre_c8_s0'", f"'{work}/pre_cC_s0/multi_c8_s3'", None),
+      (f"'{pre}/pre_c4_s0'", f"'{work}/pre_cC_s0/multi_c4_q1_s3'", "1"),
+      (f"'{pre}/pre_c8_s0'", f"'{work}/pre_cC_s0/multi_c8_q1_s3'", "1"),
+      (f"'{pre}/pre_c1_s1'", f"'{work}/pre_cC_s1/multi_c1_s3'", None),
+      (f"'{pre}/pre_c4_s1'", f"'{work}/pre_cC_s1/multi_c4_s3'", None),
+      (f"'{pre}/pre_c4_s1'", f"'{work}/pre_cC_s1/multi_c4_q1_s3'", "1")]
+  searches = [(g["MODEL_DIR"], g.get("QUERY_COMPRESSION_RATIO")) for m, g in calls
+              if m == "retrieve"]
+  assert searches == [(t[1], t[2]) for t in trains]
+  text = out.read_text()
+  assert "not run (no checkpoint): multi-vector, C = 8, seed 3, from " in text
+  assert text.count("pre_c8_s1") == 2  # the symmetric and the asymmetric C = 8 rows
+  rows = {p.name: json.loads(p.read_text()) for p in work.glob("*/*.row.json")}
+  c1, c4q1 = rows["multi_c1_s3.row.json"], rows["multi_c4_q1_s3.row.json"]
+  assert (c4q1["ratio"], c4q1["query_ratio"], c1["query_ratio"]) == (4, 1, 1)
+  runs = [json.loads((work / f"pre_cC_s{s}" / f"multi_c{c}_s3.row.json").read_text())
+          ["ndcg@10"] for c in (1, 4) for s in (0, 1)]
+  d = np.array(runs[2:]) - np.array(runs[:2])  # C = 4 minus C = 1, paired per pretraining seed
+  c4 = _cells(next(line for line in text.splitlines()
+                   if line.startswith("| multi-vector, C = 4 |")))[0]
+  assert c4[2] == f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(2):.4f}"
+  assert any(line.startswith("| multi-vector, C = 8, queries C = 1 |") for line in
+             text.splitlines())
