@@ -7,8 +7,10 @@ and query scoring time, as ratios to C = 1, measured side by side in one process
 
 One dual encoder (`models/t5_1_1_<size>.gin` + `decal.gin` + `dual_encoder.gin`), one set
 of weights: random (the cost does not depend on the values) or, with --model_dir, the
-latest checkpoint there. Queries are read at C = 1; for every passage ratio C the same
-weights read the passages (`DualEncoderConfig.passage_compression_ratio = C`):
+latest checkpoint there. Queries are read at C = 1 (the cost of passage compression alone)
+or, with --queries_compressed, at each row's C as the paper reads them (MaxSim work then
+falls as 1/C²); for every ratio C the same weights read the passages
+(`DualEncoderConfig.passage_compression_ratio = C`):
   * index: the corpus is tokenized once (`pipeline.tokenize`), grouped into padded widths
     (`pipeline.batches_by_length`) and written by `index.build_index` to a temporary
     directory, as `pipeline.build_or_open_index` does; reported: `Index.nbytes` and the
@@ -82,12 +84,12 @@ def load_model(args) -> Tuple[Any, dict, str]:
                                       "does not depend on the weight values")
 
 
-def with_passage_ratio(model, ratio: int):
+def with_passage_ratio(model, ratio: int, query_ratio: int = 1):
   """The same model class and vocabulary with passages read at `ratio` (same params) and
-  queries uncompressed, as this benchmark has always measured them: the cost of passage
-  compression alone (the dual encoder's default now reads queries at the passages' C)."""
+  queries at `query_ratio`: 1 measures the cost of passage compression alone (the dual
+  encoder's default reads queries at the passages' C: --queries_compressed)."""
   config = dataclasses.replace(model.module.config, passage_compression_ratio=ratio,
-                               query_compression_ratio=1)
+                               query_compression_ratio=query_ratio)
   return type(model)(type(model.module)(config), model.input_vocabulary,
                      logit_scale=model.logit_scale, bidirectional=model.bidirectional)
 
@@ -226,19 +228,20 @@ def computed_pairs(opened: index.Index, num_queries: int, query_width: int,
   return query_rows * query_width * doc_slots
 
 
-def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries, args,
+def score(indexes: Dict[int, index.Index], rows: Dict[int, Row], queries: dict, args,
           repeated: Callable[[], None] = lambda: None) -> None:
-  """Times `Index.search` of all queries per ratio (first call apart, then the repeats);
-  `repeated()` after each repeat."""
-  vectors, valid = queries
-
+  """Times `Index.search` of all queries per ratio (first call apart, then the repeats),
+  `queries[ratio]` = (vectors, valid) as that row reads them; `repeated()` after each
+  repeat."""
   def search(ratio: int):
+    vectors, valid = queries[ratio]
     return indexes[ratio].search(vectors, valid, top_k=args.top_k,
                                  doc_batch_size=args.doc_batch_size,
                                  query_batch_size=args.query_batch_size,
                                  precision=args.precision)
 
   for ratio in args.ratios:
+    vectors, valid = queries[ratio]
     rows[ratio].scoring_first_s = _seconds(search, ratio)
     rows[ratio].valid_pairs = int(valid.sum()) * indexes[ratio].num_vectors
     rows[ratio].computed_pairs = computed_pairs(indexes[ratio], len(vectors),
@@ -263,15 +266,16 @@ def run(args) -> Tuple[List[Row], dict]:
   args.load_before = load_average()
   model, params, source = load_model(args)
   corpus = load_corpus(args, model.input_vocabulary)
-  query_vectors, query_valid = pipeline.encode_texts(
-      corpus.query_texts, model, params, "query", args.query_length, args.batch_size)
+  queries = {ratio: pipeline.encode_texts(  # (vectors, valid) as each row reads the queries
+      corpus.query_texts, with_passage_ratio(model, ratio, query_ratio(args, ratio)), params,
+      "query", args.query_length, args.batch_size) for ratio in args.ratios}
   query_lengths = [len(q) for q in pipeline.tokenize(corpus.query_texts,
                                                      model.input_vocabulary,
                                                      args.query_length)]
   _log(f"{corpus.name}: {len(corpus.doc_ids)} passages, {len(corpus.query_ids)} queries "
        f"({args.split}); ratios {args.ratios}")
   about = {"source": source, "model": model, "corpus": corpus, "query_lengths": query_lengths,
-           "query_width": int(query_vectors.shape[1])}
+           "query_width": int(queries[1][0].shape[1])}
   rows: Dict[int, Row] = {}
 
   def save() -> None:
@@ -288,7 +292,7 @@ def run(args) -> Tuple[List[Row], dict]:
            f"(build {row.build_s:.2f} s, compile {row.compile_s:.2f} s)")
       save()
     encode_again(encoders, rows, corpus, args, save)
-    score(indexes, rows, (query_vectors, query_valid), args, save)
+    score(indexes, rows, queries, args, save)
     del indexes  # the memory maps, before the directory goes
   args.load_after = load_average()
   return [rows[r] for r in args.ratios], about
@@ -308,8 +312,13 @@ def save_partial(args, rows: Sequence[Row], about: dict) -> None:
                               unit="steps", detail=detail)
 
 
+def query_ratio(args, ratio: int) -> int:
+  """The ratio the queries of row `ratio` are read at."""
+  return ratio if args.queries_compressed else 1
+
+
 # ----------------------------------------------------------------------------- report
-def _model_line(model) -> str:
+def _model_line(model, args) -> str:
   cfg = model.module.config
   enc = cfg.encoder
   return (f"T5.1.1 encoder: {enc.num_encoder_layers} layers, emb {enc.emb_dim}, "
@@ -317,7 +326,8 @@ def _model_line(model) -> str:
           f"{np.dtype(enc.dtype).name}; output d = {cfg.output_dim}"
           f"{' (projection)' if cfg.projection_dim else ''}, "
           f"{'L2-normalised' if cfg.normalize else 'not normalised'}, pooling {cfg.pooling}; "
-          f"queries at C = {cfg.query_compression_ratio}")
+          + ("queries at each row's C (--queries_compressed)" if args.queries_compressed
+             else "queries at C = 1"))
 
 
 def markdown(args, rows: Sequence[Row], about: dict) -> str:
@@ -328,13 +338,14 @@ def markdown(args, rows: Sequence[Row], about: dict) -> str:
   lines = benchmarking.header(
       "Compressed multi-vector retrieval: index bytes, encoding and scoring time vs the "
       "passage ratio C", args.command,
-      f"model: `--size {args.size}` ({_model_line(about['model'])}); weights: "
+      f"model: `--size {args.size}` ({_model_line(about['model'], args)}); weights: "
       f"{about['source']}.",
       f"corpus: {corpus.name} ({args.beir_folder or 'the built-in BEIR folder'}), "
       f"{len(corpus.doc_ids)} passages, {lengths.mean():.1f} tokens on average (EOS "
       f"included; {clipped} cut to --passage_length {args.passage_length}); "
       f"{len(corpus.query_ids)} {args.split} queries, {np.mean(q_lengths):.1f} tokens on "
-      f"average (--query_length {args.query_length}, padded width {about['query_width']}).",
+      f"average (--query_length {args.query_length}, padded width {about['query_width']} "
+      "at C = 1).",
       f"settings: batch {args.batch_size} passages (padded widths "
       f"{sorted({t.shape[1] for _, t in corpus.batches})}); index {args.index_dtype}; search "
       f"top {args.top_k}, doc chunks of {args.doc_batch_size}, query batches of "
@@ -379,6 +390,9 @@ def parse_args(argv=None):
   parser.add_argument("--query_length", type=int, default=32)
   parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8],
                       help="passage compression ratios; must include 1 (the reference)")
+  parser.add_argument("--queries_compressed", action="store_true",
+                      help="read the queries at each row's C too (the paper's protocol: "
+                      "MaxSim work 1/C²); default: at C = 1 (passage compression alone)")
   parser.add_argument("--batch_size", type=int, default=64, help="passages per encoder call")
   parser.add_argument("--index_dtype", choices=index.DTYPES, default="float16")
   parser.add_argument("--top_k", type=int, default=100)

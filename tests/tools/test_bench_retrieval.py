@@ -194,3 +194,22 @@ def test_results_are_rewritten_partial_after_each_build_and_repeat(result):
   scored = _table(snapshots[4][1], "Query scoring")
   for row in rows:  # one repeat: the median is the final row's first scoring time
     assert scored[row.ratio][1].startswith(f"{row.scoring_s[0]:.3f} ")
+
+
+def test_queries_read_at_each_rows_ratio_make_the_work_fall_as_c_squared(tmp_path, result):
+  """--queries_compressed: every row's queries have ceil(n / C) vectors, so the valid MaxSim
+  pairs are sum_q ceil(n_q / C) x sum_d ceil(n_d / C), re-derived from the token counts."""
+  _, _, doc_lengths, query_lengths, _ = result
+  _fixture(tmp_path / "beir")  # the same seeded passages and queries as the module's run
+  rows = bench.main(["--beir_folder", str(tmp_path / "beir"), "--size", "tiny",
+                     "--gin_bindings", "t5.T5Config.num_encoder_layers = 1",
+                     "--projection_dim", str(DIM), "--passage_length", str(PASSAGE_LENGTH),
+                     "--query_length", str(QUERY_LENGTH), "--ratios", "1", "4",
+                     "--batch_size", "16", "--doc_batch_size", str(DOC_CHUNK), "--repeats", "1",
+                     "--queries_compressed", "--out", str(tmp_path / "r.md")])
+  for row in rows:
+    queries = sum(math.ceil(n / row.ratio) for n in query_lengths)
+    docs = sum(math.ceil(n / row.ratio) for n in doc_lengths)
+    assert row.valid_pairs == queries * docs
+  assert rows[1].valid_pairs / rows[0].valid_pairs < 1 / 4  # under 1/C: the C² saving
+  assert "queries at each row's C (--queries_compressed)" in (tmp_path / "r.md").read_text()
