@@ -301,7 +301,7 @@ def report(a, rows, command: str) -> str:
       f"(1/5/15 min) {benchmarking.load_average()} when this file was written",
       f"each row: {' / '.join(f'`{display(i)}`' for i in a.inits)} (models/decal_tiny.gin + "
       "models/dual_encoder.gin; queries read at the passages' C unless the row says "
-      "otherwise) fine-tuned {a.steps} steps with in-batch softmax on the task's "
+      f"otherwise) fine-tuned {a.steps} steps with in-batch softmax on the task's "
       f"train qrels (batch {a.batch_size}, learning rate {a.learning_rate}, queries "
       f"{a.query_length} / passages {a.passage_length} tokens); held-out in-batch accuracy "
       f"on '{a.validation_split}' ({heldout_queries(rows)} queries in batches of "

@@ -357,3 +357,4 @@ def test_a_checkpoint_per_ratio_and_the_asymmetric_rows(monkeypatch, tmp_path):
   assert c4[2] == f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(2):.4f}"
   assert any(line.startswith("| multi-vector, C = 8, queries C = 1 |") for line in
              text.splitlines())
+  assert "otherwise) fine-tuned 3 steps with in-batch softmax" in text
