@@ -6,6 +6,7 @@ token states (DeCAL's compression) can blur it. Written as a BEIR folder for
   python -m tools.needle_set --out /work/needle_data      # -> /work/needle_data/beir/needle/
   DECAL_LOCAL_DATA_DIR=/work/needle_data python -m tools.retrieval_table \
     --init runs/decal_tiny --task decal_beir_needle --ratios 1 4 8 --passage_length 160 ...
+  python -m tools.needle_set --out /work/needle_data --diagnose RUN.trec ...  # what ranked first
 
 Needles are lowercase words of --syllables random syllables (consonant, vowel, maybe a
 consonant), each at least --min_pieces pieces long (redrawn otherwise), all distinct, none a
@@ -171,6 +172,34 @@ def vocabulary_identity(vocab) -> Dict[str, str]:
           "vocab_size": vocab.vocab_size, "corpus_fingerprint": corpus.corpus_fingerprint()}
 
 
+def twin_of(doc_id: str) -> str:
+  """The other passage of `doc_id`'s pair (p00012a <-> p00012b)."""
+  return doc_id[:-1] + {"a": "b", "b": "a"}[doc_id[-1]]
+
+
+def first_ranked(qrels: Dict[str, Dict[str, int]], run: Dict[str, Dict[str, float]]):
+  """Shares of the judged queries whose top-ranked passage is the relevant one, its twin,
+  another passage, or none (the query is absent from the run)."""
+  counts = dict.fromkeys(("relevant", "twin", "other", "none"), 0)
+  for query, judged in qrels.items():
+    (relevant,) = [d for d, grade in judged.items() if grade > 0]
+    scores = run.get(query)
+    top = max(scores, key=scores.get) if scores else None
+    kind = ("none" if top is None else "relevant" if top == relevant
+            else "twin" if top == twin_of(relevant) else "other")
+    counts[kind] += 1
+  return {k: v / len(qrels) for k, v in counts.items()}
+
+
+def diagnose(folder: pathlib.Path, runs: List[str], split: str = "test") -> None:
+  """Prints, per TREC run over the set's `split`, what its queries ranked first."""
+  from decal_jax.retrieval import ir_metrics
+  qrels = beir.load_beir(folder, split).qrels
+  for path in runs:
+    shares = first_ranked(qrels, ir_metrics.read_trec_run(path))
+    print(f"{path}: first ranked " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()))
+
+
 def main(argv=None) -> pathlib.Path:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,7 +212,18 @@ def main(argv=None) -> pathlib.Path:
   p.add_argument("--passage_tokens", type=int, default=96, help="filler pieces per passage")
   p.add_argument("--min_pieces", type=int, default=3, help="pieces per needle, at least")
   p.add_argument("--syllables", type=int, default=3, help="syllables per needle")
+  p.add_argument("--diagnose", nargs="+", metavar="RUN", default=None,
+                 help="instead of writing: for each TREC run over <out>/beir/<name>'s test "
+                 "queries, the share whose first passage is the relevant one, its twin, "
+                 "another")
   a = p.parse_args(argv)
+  if a.diagnose:
+    folder = pathlib.Path(a.out) / "beir" / a.name
+    if not (folder / META_FILE).exists():
+      p.error(f"--diagnose: {folder} holds no needle set; write it first (the same "
+              "command without --diagnose)")
+    diagnose(folder, a.diagnose)
+    return folder
   if a.train_pairs is None:
     a.train_pairs = a.pairs - a.test_pairs
   if not re.fullmatch(r"\w+", a.name):

@@ -155,3 +155,22 @@ def test_the_task_resolves_through_the_local_data_dir(folder, monkeypatch):
   a = argparse.Namespace(task="decal_beir_needle", eval_split="test", validation_split=None)
   retrieval_table.resolve_splits(a)
   assert (a.folder, a.validation_split) == (str(folder), "test")
+
+
+def test_what_ranked_first_is_counted_against_a_hand_made_run(folder, capsys):
+  """Three test queries: one ranks its own passage first, one its twin, one a passage of
+  another pair; the others are absent from the run (none)."""
+  from decal_jax.retrieval import ir_metrics
+  qrels = beir.load_beir(folder, "test").qrels
+  (q1, d1), (q2, d2), (q3, d3) = [(q, next(iter(j))) for q, j in sorted(qrels.items())[:3]]
+  other = next(d for d in beir.load_beir(folder, "test").corpus
+               if d[:-1] not in (d1[:-1], d2[:-1], d3[:-1]))
+  run = {q1: {d1: 3.0, ns.twin_of(d1): 2.0}, q2: {d2: 1.0, ns.twin_of(d2): 2.5},
+         q3: {d3: 0.5, other: 0.9}}
+  n = len(qrels)
+  assert ns.first_ranked(qrels, run) == {"relevant": 1 / n, "twin": 1 / n, "other": 1 / n,
+                                         "none": (n - 3) / n}
+  path = folder.parent.parent / "run.trec"
+  ir_metrics.write_trec_run(str(path), run, depth=10)
+  ns.main(["--out", str(folder.parent.parent), "--diagnose", str(path)])
+  assert f"first ranked relevant {1 / n:.3f}, twin {1 / n:.3f}" in capsys.readouterr().out
