@@ -266,9 +266,10 @@ def run(args) -> Tuple[List[Row], dict]:
   args.load_before = load_average()
   model, params, source = load_model(args)
   corpus = load_corpus(args, model.input_vocabulary)
-  queries = {ratio: pipeline.encode_texts(  # (vectors, valid) as each row reads the queries
-      corpus.query_texts, with_passage_ratio(model, ratio, query_ratio(args, ratio)), params,
-      "query", args.query_length, args.batch_size) for ratio in args.ratios}
+  encoded = {q: pipeline.encode_texts(  # (vectors, valid), once per query ratio
+      corpus.query_texts, with_passage_ratio(model, q, q), params, "query", args.query_length,
+      args.batch_size) for q in {query_ratio(args, ratio) for ratio in args.ratios}}
+  queries = {ratio: encoded[query_ratio(args, ratio)] for ratio in args.ratios}
   query_lengths = [len(q) for q in pipeline.tokenize(corpus.query_texts,
                                                      model.input_vocabulary,
                                                      args.query_length)]

@@ -153,9 +153,9 @@ def write_set(folder: pathlib.Path, passages, queries, qrels, meta) -> bool:
       folder.rmdir()
     elif folder.exists() or folder.is_symlink():
       existing = _tree(folder) if folder.is_dir() else {"": b"(not a folder)"}
-      if existing == _tree(staged):
-        return False
       new = _tree(staged)
+      if existing == new:
+        return False
       other = sorted(k for k in existing if existing[k] != new.get(k))
       raise FileExistsError(
           f"{folder} already exists and holds other content than this command writes "
