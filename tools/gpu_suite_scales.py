@@ -24,6 +24,15 @@ sys.meta_path.insert(0, _Refuse())
 """
 
 GOAL_MFU = 0.40  # T5.1.1-small DeCAL-4x on one H100
+# Dodo autoencoding on SmolLM2-135M at the GPU's size (issue 43, step 2): 256-token segments
+# (the paper's Fig. 4 spans about 100-500), the paper's ratios and both controls, 3 seeds,
+# 2,000 steps of 16 segments; the CPU run (docs/results/smollm2_autoencode_cpu.md) is 200
+# steps of 4 x 64 tokens
+SMOLLM2_AUTOENCODE = ["--ratios", "2", "5", "10", "20", "--selections", "nuggets", "random",
+                      "compressive", "--seeds", "0", "1", "2", "--length", "256", "--batch",
+                      "16", "--steps", "2000", "--warmup", "100", "--lr", "1e-3",
+                      "--eval-every", "200", "--eval-segments", "256", "--bleu-segments",
+                      "128", "--eval-batch", "64"]
 RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
 PROFILED_RATIO = 4
@@ -138,7 +147,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
       minutes=dict(xla_flags=3, train_probe=8, train=8, inference=6, nuggets=4, squid=5,
                    gpthf=5, retrieval=4, retrieval_scale=3, retrieval_1m=6, retention=12,
-                   ablation=40),
+                   smollm2_autoencode=60, ablation=40),
       tools=dict(
           xla_flags=["--batch", "32", "--length", "640", "--steps", "10"],
           inference=["--gpu"],
@@ -159,6 +168,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
                                      "2", "none", "--num_centroids", "1.0",
                                      "--sample_vectors", "1048576"],
           retention=["--content", "real", "--steps", str(RETENTION_STEPS)],
+          smollm2_autoencode=SMOLLM2_AUTOENCODE,
           ablation=["--budget", "gpu"]))
 
 
@@ -197,7 +207,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
       minutes=dict(xla_flags=2, train_probe=4, train=6, inference=3, nuggets=3, squid=3,
                    gpthf=3, retrieval=3, retrieval_scale=3, retrieval_1m=2, retention=4,
-                   ablation=5),
+                   smollm2_autoencode=4, ablation=5),
       tools=dict(
           xla_flags=["--batch", "2", "--length", "64", "--steps", "2"],
           inference=["--preset", "tiny", "--methods", "decal", "--decal_ratios", "1,4",
@@ -226,4 +236,8 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
                                      "--dim", "16", "--ratios", "4", "--bits", "2", "none"],
           retention=["--content", "real", "--methods", "decal", "--ratios", "4", "--seeds", "0",
                      "--dry_run"],
+          smollm2_autoencode=["--layers", "3", "--ratios", "4", "--selections", "nuggets",
+                              "--seeds", "0", "--steps", "2", "--batch", "2", "--length", "16",
+                              "--eval-every", "1", "--eval-segments", "4", "--bleu-segments",
+                              "2", "--eval-batch", "2"],
           ablation=["--budget", str(budget)]))

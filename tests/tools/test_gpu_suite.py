@@ -20,10 +20,12 @@ MARKDOWN = {"inference_throughput_gpu.md": "bench_inference",
             "gpthf_efficiency_gpu.md": "bench_gpthf", "retrieval_bench_gpu.md": "bench_retrieval",
             "retrieval_scale_gpu.md": "bench_retrieval_scale",
             "retrieval_scale_synthetic_gpu.md": "bench_retrieval_scale",
-            "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate"}
+            "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate",
+            "smollm2_autoencode_gpu.md": "smollm2_autoencode"}
 PLOTS = ("inference_throughput_gpu.png", "squid_latency_gpu.png", "gpthf_efficiency_gpu.png",
          "retrieval_bench_gpu.png",
-         "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png")
+         "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png",
+         "smollm2_autoencode_gpu.png")
 
 
 @pytest.fixture(scope="module")
@@ -325,6 +327,16 @@ def test_the_gpu_retrieval_scale_and_retention_arguments_parse():
   from tools import retention_table
   retention = retention_table.parse_args(scale.tools["retention"])
   assert (retention.content, retention.steps, retention.ratios) == ("real", 1200, [2, 4, 8])
+
+
+def test_the_gpu_smollm2_autoencoding_arguments_parse():
+  """The GPU's Dodo autoencoding run: the paper's ratios, both controls, 3 seeds, 256-token
+  segments, on the whole model (no --layers)."""
+  from tools import smollm2_autoencode
+  args = smollm2_autoencode.parse(gpu_suite.gpu_scale(None).tools["smollm2_autoencode"])
+  assert args.ratios == [2, 5, 10, 20] and args.seeds == [0, 1, 2]
+  assert set(args.selections) == {"nuggets", "random", "compressive"}
+  assert (args.length, args.batch, args.steps, args.layers) == (256, 16, 2000, None)
 
 
 def test_the_lease_times_decal_4x_first_and_fits_one_device_command():

