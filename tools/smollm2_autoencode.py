@@ -45,7 +45,7 @@ import numpy as np
 import optax
 
 from tools import benchmarking, results_files
-from tools.smollm2_lm import load_smollm2
+from tools.smollm2_lm import delimiter_ids, load_smollm2
 
 SELECTIONS = ("nuggets", "random", "compressive")
 SOURCES = ("c4", "wikitext2")
@@ -154,6 +154,51 @@ def reconstruct(model, params, held_out: np.ndarray, tokenizer, eos: int, batch:
   return text_metrics.bleu(references, predictions)["bleu"], equal / total, predictions[:2]
 
 
+def prior(config, imported, held_out: np.ndarray, eos: int, batch: int) -> Dict[str, float]:
+  """The control every compressed context must beat: the frozen base model reading nothing
+  (its <|endoftext|> start, id 0, then the segment), teacher-forced on the same targets
+  (the segment + EOS): NLL and token accuracy."""
+  from decal_jax.networks.decoder import Decoder
+  decoder = Decoder(dataclasses.replace(config, lora_rank=0))
+  logits_fn = jax.jit(lambda p, x: decoder.apply({"params": p}, x, enable_dropout=False))
+  nll, correct, count = 0.0, 0, 0
+  for i in range(0, len(held_out), batch):
+    data = batch_of(held_out[i:i + batch], eos)
+    logits = logits_fn(imported, data["decoder_input_tokens"])  # [b, n + 1, v]
+    targets = data["decoder_target_tokens"]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll -= float(jnp.take_along_axis(logp, targets[..., None], axis=-1).sum())
+    correct += int((jnp.argmax(logits, axis=-1) == targets).sum())
+    count += targets.size
+  return {"nll": nll / count, "accuracy": correct / count}
+
+
+def kept_summary(kept: np.ndarray, text: np.ndarray, delimiters, decode, top: int = 10
+                 ) -> Dict[str, object]:
+  """Which tokens a selection keeps (dodo.md §4.3, Fig. 5): `kept` the chosen token ids
+  (without the always-kept last token), `text` every token of the same segments. The share
+  of the `top` most kept token types, those types, and the share of clause delimiters among
+  kept tokens against their share of the text."""
+  types, counts = np.unique(kept, return_counts=True)
+  order = np.argsort(-counts, kind="stable")[:top]
+  is_delimiter = np.isin(kept, list(delimiters))
+  return {"kept": int(kept.size), "top_share": float(counts[order].sum() / kept.size),
+          "top_types": [decode([int(types[i])]) for i in order],
+          "delimiter_share": float(is_delimiter.mean()),
+          "delimiter_share_of_text": float(np.isin(text, list(delimiters)).mean())}
+
+
+def kept_tokens(model, params, held_out: np.ndarray) -> np.ndarray:
+  """The ids the scorer keeps in the held-out segments, the forced last token left out."""
+  from decal_jax.networks import dodo
+  nuggets = jax.jit(lambda p, x: model.module.apply({"params": p}, x, enable_dropout=False,
+                                                    method=dodo.Dodo.compress))(
+      params, jnp.asarray(held_out))
+  indices, valid = np.asarray(nuggets.indices), np.asarray(nuggets.valid)  # [m, k]
+  chosen = valid & (indices != held_out.shape[1] - 1)  # full-length rows: last = n - 1
+  return np.take_along_axis(held_out, indices, axis=1)[chosen]
+
+
 def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, selection: str,
               seed: int) -> dict:
   model = build(config, ratio, selection, args.lora_rank, eos)
@@ -192,9 +237,13 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
   bleu, exact, examples = reconstruct(model, params_of(trainable),
                                       held_out[:args.bleu_segments], tokenizer, eos,
                                       args.eval_batch)
+  kept = None
+  if selection != "compressive":
+    kept = kept_summary(kept_tokens(model, params_of(trainable), held_out), held_out,
+                        delimiter_ids(tokenizer), tokenizer.decode)
   return {"ratio": ratio, "selection": selection, "seed": seed, "steps": args.steps,
           "bleu": bleu, "greedy_accuracy": exact, "curve": curve, "examples": examples,
-          "seconds": round(time.time() - start, 1)}
+          "kept": kept, "seconds": round(time.time() - start, 1)}
 
 
 # ----------------------------------------------------------------------------- report
@@ -202,7 +251,7 @@ def _key(run) -> tuple:
   return run["ratio"], run["selection"], run["seed"]
 
 
-def markdown(args, runs: List[dict], config, data) -> str:
+def markdown(args, runs: List[dict], config, data, control: Dict[str, float]) -> str:
   groups: Dict[tuple, List[dict]] = {}
   for run in sorted(runs, key=_key):
     groups.setdefault((run["ratio"], run["selection"]), []).append(run)
@@ -226,10 +275,23 @@ def markdown(args, runs: List[dict], config, data) -> str:
            benchmarking.mean_se_text([x["curve"][-1]["nll"] for x in g], 3),
            benchmarking.mean_se_text([x["curve"][0]["nll"] for x in g], 3),
            f"{np.mean([x['seconds'] for x in g]) / 60:.1f}"] for (r, sel), g in groups.items()]
+  rows.append(["-", "none: the base model reading nothing", "-", "-", "-",
+               f"{control['accuracy']:.3f}", f"{control['nll']:.3f}", "-", "-"])
   lines += ["", "## Held-out reconstruction", "", *benchmarking.table(head, rows)]
   lines += ["", "## Paired by seed (the same training order and held-out set)", "",
             *benchmarking.table(["r", "comparison", "seeds", "BLEU difference",
                                  "NLL difference"], paired_rows(runs))]
+  kept = [x for x in sorted(runs, key=_key) if x.get("kept")]
+  if kept:
+    lines += ["", "## Which tokens the selection keeps (held-out segments, the forced last "
+              "token left out)", "", *benchmarking.table(
+                  ["r", "selection", "seed", "kept", "10 most kept types: share", "the types",
+                   "delimiters among kept", "delimiters in the text"],
+                  [[x["ratio"], x["selection"], x["seed"], x["kept"]["kept"],
+                    f"{x['kept']['top_share']:.2f}",
+                    " ".join(repr(t) for t in x["kept"]["top_types"]).replace("|", "/"),
+                    f"{x['kept']['delimiter_share']:.3f}",
+                    f"{x['kept']['delimiter_share_of_text']:.3f}"] for x in kept])]
   lines += ["", "## Per run", "", *benchmarking.table(
       ["r", "selection", "seed", "BLEU", "greedy acc", "NLL", "first reconstruction"],
       [[x["ratio"], x["selection"], x["seed"], f"{x['bleu']:.1f}",
@@ -258,7 +320,7 @@ def paired_rows(runs: List[dict]) -> List[list]:
   return out
 
 
-def plot(runs: List[dict], path: str) -> None:
+def plot(runs: List[dict], control: Dict[str, float], path: str) -> None:
   plt = results_files.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   colors = {}
@@ -269,6 +331,8 @@ def plot(runs: List[dict], path: str) -> None:
             color=color, alpha=0.8, label=label if run["seed"] == min(
                 x["seed"] for x in runs if x["ratio"] == run["ratio"]
                 and x["selection"] == run["selection"]) else None)
+  ax.axhline(control["nll"], color="gray", linestyle="--",
+             label="the base model reading nothing")
   ax.set_xlabel("training step")
   ax.set_ylabel("held-out NLL (nats / token)")
   ax.set_title("SmolLM2-135M + LoRA: rebuilding a segment from its compressed states")
@@ -321,11 +385,11 @@ def first_layers(config, imported, layers):
   return dataclasses.replace(config, num_layers=layers), {"stack": stack}
 
 
-def write(args, runs, config, data) -> None:
+def write(args, runs, config, data, control) -> None:
   """The results file (and its plot) from the runs so far."""
-  results_files.report(markdown(args, runs, config, data), args.out)
+  results_files.report(markdown(args, runs, config, data, control), args.out)
   if args.out and runs:
-    plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
+    plot(runs, control, str(pathlib.Path(args.out).with_suffix(".png")))
 
 
 def main(argv=None):
@@ -340,6 +404,8 @@ def main(argv=None):
   log = pathlib.Path(args.work) / (f"n{args.length}_steps{args.steps}"
                                    f"{f'_layers{args.layers}' if args.layers else ''}.jsonl")
   runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+  control = prior(config, imported, np.stack(data["validation"][:args.eval_segments]), eos,
+                  args.eval_batch)
   done = {_key(x) for x in runs}
   todo = [(r, sel, s) for s in args.seeds for r in args.ratios for sel in args.selections
           if (r, sel, s) not in done]
@@ -350,9 +416,9 @@ def main(argv=None):
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as f:
       f.write(json.dumps(run) + "\n")
-    write(args, runs, config, data)  # after each run: a stopped sweep leaves its table
+    write(args, runs, config, data, control)  # after each run: a stopped sweep leaves its table
   if args.table_only or not todo:
-    write(args, runs, config, data)
+    write(args, runs, config, data, control)
 
 
 if __name__ == "__main__":

@@ -157,3 +157,40 @@ def test_paired_rows_subtract_the_same_seed():
   # nuggets - random: BLEU 20 and 4 (mean 12, s.e. 8); NLL -0.5 and -0.1 (mean -0.3, s.e. 0.2)
   assert rows[0] == [10, "nuggets - random", 2, "12.0 ± 8.0", "-0.300 ± 0.200"]
   assert rows[1] == [10, "nuggets - compressive", 1, "30.0", "-1.000"]
+
+
+def test_kept_summary_counts_by_hand():
+  kept = np.array([5, 5, 5, 7, 7, 9])  # 5 x3, 7 x2, 9 x1; delimiter 7
+  text = np.array([5, 6, 7, 8, 9, 10, 7, 11, 12, 13])  # 2 delimiters in 10
+  got = ae.kept_summary(kept, text, delimiters=(7,), decode=lambda ids: f"t{ids[0]}", top=2)
+  assert got == {"kept": 6, "top_share": pytest.approx(5 / 6), "top_types": ["t5", "t7"],
+                 "delimiter_share": pytest.approx(2 / 6),
+                 "delimiter_share_of_text": pytest.approx(0.2)}
+
+
+def test_kept_tokens_are_the_selections_ids_without_the_last(imported):
+  model = ae.build(TINY, 4, "nuggets", lora_rank=4, eos=EOS)
+  trainable, frozen = ae.initial_params(model, imported, seed=5, length=12)
+  params = flax.traverse_util.unflatten_dict({**trainable, **frozen})
+  held_out = np.random.default_rng(6).integers(3, 40, (3, 12)).astype(np.int32)
+  scores = np.asarray(model.module.apply({"params": params}, jnp.asarray(held_out),
+                                         method=model.module.score))  # [3, 12]
+  want = []
+  for row, s in zip(held_out, scores):  # the last token forced, then the 2 best of the rest
+    best = sorted(np.argsort(-s[:-1], kind="stable")[:2])
+    want += [row[i] for i in best]
+  np.testing.assert_array_equal(ae.kept_tokens(model, params, held_out), want)
+
+
+def test_the_prior_is_the_base_model_reading_nothing(imported):
+  held_out = np.random.default_rng(8).integers(3, 40, (3, 10)).astype(np.int32)
+  got = ae.prior(TINY, imported, held_out, EOS, batch=2)
+  inputs = np.concatenate([np.zeros((3, 1), np.int32), held_out], axis=1)  # [3, 11]
+  targets = np.concatenate([held_out, np.full((3, 1), EOS, np.int32)], axis=1)
+  logits = np.asarray(Decoder(TINY).apply({"params": imported}, jnp.asarray(inputs)),
+                      np.float64)  # [3, 11, v]
+  top = logits.max(-1, keepdims=True)
+  logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  assert got["nll"] == pytest.approx(nll.mean(), rel=1e-5)
+  assert got["accuracy"] == pytest.approx((logits.argmax(-1) == targets).mean())
