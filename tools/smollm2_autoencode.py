@@ -385,6 +385,13 @@ def first_layers(config, imported, layers):
   return dataclasses.replace(config, num_layers=layers), {"stack": stack}
 
 
+def run_name(args) -> str:
+  """The --work file of one training setting: runs under other settings are never mixed."""
+  return (f"n{args.length}_steps{args.steps}_b{args.batch}_lr{args.lr:g}_w{args.warmup}"
+          f"_rank{args.lora_rank}_scorer{args.scorer_lr_scale:g}"
+          f"{f'_layers{args.layers}' if args.layers else ''}")
+
+
 def write(args, runs, config, data, control) -> None:
   """The results file (and its plot) from the runs so far."""
   results_files.report(markdown(args, runs, config, data, control), args.out)
@@ -401,8 +408,7 @@ def main(argv=None):
   if len(data["validation"]) < args.eval_segments:
     sys.exit(f"only {len(data['validation'])} held-out segments of {args.length} tokens; "
              "lower --eval-segments or --length")
-  log = pathlib.Path(args.work) / (f"n{args.length}_steps{args.steps}"
-                                   f"{f'_layers{args.layers}' if args.layers else ''}.jsonl")
+  log = pathlib.Path(args.work) / f"{run_name(args)}.jsonl"
   runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
   control = prior(config, imported, np.stack(data["validation"][:args.eval_segments]), eos,
                   args.eval_batch)

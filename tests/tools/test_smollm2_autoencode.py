@@ -194,3 +194,15 @@ def test_the_prior_is_the_base_model_reading_nothing(imported):
   nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
   assert got["nll"] == pytest.approx(nll.mean(), rel=1e-5)
   assert got["accuracy"] == pytest.approx((logits.argmax(-1) == targets).mean())
+
+
+def test_runs_of_other_settings_go_to_other_files():
+  base = ae.parse(["--steps", "200"])
+  names = {ae.run_name(ae.parse(argv)) for argv in (
+      ["--steps", "200"], ["--steps", "200", "--lr", "1e-3"], ["--steps", "200", "--batch", "8"],
+      ["--steps", "200", "--lora-rank", "4"], ["--steps", "200", "--layers", "3"],
+      ["--steps", "200", "--scorer-lr-scale", "0.1"], ["--steps", "200", "--warmup", "5"])}
+  assert len(names) == 7
+  assert ae.run_name(base) == "n64_steps200_b4_lr0.002_w20_rank8_scorer1"
+  assert ae.run_name(ae.parse(["--steps", "200", "--ratios", "2", "--seeds", "1"])) == \
+      ae.run_name(base)  # the grid is not part of the setting
