@@ -200,7 +200,7 @@ def kept_tokens(model, params, held_out: np.ndarray) -> np.ndarray:
 
 
 def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, selection: str,
-              seed: int) -> dict:
+              seed: int, delimiters=()) -> dict:
   model = build(config, ratio, selection, args.lora_rank, eos)
   trainable, frozen = initial_params(model, imported, seed, args.length)
   opt = optimizer(args, trainable, train_scorer=selection == "nuggets")
@@ -240,7 +240,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
   kept = None
   if selection != "compressive":
     kept = kept_summary(kept_tokens(model, params_of(trainable), held_out), held_out,
-                        delimiter_ids(tokenizer), tokenizer.decode)
+                        delimiters, tokenizer.decode)
   return {"ratio": ratio, "selection": selection, "seed": seed, "steps": args.steps,
           "bleu": bleu, "greedy_accuracy": exact, "curve": curve, "examples": examples,
           "kept": kept, "seconds": round(time.time() - start, 1)}
@@ -415,9 +415,10 @@ def main(argv=None):
   done = {_key(x) for x in runs}
   todo = [(r, sel, s) for s in args.seeds for r in args.ratios for sel in args.selections
           if (r, sel, s) not in done]
+  delimiters = delimiter_ids(tokenizer) if todo and not args.table_only else ()  # once
   for r, sel, s in ([] if args.table_only else todo):
     print(f"run r={r} {sel} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)
-    run = train_run(args, config, imported, tokenizer, data, eos, r, sel, s)
+    run = train_run(args, config, imported, tokenizer, data, eos, r, sel, s, delimiters)
     runs.append(run)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as f:
