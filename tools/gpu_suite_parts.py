@@ -262,19 +262,19 @@ def part_ablation(suite: Suite) -> str:
                     suite.out / "ablation_gpu.md", "variants")
 
 
-def part_smollm2_autoencode(suite: Suite) -> str:
-  """smollm2_autoencode.py (Dodo autoencoding on SmolLM2-135M) for the part's time left
-  (minus the grace): it keeps each finished run in --work and rewrites its table after each,
-  so a stopped part leaves the runs done and the same command continues."""
-  suite.part_deadline -= suite.scale.grace_s
-  out = suite.out / "smollm2_autoencode_gpu.md"
-  code, stopped = suite.call(["-m", "tools.smollm2_autoencode",
-                              *suite.scale.tools["smollm2_autoencode"],
-                              "--work", str(suite.work / "smollm2_autoencode"),
-                              "--out", str(out)], check=False)
-  if code and not stopped:
-    raise PartFailed(f"tools.smollm2_autoencode exited with {code}; see the log")
-  return "stopped at the time limit: the same command continues" if stopped else ""
+def _smollm2_part(tool: str) -> Callable[["Suite"], str]:
+  """tools/<tool>.py (a SmolLM2-135M experiment of issue 43) for the part's time left (minus
+  the grace): it keeps each finished run in --work and rewrites its table after each, so a
+  stopped part leaves the runs done and the same command continues."""
+  def run(suite: Suite) -> str:
+    suite.part_deadline -= suite.scale.grace_s
+    code, stopped = suite.call(["-m", f"tools.{tool}", *suite.scale.tools[tool],
+                                "--work", str(suite.work / tool),
+                                "--out", str(suite.out / f"{tool}_gpu.md")], check=False)
+    if code and not stopped:
+      raise PartFailed(f"tools.{tool} exited with {code}; see the log")
+    return "stopped at the time limit: the same command continues" if stopped else ""
+  return run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,7 +323,9 @@ PARTS = [
          ("retrieval_scale_synthetic_gpu.md",), device_image=True),
     Part("retention", part_retention, ("retention_gpu.md", "retention_gpu.json"),
          needs_data=("text",)),
-    Part("smollm2_autoencode", part_smollm2_autoencode,
+    Part("smollm2_autoencode", _smollm2_part("smollm2_autoencode"),
          ("smollm2_autoencode_gpu.md", "smollm2_autoencode_gpu.png"), needs_data=("text",)),
+    Part("smollm2_lm_train", _smollm2_part("smollm2_lm_train"),
+         ("smollm2_lm_train_gpu.md", "smollm2_lm_train_gpu.png"), needs_data=("text",)),
     Part("ablation", part_ablation, ("ablation_gpu.md", "ablation_gpu_runs.json")),
 ]

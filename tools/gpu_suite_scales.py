@@ -33,6 +33,15 @@ SMOLLM2_AUTOENCODE = ["--ratios", "2", "5", "10", "20", "--selections", "nuggets
                       "16", "--steps", "2000", "--warmup", "100", "--lr", "1e-3",
                       "--eval-every", "200", "--eval-segments", "256", "--bleu-segments",
                       "128", "--eval-batch", "64"]
+# Dodo as a language model on SmolLM2-135M at the GPU's size (issue 43, step 3): the paper's
+# ratios at τ = 32 (737-token sequences: the shared data holds 11 held-out ones), both
+# controls at equal cache and the full-context ceiling, 3 seeds, 1,000 steps of 8 sequences;
+# the CPU run (docs/results/smollm2_lm_trained_cpu.md) is r = 10, 120 steps of 1 x 417 tokens
+SMOLLM2_LM_TRAIN = ["--settings", "full", "window-64", "nuggets-5", "nuggets-10", "nuggets-20",
+                    "random-10", "compressive-5", "compressive-10", "compressive-20", "--seeds",
+                    "0", "1", "2", "--window", "32", "--batch", "8", "--steps", "1000",
+                    "--warmup", "50", "--lr", "1e-3", "--eval-every", "100",
+                    "--eval-documents", "11", "--eval-batch", "11"]
 RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
 PROFILED_RATIO = 4
@@ -147,7 +156,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
       minutes=dict(xla_flags=3, train_probe=8, train=8, inference=6, nuggets=4, squid=5,
                    gpthf=5, retrieval=4, retrieval_scale=3, retrieval_1m=6, retention=12,
-                   smollm2_autoencode=60, ablation=40),
+                   smollm2_autoencode=60, smollm2_lm_train=60, ablation=40),
       tools=dict(
           xla_flags=["--batch", "32", "--length", "640", "--steps", "10"],
           inference=["--gpu"],
@@ -169,6 +178,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
                                      "--sample_vectors", "1048576"],
           retention=["--content", "real", "--steps", str(RETENTION_STEPS)],
           smollm2_autoencode=SMOLLM2_AUTOENCODE,
+          smollm2_lm_train=SMOLLM2_LM_TRAIN,
           ablation=["--budget", "gpu"]))
 
 
@@ -207,7 +217,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
       minutes=dict(xla_flags=2, train_probe=4, train=6, inference=3, nuggets=3, squid=3,
                    gpthf=3, retrieval=3, retrieval_scale=3, retrieval_1m=2, retention=4,
-                   smollm2_autoencode=4, ablation=5),
+                   smollm2_autoencode=4, smollm2_lm_train=4, ablation=5),
       tools=dict(
           xla_flags=["--batch", "2", "--length", "64", "--steps", "2"],
           inference=["--preset", "tiny", "--methods", "decal", "--decal_ratios", "1,4",
@@ -240,4 +250,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
                               "--seeds", "0", "--steps", "2", "--batch", "2", "--length", "16",
                               "--eval-every", "1", "--eval-segments", "4", "--bleu-segments",
                               "2", "--eval-batch", "2"],
+          smollm2_lm_train=["--layers", "3", "--settings", "window-8", "nuggets-3", "--window",
+                            "4", "--continuation", "8", "--seeds", "0", "--steps", "2",
+                            "--eval-every", "1", "--eval-documents", "3", "--eval-batch", "3"],
           ablation=["--budget", str(budget)]))

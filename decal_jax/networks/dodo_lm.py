@@ -25,6 +25,11 @@ parallel pass with a structured mask.
   distant text is the mean of each finished r-token segment's states, at every layer.
 * `selection='window'`: no distant text at all, only the recent window (the paper's FULL
   model with its context cut to the same number of states).
+* `sink` k > 0: every token also reads the text's first k tokens in full, at every layer
+  (StreamingLLM's attention sink: a model pretrained with full attention parks attention on
+  them, and a sliding window that drops them degrades it). They are never nuggets, so no
+  state is read twice; the scorer reads them too. Not in the paper, whose model is trained
+  with the window from the start.
 
 Cached decoding keeps, per layer, a ring of the last τ + c - 1 tokens' keys/values plus the
 nuggets' (or the pooled segments'), not the whole history: its size is fixed by τ, the
@@ -63,6 +68,7 @@ class DodoLMConfig:
   threshold: Optional[float] = None  # Λ; None: the causal prefix-rank rule
   selection: str = "nuggets"        # or 'compressive', 'window' (recent text only)
   nugget_capacity: Optional[int] = None  # cached nugget slots; None: 2 * max_length / r
+  sink: int = 0                     # first tokens every token reads in full (0: none)
 
   @property
   def max_length(self) -> int:
@@ -76,6 +82,8 @@ class DodoLMConfig:
     if self.chunk < 1 or self.window < 1:
       raise ValueError(f"Need chunk (c = {self.chunk}) >= 1 and window (τ = {self.window}) "
                        ">= 1.")
+    if self.sink < 0:
+      raise ValueError(f"sink must be >= 0 tokens, got {self.sink}.")
     if self.history is not None and self.history < 0:
       raise ValueError(f"history (H) must be >= 0 tokens or None, got {self.history}.")
     if self.window >= self.decoder.max_length:
@@ -146,6 +154,8 @@ class DodoLM(DecoderOnlyNetwork):
     self.scorer_rings = [RingCache(cfg.ring_slots, *shape) for _ in range(cfg.scorer_layer)]
     self.rings = [RingCache(cfg.ring_slots, *shape) for _ in range(layers)]
     self.nugget_caches, self.segment_caches = [], []
+    sinks = cfg.scorer_layer + layers if cfg.sink else 0
+    self.sink_caches = [AppendCache(cfg.sink, *shape) for _ in range(sinks)]  # scorer, then all
     if cfg.selection == "nuggets":
       self.nugget_caches = [AppendCache(cfg.capacity, *shape) for _ in range(layers)]
     elif cfg.selection == "compressive":
@@ -167,13 +177,17 @@ class DodoLM(DecoderOnlyNetwork):
     return self.scorer(jax.lax.stop_gradient(x))
 
   def _window_mask(self, n: int) -> Array:
+    """`[n (query), n]`: [p(t), t] and the first `sink` tokens up to t."""
     t = jnp.arange(n)
     split = split_points(t, self.config)
-    return (t[None, :] >= split[:, None]) & (t[None, :] <= t[:, None])  # [n (query), n]
+    recent = (t[None, :] >= split[:, None]) | (t[None, :] < self.config.sink)
+    return recent & (t[None, :] <= t[:, None])
 
   def select(self, scores: Array, real: Array) -> Array:
     """`[batch, n]` bool nuggets: score > Λ (Eq. 8), or while Λ is None the prefix-rank
-    rule; either way token i's choice reads only s_0 .. s_i of its own row."""
+    rule; either way token i's choice reads only s_0 .. s_i of its own row. The sink tokens
+    are read in full, never as nuggets."""
+    real = real & (jnp.arange(real.shape[1]) >= self.config.sink)[None]  # [b, n]
     if self.config.threshold is not None:
       return nug.select_threshold(scores, real, self.config.threshold)
     return nug.select_prefix_rank(scores, real, self.config.compression_ratio)
@@ -257,7 +271,7 @@ class DodoLM(DecoderOnlyNetwork):
     """Declares every cache variable (sizes come from the config)."""
     self.step_counter(batch, advance=0)
     for cache in (list(self.scorer_rings) + list(self.rings) + list(self.nugget_caches) +
-                  list(self.segment_caches)):
+                  list(self.segment_caches) + list(self.sink_caches)):
       cache(batch)
 
   def _step(self, tokens):
@@ -272,11 +286,23 @@ class DodoLM(DecoderOnlyNetwork):
     x = self.stack.embed(tokens)
     no_bias = jnp.zeros((batch, 1, 1, 1), cfg.decoder.dtype)
 
-    def ring_hook(ring):
+    def recent(ring, sink, keys, values):
+      """The ring's keys / values, then the sink's not yet in the ring; validity [b, slots]."""
+      k, v, valid = ring(batch, keys, values, position, split)
+      if sink is None:
+        return k, v, valid
+      sk, sv, sink_valid = sink(batch, keys, values, position, split, position[:, 0] < cfg.sink)
+      return (jnp.concatenate([sk, k], 1), jnp.concatenate([sv, v], 1),
+              jnp.concatenate([sink_valid, valid], 1))
+
+    def ring_hook(ring, sink=None):
       def hook(keys, values, bias):
-        k, v, valid = ring(batch, keys, values, position, split)
+        k, v, valid = recent(ring, sink, keys, values)
         return k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32))
       return hook
+
+    sinks = self.sink_caches or [None] * (cfg.scorer_layer + cfg.decoder.num_layers)
+    scorer_sinks, sinks = sinks[:cfg.scorer_layer], sinks[cfg.scorer_layer:]
 
     if cfg.selection != "nuggets":
       adapter = "decode" if self._lora() else None
@@ -286,19 +312,19 @@ class DodoLM(DecoderOnlyNetwork):
         k, v, valid = self.segment_caches[index](batch, h, position, split, to_kv, start)
         return MemoryKV(k, v, attn.mask_to_bias(valid[:, None, None, :].astype(jnp.float32)))
       x = self.stack(x, offsets, no_bias, memory if cfg.selection == "compressive" else None,
-                     adapter, kv_hooks=[ring_hook(r) for r in self.rings])
+                     adapter, kv_hooks=[ring_hook(r, s) for r, s in zip(self.rings, sinks)])
       return self.stack.logits(x)
 
     if cfg.threshold is None:
       raise ValueError("Cached decoding selects nuggets with a fixed threshold: set "
                        "DodoLMConfig.threshold (decal_jax/commands/calibrate_nuggets.py computes it).")
     h = self.stack(x, offsets, no_bias, upto=cfg.scorer_layer,
-                   kv_hooks=[ring_hook(r) for r in self.scorer_rings])
-    is_nugget = self.scorer(h)[:, 0] > cfg.threshold  # [b]
+                   kv_hooks=[ring_hook(r, s) for r, s in zip(self.scorer_rings, scorer_sinks)])
+    is_nugget = (self.scorer(h)[:, 0] > cfg.threshold) & (position[:, 0] >= cfg.sink)  # [b]
 
     def nugget_hook(index):
       def hook(keys, values, bias):
-        rk, rv, ring_valid = self.rings[index](batch, keys, values, position, split)
+        rk, rv, ring_valid = recent(self.rings[index], sinks[index], keys, values)
         nk, nv, nugget_valid = self.nugget_caches[index](batch, keys, values, position, split,
                                                          is_nugget, start)
         valid = jnp.concatenate([nugget_valid, ring_valid], axis=1)  # [b, capacity + ring]

