@@ -327,5 +327,7 @@ PARTS = [
          ("smollm2_autoencode_gpu.md", "smollm2_autoencode_gpu.png"), needs_data=("text",)),
     Part("smollm2_lm_train", _smollm2_part("smollm2_lm_train"),
          ("smollm2_lm_train_gpu.md", "smollm2_lm_train_gpu.png"), needs_data=("text",)),
+    Part("smollm2_squid", _smollm2_part("smollm2_squid"),
+         ("smollm2_squid_gpu.md", "smollm2_squid_gpu.png"), needs_data=("text", "squad")),
     Part("ablation", part_ablation, ("ablation_gpu.md", "ablation_gpu_runs.json")),
 ]

@@ -42,6 +42,16 @@ SMOLLM2_LM_TRAIN = ["--settings", "full", "window-64", "nuggets-5", "nuggets-10"
                     "0", "1", "2", "--window", "32", "--batch", "8", "--steps", "1000",
                     "--warmup", "50", "--lr", "1e-3", "--eval-every", "100",
                     "--eval-documents", "11", "--eval-batch", "11"]
+# Squid on SmolLM2-135M at the GPU's size (issue 43, step 4): 256-token contexts (the paper's
+# test contexts are under 512 words), ρ = 4 / 8 / 16 against segment means, the full-context
+# ceiling and the prior, the three stages with the large decoder trained in stages 2-3 (the
+# library's recipe), 3 seeds, batches of 16, latency at 512 tokens; the CPU run
+# (docs/results/smollm2_squid_cpu.md) is ρ = 4, 80 + 40 steps of 4 x 64 tokens, no QA
+SMOLLM2_SQUID = ["--ratios", "4", "8", "16", "--seeds", "0", "1", "2", "--length", "256",
+                 "--continue-length", "128", "--steps", "800", "--continue-steps", "400",
+                 "--qa-steps", "1000", "--large", "trains", "--batch", "16", "--warmup", "100",
+                 "--lr", "1e-3", "--eval-every", "100", "--eval-segments", "256",
+                 "--bleu-segments", "128", "--eval-batch", "64", "--latency-length", "512"]
 RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
 PROFILED_RATIO = 4
@@ -156,7 +166,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
       profile_steps=3, option_sets=tuple(OPTION_SETS), probe_minutes=2.5, grace_s=90,
       minutes=dict(xla_flags=3, train_probe=8, train=8, inference=6, nuggets=4, squid=5,
                    gpthf=5, retrieval=4, retrieval_scale=3, retrieval_1m=6, retention=12,
-                   smollm2_autoencode=60, smollm2_lm_train=60, ablation=40),
+                   smollm2_autoencode=60, smollm2_lm_train=60, smollm2_squid=120, ablation=40),
       tools=dict(
           xla_flags=["--batch", "32", "--length", "640", "--steps", "10"],
           inference=["--gpu"],
@@ -179,6 +189,7 @@ def gpu_scale(beir_folder: Optional[str]) -> Scale:
           retention=["--content", "real", "--steps", str(RETENTION_STEPS)],
           smollm2_autoencode=SMOLLM2_AUTOENCODE,
           smollm2_lm_train=SMOLLM2_LM_TRAIN,
+          smollm2_squid=SMOLLM2_SQUID,
           ablation=["--budget", "gpu"]))
 
 
@@ -217,7 +228,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
       option_sets=tuple(k for k, v in OPTION_SETS.items() if CUDNN not in v)[:2],
       minutes=dict(xla_flags=2, train_probe=4, train=6, inference=3, nuggets=3, squid=3,
                    gpthf=3, retrieval=3, retrieval_scale=3, retrieval_1m=2, retention=4,
-                   smollm2_autoencode=4, smollm2_lm_train=4, ablation=5),
+                   smollm2_autoencode=4, smollm2_lm_train=4, smollm2_squid=5, ablation=5),
       tools=dict(
           xla_flags=["--batch", "2", "--length", "64", "--steps", "2"],
           inference=["--preset", "tiny", "--methods", "decal", "--decal_ratios", "1,4",
@@ -253,4 +264,12 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
           smollm2_lm_train=["--layers", "3", "--settings", "window-8", "nuggets-3", "--window",
                             "4", "--continuation", "8", "--seeds", "0", "--steps", "2",
                             "--eval-every", "1", "--eval-documents", "3", "--eval-batch", "3"],
+          smollm2_squid=["--layers", "2", "--ratios", "4", "--memories", "tokens", "none",
+                         "--seeds", "0", "--steps", "2", "--continue-steps", "1", "--qa-steps",
+                         "1", "--large", "trains", "--batch", "2", "--length", "16",
+                         "--continue-length", "8", "--qa-length", "160", "--qa-query-length",
+                         "40", "--qa-answer-length", "8", "--eval-every", "1",
+                         "--eval-segments", "4", "--bleu-segments", "2", "--eval-batch", "2",
+                         "--latency-length", "16", "--latency-query", "4",
+                         "--latency-answer", "3"],
           ablation=["--budget", str(budget)]))

@@ -60,7 +60,7 @@ def segments(tokenizer, length: int, data_dir=None) -> Dict[str, List[np.ndarray
   folder = pathlib.Path(data_dir) if data_dir else real_text.data_dir()
   train, held_out = [], []
   for source in SOURCES:
-    for text in real_text.READERS[source](real_text._path(source, folder)):
+    for text in real_text.READERS[source](real_text.source_path(source, folder)):
       ids = np.asarray(tokenizer.encode(text).ids, np.int32)
       pieces = [ids[i:i + length] for i in range(0, len(ids) - length + 1, length)]
       if real_text.split_of(text) == "train":
@@ -110,39 +110,55 @@ def initial_params(model, imported, seed: int, length: int):
 
 
 def optimizer(args, trainable, train_scorer: bool):
-  """Adam as the paper's (b2 0.95, eps 1e-5, no weight decay), warm-up then cosine to a
-  tenth; the scorer's updates x --scorer-lr-scale, or none (the frozen random control)."""
-  warmup = min(args.warmup, args.steps // 2)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, 1 + warmup),
-                                                args.lr / 10)
-  adam = optax.adam(schedule, b1=0.9, b2=0.95, eps=1e-5)
+  """Adam as the paper's (`scaled_adam`); the scorer's updates x --scorer-lr-scale, or none
+  (the frozen random control)."""
   scale = args.scorer_lr_scale if train_scorer else 0.0
-  labels = {k: "scorer" if k[0] == "scorer" else "rest" for k in trainable}
-  return optax.chain(optax.clip_by_global_norm(1.0),  # one norm over every trained leaf
-                     optax.multi_transform({"rest": adam,
-                                            "scorer": optax.chain(adam, optax.scale(scale))},
-                                           labels))
+  return scaled_adam(args.lr, args.warmup, args.steps, trainable,
+                     lambda k: scale if k[0] == "scorer" else 1.0)
+
+
+def scaled_adam(lr: float, warmup: int, steps: int, trainable, scale_of):
+  """Adam as the paper's (b2 0.95, eps 1e-5, no weight decay), warm-up then cosine to a
+  tenth, one gradient-norm clip over every trained leaf; each leaf's updates x
+  `scale_of(its flat key)` (0: it never moves)."""
+  warmup = min(warmup, steps // 2)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, 1 + warmup), lr / 10)
+  adam = optax.adam(schedule, b1=0.9, b2=0.95, eps=1e-5)
+  labels = {k: float(scale_of(k)) for k in trainable}
+  transforms = {s: adam if s == 1.0 else optax.chain(adam, optax.scale(s))
+                for s in set(labels.values())}
+  return optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.multi_transform(transforms, labels))
 
 
 # ----------------------------------------------------------------------------- one run
 def evaluate(eval_fn, params, held_out: np.ndarray, eos: int, batch: int) -> Dict[str, float]:
   """Teacher-forced NLL (nats per target token) and token accuracy on the held-out set;
   `eval_fn` is the jitted (params, batch) -> the model's (loss, aux sums)."""
+  return evaluate_batches(eval_fn, params, (batch_of(held_out[i:i + batch], eos)
+                                            for i in range(0, len(held_out), batch)))
+
+
+def evaluate_batches(eval_fn, params, batches) -> Dict[str, float]:
+  """NLL per target token and token accuracy, the aux sums of `eval_fn` over `batches`."""
   sums = np.zeros(3)
-  for i in range(0, len(held_out), batch):
-    _, aux = eval_fn(params, batch_of(held_out[i:i + batch], eos))
+  for data in batches:
+    _, aux = eval_fn(params, data)
     sums += [float(aux["cross_ent_sum"]), float(aux["correct_tokens"]),
              float(aux["target_tokens"])]
   return {"nll": sums[0] / sums[2], "accuracy": sums[1] / sums[2]}
 
 
-def reconstruct(model, params, held_out: np.ndarray, tokenizer, eos: int, batch: int):
-  """(corpus BLEU x 100, share of positions equal to the original) of greedy decoding."""
+def reconstruct(model, params, held_out: np.ndarray, tokenizer, eos: int, batch: int,
+                make=None):
+  """(corpus BLEU x 100, share of positions equal to the original) of greedy decoding;
+  `make` (default `batch_of`) turns contexts `[b, n]` into the model's batch."""
   from tasks import text_metrics
+  make = make or (lambda contexts: batch_of(contexts, eos))
   predict = jax.jit(lambda p, b: model.predict_batch(p, b, topk=1))
   predictions, references, equal, total = [], [], 0, 0
   for i in range(0, len(held_out), batch):
-    data = batch_of(held_out[i:i + batch], eos)
+    data = make(held_out[i:i + batch])
     out = np.asarray(predict(params, data))  # [b, n + 1]
     want = np.asarray(data["decoder_target_tokens"])
     equal += int((out == want).sum())

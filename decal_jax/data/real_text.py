@@ -46,7 +46,8 @@ def data_dir() -> pathlib.Path:
   return pathlib.Path(settings.get("DECAL_DATA_DIR"))
 
 
-def _path(source: str, folder: pathlib.Path) -> pathlib.Path:
+def source_path(source: str, folder: pathlib.Path) -> pathlib.Path:
+  """The file of `source` (a FILES key) under `folder`; a clear error if it is absent."""
   path = folder / FILES[source]
   if not path.exists():
     raise FileNotFoundError(
@@ -91,7 +92,7 @@ def _documents(folder: str) -> Dict[str, List[str]]:
   out: Dict[str, List[str]] = {split: [] for split in SPLITS}
   seen = set()
   for source, read in READERS.items():
-    for document in read(_path(source, pathlib.Path(folder))):
+    for document in read(source_path(source, pathlib.Path(folder))):
       if document not in seen:
         seen.add(document)
         out[split_of(document)].append(document)

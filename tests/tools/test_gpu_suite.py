@@ -22,11 +22,12 @@ MARKDOWN = {"inference_throughput_gpu.md": "bench_inference",
             "retrieval_scale_synthetic_gpu.md": "bench_retrieval_scale",
             "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate",
             "smollm2_autoencode_gpu.md": "smollm2_autoencode",
-            "smollm2_lm_train_gpu.md": "smollm2_lm_train"}
+            "smollm2_lm_train_gpu.md": "smollm2_lm_train",
+            "smollm2_squid_gpu.md": "smollm2_squid"}
 PLOTS = ("inference_throughput_gpu.png", "squid_latency_gpu.png", "gpthf_efficiency_gpu.png",
          "retrieval_bench_gpu.png",
          "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png",
-         "smollm2_autoencode_gpu.png", "smollm2_lm_train_gpu.png")
+         "smollm2_autoencode_gpu.png", "smollm2_lm_train_gpu.png", "smollm2_squid_gpu.png")
 
 
 @pytest.fixture(scope="module")
@@ -349,6 +350,18 @@ def test_the_gpu_smollm2_language_model_arguments_parse():
           "compressive-10"} <= set(args.settings)
   assert args.seeds == [0, 1, 2] and args.layers is None
   assert (args.window, args.length, args.batch, args.steps) == (32, 32 * 21 + 64 + 1, 8, 1000)
+
+
+def test_the_gpu_smollm2_squid_arguments_parse():
+  """The GPU's Squid run: ρ = 4 / 8 / 16, the memory tokens against segment means, the
+  full-context ceiling and the prior, 3 seeds, the three stages with the large decoder
+  trained after stage 1, 256-token contexts, on the whole model (no --layers)."""
+  from tools import smollm2_squid
+  args = smollm2_squid.parse(gpu_suite.gpu_scale(None).tools["smollm2_squid"])
+  assert args.ratios == [4, 8, 16] and args.seeds == [0, 1, 2] and args.layers is None
+  assert set(args.memories) == {"tokens", "means", "full", "none"}
+  assert [s for s, _ in smollm2_squid.active_stages(args)] == ["restore", "continue", "qa"]
+  assert (args.length, args.batch, args.large) == (256, 16, "trains")
 
 
 def test_the_lease_times_decal_4x_first_and_fits_one_device_command():
