@@ -264,7 +264,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
           smollm2_lm_train=["--layers", "3", "--settings", "window-8", "nuggets-3", "--window",
                             "4", "--continuation", "8", "--seeds", "0", "--steps", "2",
                             "--eval-every", "1", "--eval-documents", "3", "--eval-batch", "3"],
-          smollm2_squid=["--layers", "2", "--ratios", "4", "--memories", "tokens", "none",
+          smollm2_squid=["--layers", "2", "--ratios", "4", "--memories", "tokens",
                          "--seeds", "0", "--steps", "2", "--continue-steps", "1", "--qa-steps",
                          "1", "--large", "trains", "--batch", "2", "--length", "16",
                          "--continue-length", "8", "--qa-length", "160", "--qa-query-length",
