@@ -30,8 +30,15 @@ PLOTS = ("inference_throughput_gpu.png", "squid_latency_gpu.png", "gpthf_efficie
          "smollm2_autoencode_gpu.png", "smollm2_lm_train_gpu.png", "smollm2_squid_gpu.png")
 
 
+# The parts that read ../shared/data run in a dry run of their own (`data_result`), which a
+# bare clone skips; CI reruns only it beside ../shared, not the other parts a second time.
+DATA_PARTS = [part.name for part in gpu_suite.PARTS if part.needs_data]
+OTHER_PARTS = [part.name for part in gpu_suite.PARTS if not part.needs_data]
+
+
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
+  """The dry run of every part that reads no shared data, FAILED_PART forced to fail."""
   out = tmp_path_factory.mktemp("gpu_suite")
   parts = []
   for part in gpu_suite.PARTS:
@@ -44,17 +51,23 @@ def result(tmp_path_factory):
     parts.append(part)
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(gpu_suite, "PARTS", parts)
-    summary = gpu_suite.main(["--dry_run", "--out_dir", str(out)])
+    summary = gpu_suite.main(["--dry_run", "--out_dir", str(out), "--parts",
+                              ",".join(OTHER_PARTS)])
   return summary, out
 
 
-def _without_data(summary):
-  """The parts skipped because the shared data they read is absent (a bare clone); only
-  parts that declare the data they need may be."""
-  skipped = {name for name, row in summary["parts"].items() if row["status"] == "skipped"}
-  needs = {part.name for part in gpu_suite.PARTS if part.needs_data}
-  assert skipped <= needs, skipped - needs
-  return skipped
+@pytest.fixture(scope="module")
+def data_result(tmp_path_factory):
+  """The dry run of the parts that read the shared data (skipped where it is absent)."""
+  folder = gpu_suite.data_dir()
+  missing = sorted({need for part in gpu_suite.PARTS for need in part.needs_data
+                    if not (folder / need).exists()})
+  if missing:
+    pytest.skip(f"{', '.join(missing)} absent from the shared data folder {folder} (set "
+                "DECAL_DATA_DIR to it, default ../shared/data)")
+  out = tmp_path_factory.mktemp("gpu_suite_data")
+  return gpu_suite.main(["--dry_run", "--out_dir", str(out), "--parts",
+                         ",".join(DATA_PARTS)]), out
 
 
 def _rows(path):
@@ -64,17 +77,13 @@ def _rows(path):
 def test_every_part_ran_and_the_forced_failure_is_recorded(result):
   summary, out = result
   parts = summary["parts"]
-  assert list(parts) == [part.name for part in gpu_suite.PARTS]
-  skipped = _without_data(summary)
+  assert list(parts) == OTHER_PARTS and set(DATA_PARTS) >= {"retention", "smollm2_squid"}
   for name, row in parts.items():
     assert row["device"].startswith("cpu (cpu; jax"), row
-    if name not in skipped:  # a part skipped for want of data ran nothing
-      assert row["commands"] and row["wall_s"] > 0
+    assert row["commands"] and row["wall_s"] > 0
     if name == FAILED_PART:
       assert row["status"] == "failed" and "exited with 3" in row["note"]
       assert any("sys.exit(3)" in line for line in row["log_tail"])
-    elif name in _without_data(summary):  # a bare clone: no ../shared/data beside it
-      assert row["note"].startswith("no data at ") and "DECAL_DATA_DIR" in row["note"], row
     else:
       assert row["status"] == "ok", (name, row.get("note"), row.get("log_tail"))
   text = (out / "gpu_suite_summary.md").read_text()
@@ -178,39 +187,55 @@ def test_decal_4x_is_profiled_in_a_run_of_its_own_and_the_summary_shows_it(resul
   assert "| GB moved per step (HLO) |" in text
 
 
-def test_each_benchmark_wrote_its_results_with_command_and_device(result):
-  summary, out = result
-  absent = {stem + ext for part in gpu_suite.PARTS if part.name in _without_data(summary)
-            for stem in (o.rsplit(".", 1)[0] for o in part.outputs) for ext in (".md", ".png")}
+def _outputs(names):
+  return {o for part in gpu_suite.PARTS if part.name in names for o in part.outputs}
+
+
+def _wrote_results(out, files):
   for file, tool in MARKDOWN.items():
-    if file in absent:
-      continue
-    text = (out / file).read_text()
-    assert f"- command: `python -m tools.{tool}" in text, file
-    assert "JAX backend: cpu (cpu)" in text, file
-    assert "\n|---" in text, file  # a table
-  for file in PLOTS:
-    if file not in absent:
-      assert (out / file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
+    if file in files:
+      text = (out / file).read_text()
+      assert f"- command: `python -m tools.{tool}" in text, file
+      assert "JAX backend: cpu (cpu)" in text, file
+      assert "\n|---" in text, file  # a table
+  for file in set(PLOTS) & files:
+    assert (out / file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
 
 
-def test_the_scale_and_retention_parts_measure_what_they_name(result):
-  summary, out = result
-  if {"retrieval_scale", "retention"} & _without_data(summary):
-    pytest.skip("SciFact and the public text samples are in ../shared/data, absent here "
-                "(set DECAL_DATA_DIR to the shared data folder)")
-  def rows(name):  # the JSON lines at the end of bench_retrieval_scale's report
-    text = (out / name).read_text().split("```jsonl\n", 1)[1].split("```", 1)[0]
-    return [json.loads(line) for line in text.splitlines()]
-  real, synthetic = rows("retrieval_scale_gpu.md"), rows("retrieval_scale_synthetic_gpu.md")
+def test_each_benchmark_wrote_its_results_with_command_and_device(result):
+  _wrote_results(result[1], _outputs(OTHER_PARTS))
+
+
+def test_each_part_that_reads_the_shared_data_ran_and_wrote_its_results(data_result):
+  summary, out = data_result
+  assert list(summary["parts"]) == DATA_PARTS
+  for name, row in summary["parts"].items():
+    assert row["status"] == "ok", (name, row.get("note"), row.get("log_tail"))
+  assert set(MARKDOWN) | set(PLOTS) >= _outputs(DATA_PARTS) - {"retention_gpu.json"}
+  _wrote_results(out, _outputs(DATA_PARTS))
+
+
+def _jsonl_rows(path):
+  """The JSON lines at the end of bench_retrieval_scale's report."""
+  text = path.read_text().split("```jsonl\n", 1)[1].split("```", 1)[0]
+  return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_scale_and_retention_parts_measure_what_they_name(data_result):
+  out = data_result[1]
+  real = _jsonl_rows(out / "retrieval_scale_gpu.md")
   assert {(r["corpus"], r["ratio"], r["search"], r["bits"]) for r in real} == {
       ("scifact", c, s, b) for c in (1, 4)
       for s, b in (("exact", "float16"), ("approximate", 2), ("approximate", "none"))}
-  assert {(r["corpus"], r["num_docs"], r["ratio"]) for r in synthetic} == {
-      ("synthetic 300 passages", 300, 4)}
   record = json.loads((out / "retention_gpu.json").read_text())
   assert [(r["method"], r["ratio"], r["seed"]) for r in record.values()] == [("decal", 4, 0)]
   assert 0 <= next(iter(record.values()))["teacher_forced_accuracy"] <= 1
+
+
+def test_the_synthetic_million_part_measures_what_it_names(result):
+  synthetic = _jsonl_rows(result[1] / "retrieval_scale_synthetic_gpu.md")
+  assert {(r["corpus"], r["num_docs"], r["ratio"]) for r in synthetic} == {
+      ("synthetic 300 passages", 300, 4)}
 
 
 def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
