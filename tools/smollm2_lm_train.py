@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from decal_jax.networks import dodo_lm
 from tools import benchmarking, results_files
 from tools import smollm2_autoencode as ae
 from tools.smollm2_lm import delimiter_ids, load_smollm2, nll_function, paired
@@ -73,16 +74,11 @@ def lm_config(decoder, name: str, window: int, length: int, lora_rank: int, sink
   decoder = dataclasses.replace(decoder, lora_rank=lora_rank)
   common = dict(decoder=decoder, scorer_layer=min(3, decoder.num_layers), sink=sink)
   if kind in ("full", "window"):
-    return dodo_lm().DodoLMConfig(selection="window",
+    return dodo_lm.DodoLMConfig(selection="window",
                                   window=length if kind == "full" else r, **common)
-  return dodo_lm().DodoLMConfig(selection="compressive" if kind == "compressive" else "nuggets",
+  return dodo_lm.DodoLMConfig(selection="compressive" if kind == "compressive" else "nuggets",
                                 compression_ratio=r, window=window, history=window * r,
                                 **common)
-
-
-def dodo_lm():
-  from decal_jax.networks import dodo_lm as module
-  return module
 
 
 def build(decoder, name: str, window: int, length: int, lora_rank: int, eos: int,
@@ -91,7 +87,7 @@ def build(decoder, name: str, window: int, length: int, lora_rank: int, eos: int
   from decal_jax import models
   cfg = lm_config(decoder, name, window, length, lora_rank, sink)
   vocabulary = type("Ids", (), {"eos_id": eos, "vocab_size": decoder.vocab_size})()
-  return models.DecoderOnlyModel(dodo_lm().DodoLM(cfg), vocabulary)
+  return models.DecoderOnlyModel(dodo_lm.DodoLM(cfg), vocabulary)
 
 
 def lm_batch(sequences: np.ndarray) -> Dict[str, jnp.ndarray]:
@@ -113,7 +109,7 @@ def kept_tokens(module, params, held_out: np.ndarray, first: int) -> np.ndarray:
   """The ids the scorer keeps among the history tokens that the continuation reads
   compressed (positions before `first` - τ)."""
   is_nugget = np.asarray(jax.jit(lambda p, x: module.apply(
-      {"params": p}, x, method=dodo_lm().DodoLM.nuggets))(params, jnp.asarray(held_out[:, :-1])))
+      {"params": p}, x, method=dodo_lm.DodoLM.nuggets))(params, jnp.asarray(held_out[:, :-1])))
   history = np.arange(held_out.shape[1] - 1) < first - module.config.window  # [n - 1]
   return held_out[:, :-1][is_nugget & history[None]]
 
