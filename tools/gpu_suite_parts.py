@@ -277,6 +277,33 @@ def _smollm2_part(tool: str) -> Callable[["Suite"], str]:
   return run
 
 
+def part_smollm2_lm_train(suite: Suite) -> str:
+  """smollm2_lm_train at the scale's settings, then its nuggets rows again with each scorer
+  started from the compressor the smollm2_autoencode part trained at that r and seed (the
+  paper's order), for the rows whose compressor is there."""
+  note = _smollm2_part("smollm2_lm_train")(suite)
+  if note:
+    return note
+  from tools import smollm2_autoencode, smollm2_lm_train  # the tools' own names, not run here
+  lm = smollm2_lm_train.parse(suite.scale.tools["smollm2_lm_train"])
+  saved = (suite.work / "smollm2_autoencode" /
+           smollm2_autoencode.run_name(smollm2_autoencode.parse(
+               suite.scale.tools["smollm2_autoencode"])) / "r{r}_nuggets_seed{seed}.npz")
+  lm.scorer_from = str(saved)
+  ready = [name for name in lm.settings if smollm2_lm_train.scorer_source(lm, name, 0) and all(
+      pathlib.Path(smollm2_lm_train.scorer_source(lm, name, s)).is_file() for s in lm.seeds)]
+  if not ready:
+    return "no compressor saved by the smollm2_autoencode part: no 'from AE' rows"
+  code, stopped = suite.call(["-m", "tools.smollm2_lm_train", *suite.scale.tools[
+                                  "smollm2_lm_train"], "--settings", *ready,  # the last wins
+                              "--scorer-from", str(saved),
+                              "--work", str(suite.work / "smollm2_lm_train"),
+                              "--out", str(suite.out / "smollm2_lm_train_gpu.md")], check=False)
+  if code and not stopped:
+    raise PartFailed(f"tools.smollm2_lm_train --scorer-from exited with {code}; see the log")
+  return "stopped at the time limit: the same command continues" if stopped else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
   name: str
@@ -325,7 +352,7 @@ PARTS = [
          needs_data=("text",)),
     Part("smollm2_autoencode", _smollm2_part("smollm2_autoencode"),
          ("smollm2_autoencode_gpu.md", "smollm2_autoencode_gpu.png"), needs_data=("text",)),
-    Part("smollm2_lm_train", _smollm2_part("smollm2_lm_train"),
+    Part("smollm2_lm_train", part_smollm2_lm_train,
          ("smollm2_lm_train_gpu.md", "smollm2_lm_train_gpu.png"), needs_data=("text",)),
     Part("smollm2_squid", _smollm2_part("smollm2_squid"),
          ("smollm2_squid_gpu.md", "smollm2_squid_gpu.png"), needs_data=("text", "squad")),

@@ -36,7 +36,9 @@ SMOLLM2_AUTOENCODE = ["--ratios", "2", "5", "10", "20", "--selections", "nuggets
 # Dodo as a language model on SmolLM2-135M at the GPU's size (issue 43, step 3): the paper's
 # ratios at τ = 32 (737-token sequences: the shared data holds 11 held-out ones), both
 # controls at equal cache and the full-context ceiling, 3 seeds, 1,000 steps of 8 sequences;
-# the CPU run (docs/results/smollm2_lm_trained_cpu.md) is r = 10, 120 steps of 1 x 417 tokens
+# then the nuggets rows again with the scorer from the smollm2_autoencode part's compressors
+# (the paper's order); the CPU run (docs/results/smollm2_lm_trained_cpu.md) is r = 10, 120
+# steps of 1 x 417 tokens
 SMOLLM2_LM_TRAIN = ["--settings", "full", "window-64", "nuggets-5", "nuggets-10", "nuggets-20",
                     "random-10", "compressive-5", "compressive-10", "compressive-20", "--seeds",
                     "0", "1", "2", "--window", "32", "--batch", "8", "--steps", "1000",
@@ -257,7 +259,7 @@ def dry_run_scale(out: pathlib.Path) -> Scale:
                                      "--dim", "16", "--ratios", "4", "--bits", "2", "none"],
           retention=["--content", "real", "--methods", "decal", "--ratios", "4", "--seeds", "0",
                      "--dry_run"],
-          smollm2_autoencode=["--layers", "3", "--ratios", "4", "--selections", "nuggets",
+          smollm2_autoencode=["--layers", "3", "--ratios", "3", "--selections", "nuggets",
                               "--seeds", "0", "--steps", "2", "--batch", "2", "--length", "16",
                               "--eval-every", "1", "--eval-segments", "4", "--bleu-segments",
                               "2", "--eval-batch", "2"],

@@ -28,7 +28,9 @@ hash of its text), tokenized with SmolLM2's tokenizer and cut into non-overlappi
 by the seed; every run is scored on the same held-out segments (of the validation
 documents, round robin: each one's first segment, then each one's second, ...): teacher-forced NLL and token accuracy every --eval-every steps (the
 learning curve), then greedy reconstruction: corpus BLEU (sacrebleu, `tasks.text_metrics`)
-and the share of positions whose greedy token equals the original.
+and the share of positions whose greedy token equals the original. Each run's trained
+leaves are kept beside its --work file (<work>/<training setting>/r<r>_<selection>_seed<s>.npz):
+`smollm2_lm_train --scorer-from` starts a language model's scorer from them.
 """
 import argparse
 import dataclasses
@@ -216,7 +218,7 @@ def kept_tokens(model, params, held_out: np.ndarray) -> np.ndarray:
 
 
 def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, selection: str,
-              seed: int, delimiters=()) -> dict:
+              seed: int, delimiters=(), save_to=None) -> dict:
   model = build(config, ratio, selection, args.lora_rank, eos)
   trainable, frozen = initial_params(model, imported, seed, args.length)
   opt = optimizer(args, trainable, train_scorer=selection == "nuggets")
@@ -259,7 +261,20 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
                         delimiters, tokenizer.decode)
   return {"ratio": ratio, "selection": selection, "seed": seed, "steps": args.steps,
           "bleu": bleu, "greedy_accuracy": exact, "curve": curve, "examples": examples,
-          "kept": kept, "seconds": round(time.time() - start, 1)}
+          "kept": kept, "seconds": round(time.time() - start, 1),
+          "params": save_trained(save_to, trainable) if save_to else None}
+
+
+def save_trained(path: pathlib.Path, trainable) -> str:
+  """The trained leaves (LoRA, soft prompt, scorer) as one .npz keyed by their '/'-joined
+  names, written whole or not at all: what `smollm2_lm_train --scorer-from` starts a
+  language model's scorer from (the paper's order, dodo.md)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  partial = path.with_suffix(".partial")
+  with partial.open("wb") as f:
+    np.savez(f, **{"/".join(k): np.asarray(v) for k, v in trainable.items()})
+  partial.replace(path)
+  return str(path)
 
 
 # ----------------------------------------------------------------------------- report
@@ -434,7 +449,8 @@ def main(argv=None):
   delimiters = delimiter_ids(tokenizer) if todo and not args.table_only else ()  # once
   for r, sel, s in ([] if args.table_only else todo):
     print(f"run r={r} {sel} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)
-    run = train_run(args, config, imported, tokenizer, data, eos, r, sel, s, delimiters)
+    run = train_run(args, config, imported, tokenizer, data, eos, r, sel, s, delimiters,
+                    save_to=log.with_suffix("") / f"r{r}_{sel}_seed{s}.npz")
     runs.append(run)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as f:

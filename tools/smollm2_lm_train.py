@@ -30,6 +30,16 @@ reads the train documents' sequences (every position's next token is a target); 
 is the NLL of the last T tokens of each held-out document's first sequence, given the
 τ (r + 1) before (so the compressed rows cover the whole history), before training (step 0,
 the same model as `smollm2_lm`'s random-scorer rows) and every --eval-every steps.
+
+The paper starts the LM's scorer from the trained compressor's (its footnote 2): with
+--scorer-from the nuggets rows do that, from the .npz a `smollm2_autoencode` run saved at the
+same r (only the scorer is taken: the LM's adapters start fresh); they are reported as
+'nuggets-r from AE' beside the rows whose scorer starts at random, e.g.
+
+  python -m tools.smollm2_autoencode --ratios 10 --selections nuggets --seeds 0 1 2 \
+    --work runs/smollm2_autoencode_saved
+  python -m tools.smollm2_lm_train --settings nuggets-10 --seeds 0 1 2 --scorer-from \
+    'runs/smollm2_autoencode_saved/n64_steps200_b4_lr0.002_w20_rank8_scorer1/r{r}_nuggets_seed{seed}.npz'
 """
 import argparse
 import dataclasses
@@ -119,6 +129,9 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
   kind, _ = parse_setting(name, args.window)
   model = build(config, name, args.window, args.length - 1, args.lora_rank, eos, args.sink)
   trainable, frozen = ae.initial_params(model, imported, seed, args.length - 2)
+  start_from = scorer_source(args, name, seed)
+  if start_from:
+    trainable = scorer_from(start_from, trainable)
   opt = ae.optimizer(args, trainable, train_scorer=kind == "nuggets")
   state = opt.init(trainable)
 
@@ -155,18 +168,45 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
     ids = kept_tokens(model.module, params_of(trainable), held_out, first)
     kept = ae.kept_summary(ids, held_out[:, :first - args.window], delimiters, tokenizer.decode)
   return {"setting": name, "seed": seed, "steps": args.steps, "curve": curve, "kept": kept,
-          "seconds": round(time.time() - start, 1)}
+          "seconds": round(time.time() - start, 1), "scorer_from": start_from}
+
+
+def scorer_source(args, name: str, seed: int):
+  """The .npz a nuggets row's scorer starts from (--scorer-from with '{r}' and '{seed}' filled
+  in), or None (a fresh scorer: every other row, and nuggets rows without the flag)."""
+  kind, r = parse_setting(name, args.window)
+  if not args.scorer_from or kind != "nuggets":
+    return None
+  return args.scorer_from.replace("{r}", str(r)).replace("{seed}", str(seed))
+
+
+def scorer_from(path: str, trainable: dict) -> dict:
+  """`trainable` with its scorer replaced by the one a smollm2_autoencode run trained and
+  saved in `path`: the paper starts the LM's scorer from the compressor's (dodo.md)."""
+  keys = [k for k in trainable if k[0] == "scorer"]
+  with np.load(path) as saved:
+    for k in keys:
+      name = "/".join(k)
+      if name not in saved or saved[name].shape != trainable[k].shape:
+        raise ValueError(f"{path} has no scorer leaf {name} of shape {trainable[k].shape}: "
+                         "give a .npz that smollm2_autoencode saved for this model")
+    return {**trainable, **{k: jnp.asarray(saved["/".join(k)]) for k in keys}}
 
 
 # ----------------------------------------------------------------------------- report
+def label(run) -> str:
+  """A run's row: its setting, marked when its scorer started from a trained compressor."""
+  return run["setting"] + (" from AE" if run.get("scorer_from") else "")
+
+
 def _key(run) -> tuple:
-  return run["setting"], run["seed"]
+  return label(run), run["seed"]
 
 
 def by_setting(runs: List[dict]) -> Dict[str, List[dict]]:
   groups: Dict[str, List[dict]] = {}
   for run in sorted(runs, key=_key):
-    groups.setdefault(run["setting"], []).append(run)
+    groups.setdefault(label(run), []).append(run)
   return groups
 
 
@@ -208,7 +248,9 @@ def markdown(args, runs: List[dict], config, data) -> str:
       f"documents given the {args.length - args.continuation} before; τ = {args.window}, "
       f"every row but full reads about {2 * args.window} states"
       + (f" + the first {args.sink} tokens (sink)" if args.sink else ""),
-      "mean ± s.e. over seeds of each seed's mean NLL over documents; perplexity = exp of it")
+      "mean ± s.e. over seeds of each seed's mean NLL over documents; perplexity = exp of it",
+      *[f"'from AE' rows: the scorer starts as a trained compressor's, {source}"
+        for source in sorted({x["scorer_from"] for x in runs if x.get("scorer_from")})])
   head = ["setting", "seeds", "NLL before training", "NLL after", "perplexity after",
           "minutes / run"]
   rows = [[name, len(g), benchmarking.mean_se_text([x["curve"][0]["nll"] for x in g], 3),
@@ -227,7 +269,7 @@ def markdown(args, runs: List[dict], config, data) -> str:
               *benchmarking.table(
                   ["setting", "seed", "kept", "10 most kept types: share", "the types",
                    "delimiters among kept", "delimiters in the text"],
-                  [[x["setting"], x["seed"], x["kept"]["kept"], f"{x['kept']['top_share']:.2f}",
+                  [[label(x), x["seed"], x["kept"]["kept"], f"{x['kept']['top_share']:.2f}",
                     " ".join(repr(t) for t in x["kept"]["top_types"]).replace("|", "/"),
                     f"{x['kept']['delimiter_share']:.3f}",
                     f"{x['kept']['delimiter_share_of_text']:.3f}"] for x in kept])]
@@ -271,6 +313,10 @@ def parse(argv):
   p.add_argument("--layers", type=int, default=None,
                  help="keep only the model's first N layers (at least 3, the scorer's): a "
                       "smoke size for dry runs, not SmolLM2")
+  p.add_argument("--scorer-from", default=None, metavar="NPZ",
+                 help="start the nuggets rows' scorer from a trained compressor's, as the paper "
+                      "does: a .npz that smollm2_autoencode saved ('{r}' and '{seed}' in the "
+                      "path: the row's ratio and seed); those rows are marked 'from AE'")
   p.add_argument("--eval-every", type=int, default=30)
   p.add_argument("--eval-documents", type=int, default=17)
   p.add_argument("--eval-batch", type=int, default=4)
@@ -289,6 +335,14 @@ def parse(argv):
     kinds = [parse_setting(name, args.window) for name in args.settings]
   except ValueError as e:
     p.error(str(e))
+  if args.scorer_from:
+    if not any(kind == "nuggets" for kind, _ in kinds):
+      p.error("--scorer-from starts a nuggets row's scorer: add a nuggets-R setting")
+    sources = [scorer_source(args, name, s) for name in args.settings for s in args.seeds]
+    absent = [path for path in sources if path and not pathlib.Path(path).is_file()]
+    if absent:
+      p.error(f"--scorer-from: no file {absent[0]}; smollm2_autoencode writes one per run "
+              "beside its --work file (<work>/<setting>/r<r>_nuggets_seed<s>.npz)")
   # Every compressed row covers its whole history: τ recent + τ r compressed before them.
   ratio = max([r for kind, r in kinds if kind not in ("full", "window")] + [1])
   args.length = args.window * (ratio + 1) + args.continuation + 1
@@ -321,7 +375,8 @@ def main(argv=None):
   log = pathlib.Path(args.work) / f"{run_name(args)}.jsonl"
   runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
   done = {_key(x) for x in runs}
-  todo = [(name, s) for s in args.seeds for name in args.settings if (name, s) not in done]
+  todo = [(name, s) for s in args.seeds for name in args.settings
+          if (label({"setting": name, "scorer_from": scorer_source(args, name, s)}), s) not in done]
   delimiters = delimiter_ids(tokenizer) if todo and not args.table_only else ()
   for name, s in ([] if args.table_only else todo):
     print(f"run {name} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)

@@ -215,6 +215,13 @@ def test_each_part_that_reads_the_shared_data_ran_and_wrote_its_results(data_res
   _wrote_results(out, _outputs(DATA_PARTS))
 
 
+def test_the_lm_part_starts_a_scorer_from_the_autoencode_parts_compressor(data_result):
+  out = data_result[1]
+  text = (out / "smollm2_lm_train_gpu.md").read_text()
+  assert "| nuggets-3 from AE | 1 |" in text and "| nuggets-3 | 1 |" in text
+  assert "smollm2_autoencode" in text and "r3_nuggets_seed0.npz" in text
+
+
 def _jsonl_rows(path):
   """The JSON lines at the end of bench_retrieval_scale's report."""
   text = path.read_text().split("```jsonl\n", 1)[1].split("```", 1)[0]

@@ -16,28 +16,17 @@ import numpy as np
 import pytest
 
 from decal_jax.data import real_text
-from decal_jax.networks.decoder import Decoder, DecoderConfig
+from decal_jax.networks.decoder import Decoder
 from tools import smollm2_autoencode as ae
 
-TINY = DecoderConfig(vocab_size=40, emb_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
-                     mlp_dim=64, num_layers=4, tie_embeddings=True, max_length=64)
-EOS = 2
+from smollm2_stand_in import EOS, WordTokenizer, imported_stack, tiny_decoder
 
-
-class WordTokenizer:
-  """Ids of the 'w<k>' words (k in 3..39), other words dropped; decodes back to words."""
-  def encode(self, text):
-    return types.SimpleNamespace(ids=[int(w[1:]) for w in text.split()
-                                      if w[0] == "w" and w[1:].isdigit()])
-
-  def decode(self, ids):
-    return " ".join(f"w{i}" for i in ids)
+TINY = tiny_decoder(num_layers=4, max_length=64)
 
 
 @pytest.fixture(scope="module")
 def imported():
-  tokens = jnp.ones((1, 8), jnp.int32)
-  return {"stack": Decoder(TINY).init(jax.random.PRNGKey(7), tokens)["params"]["stack"]}
+  return imported_stack(TINY)
 
 
 def _document(seed: int, n: int) -> str:

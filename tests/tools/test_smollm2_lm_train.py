@@ -4,10 +4,12 @@ configurations and sequence length worked out by hand, the batch layout written 
 'full' row at its start equal to the plain `Decoder` (LoRA's B starts at 0) and its
 continuation NLL re-derived in numpy from that decoder's logits, one optimizer step that
 moves the scorer only where it learns and never the base, the kept tokens against a numpy
-prefix-rank selection, paired differences worked by hand, and a resumed sweep that trains
+prefix-rank selection, paired differences worked by hand, a scorer started from a saved
+compressor that scores as the compressor network does, and a resumed sweep that trains
 nothing twice. The SmolLM2 run itself is in docs/results/smollm2_lm_trained_cpu.md.
 """
 import json
+import re
 import types
 
 import flax
@@ -16,18 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax.networks.decoder import Decoder, DecoderConfig
+from decal_jax.networks import dodo, dodo_lm
+from decal_jax.networks.decoder import Decoder
 from tools import smollm2_lm_train as lt
 
-TINY = DecoderConfig(vocab_size=40, emb_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
-                     mlp_dim=64, num_layers=4, tie_embeddings=True, max_length=128)
-EOS = 2
+from smollm2_stand_in import EOS, imported_stack, tiny_decoder
+
+TINY = tiny_decoder(num_layers=4, max_length=128)
 
 
 @pytest.fixture(scope="module")
 def imported():
-  tokens = jnp.ones((1, 8), jnp.int32)
-  return {"stack": Decoder(TINY).init(jax.random.PRNGKey(7), tokens)["params"]["stack"]}
+  return imported_stack(TINY)
 
 
 def _model(imported, name, seed=0, window=4, length=31, lora_rank=4):
@@ -153,6 +155,51 @@ def test_paired_rows_subtract_the_same_seed():
   assert rows["nuggets-10 - compressive-10"][1:3] == [1, "-1.000"]
 
 
+def _saved_compressor(imported, path, seed=5):
+  """A compressor's trained leaves as smollm2_autoencode saves them (here: at init, seed 5)."""
+  compressor = lt.ae.build(TINY, 3, "nuggets", 4, EOS)
+  saved, base = lt.ae.initial_params(compressor, imported, seed, 12)
+  lt.ae.save_trained(path, saved)
+  return compressor, saved, base
+
+
+def test_the_scorer_from_a_saved_compressor_scores_as_the_compressor_does(imported, tmp_path):
+  compressor, saved, base = _saved_compressor(imported, tmp_path / "run" / "r3_nuggets_seed0.npz")
+  model, trainable, frozen = _model(imported, "nuggets-3", seed=0, window=12)
+  loaded = lt.scorer_from(str(tmp_path / "run" / "r3_nuggets_seed0.npz"), trainable)
+  scorer = [k for k in trainable if k[0] == "scorer"]
+  assert scorer and all(np.array_equal(loaded[k], saved[k]) for k in scorer)
+  assert all(loaded[k] is trainable[k] for k in trainable if k[0] != "scorer")  # adapters fresh
+  tokens = jnp.asarray(np.random.default_rng(3).integers(3, 40, (2, 12)), jnp.int32)
+  want = compressor.module.apply({"params": _params(saved, base)}, tokens,
+                                 method=dodo.Dodo.score)  # [2, 12]: the compressor network's
+
+  def lm_scores(tr):
+    return model.module.apply({"params": _params(tr, frozen)}, tokens,
+                              method=dodo_lm.DodoLM.scores)
+  assert not np.allclose(lm_scores(trainable), want, atol=1e-3)  # a fresh scorer differs
+  np.testing.assert_allclose(lm_scores(loaded), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_saved_file_without_this_models_scorer_is_refused(imported, tmp_path):
+  np.savez(tmp_path / "other.npz", **{"scorer/dense_0/kernel": np.zeros((3, 3), np.float32)})
+  _, trainable, _ = _model(imported, "nuggets-3")
+  with pytest.raises(ValueError, match="has no scorer leaf .* smollm2_autoencode saved"):
+    lt.scorer_from(str(tmp_path / "other.npz"), trainable)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--settings", "window-8"], "add a nuggets-R setting"),
+    (["--settings", "nuggets-3"], "no file .*r3_nuggets_seed1.npz.*beside its --work")])
+def test_scorer_from_without_a_nuggets_row_or_its_file_is_refused(tmp_path, capsys, extra,
+                                                                   needle):
+  (tmp_path / "r3_nuggets_seed0.npz").write_bytes(b"")
+  with pytest.raises(SystemExit):
+    lt.parse([*extra, "--window", "4", "--seeds", "0", "1",
+              "--scorer-from", str(tmp_path / "r{r}_nuggets_seed{seed}.npz")])
+  assert re.search(needle, capsys.readouterr().err)
+
+
 def test_a_resumed_sweep_trains_nothing_twice(imported, tmp_path, monkeypatch):
   tokenizer = types.SimpleNamespace(token_to_id=lambda token: EOS,
                                     decode=lambda ids: " ".join(map(str, ids)))
@@ -171,9 +218,18 @@ def test_a_resumed_sweep_trains_nothing_twice(imported, tmp_path, monkeypatch):
   assert [(r["setting"], r["seed"], [p["step"] for p in r["curve"]]) for r in runs] == \
       [("window-8", 0, [0, 1, 2]), ("nuggets-3", 0, [0, 1, 2])]
   assert runs[0]["curve"][0]["nll"] == pytest.approx(np.mean(runs[0]["curve"][0]["doc_nll"]))
+  # The same sweep with the scorer from a compressor adds its nuggets row, trains no other.
+  _saved_compressor(imported, tmp_path / "ae" / "r3_nuggets_seed0.npz")
+  from_ae = [*argv, "--scorer-from", str(tmp_path / "ae" / "r{r}_nuggets_seed{seed}.npz")]
+  lt.main(from_ae)
+  runs = [json.loads(x) for x in log.read_text().splitlines()]
+  assert [(lt.label(r), r["scorer_from"]) for r in runs[2:]] == \
+      [("nuggets-3 from AE", str(tmp_path / "ae" / "r3_nuggets_seed0.npz"))]
   monkeypatch.setattr(lt, "train_run", lambda *a, **k: pytest.fail("trained a finished run"))
   lt.main(argv)
+  lt.main(from_ae)
   table = (tmp_path / "out.md").read_text()
+  assert "| nuggets-3 from AE | 1 |" in table and "| nuggets-3 from AE - nuggets-3 | 1 |" in table
   assert f"| window-8 | 1 | {runs[0]['curve'][0]['nll']:.3f} | {runs[0]['curve'][-1]['nll']:.3f}" \
       in table
   assert (tmp_path / "out.png").exists()
