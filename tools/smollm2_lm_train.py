@@ -231,6 +231,14 @@ def paired_rows(runs: List[dict], reference: str) -> List[list]:
   return out
 
 
+def saved_compressors(runs: List[dict]) -> Dict[str, List[str]]:
+  """The .npz files the 'from AE' runs started from, by folder."""
+  out: Dict[str, List[str]] = {}
+  for path in sorted({x["scorer_from"] for x in runs if x.get("scorer_from")}):
+    out.setdefault(str(pathlib.Path(path).parent), []).append(pathlib.Path(path).name)
+  return out
+
+
 def markdown(args, runs: List[dict], config, data) -> str:
   lines = benchmarking.header(
       "Dodo as a language model on SmolLM2-135M, before and after LoRA training",
@@ -246,8 +254,8 @@ def markdown(args, runs: List[dict], config, data) -> str:
       f"every row but full reads about {2 * args.window} states"
       + (f" + the first {args.sink} tokens (sink)" if args.sink else ""),
       "mean ± s.e. over seeds of each seed's mean NLL over documents; perplexity = exp of it",
-      *[f"'from AE' rows: the scorer starts as a trained compressor's, {source}"
-        for source in sorted({x["scorer_from"] for x in runs if x.get("scorer_from")})])
+      *[f"'from AE' rows: the scorer starts as a trained compressor's ({folder}/: "
+        f"{', '.join(names)})" for folder, names in saved_compressors(runs).items()])
   head = ["setting", "seeds", "NLL before training", "NLL after", "perplexity after",
           "minutes / run"]
   rows = [[name, len(g), benchmarking.mean_se_text([x["curve"][0]["nll"] for x in g], 3),
