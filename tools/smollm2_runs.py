@@ -8,7 +8,7 @@ import json
 import pathlib
 from typing import Callable, Hashable, List, Sequence
 
-from tools import benchmarking
+from tools import benchmarking, results_files
 
 
 def add_arguments(p: argparse.ArgumentParser, *, work: str, lr: float, warmup: int,
@@ -48,14 +48,9 @@ def log_path(work: str, setting: str) -> pathlib.Path:
 
 
 def read(log: pathlib.Path) -> List[dict]:
-  """The records of the runs finished before (none when the file is new)."""
+  """The records of the runs finished before, as `results_files.write_jsonl` appended them
+  (none when the file is new)."""
   return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-
-
-def append(log: pathlib.Path, record: dict) -> None:
-  log.parent.mkdir(parents=True, exist_ok=True)
-  with log.open("a") as f:
-    f.write(json.dumps(record) + "\n")
 
 
 def sweep(todo: Sequence[Hashable], log: pathlib.Path, records: List[dict],
@@ -65,5 +60,5 @@ def sweep(todo: Sequence[Hashable], log: pathlib.Path, records: List[dict],
   for i, key in enumerate(todo):
     print(f"run {key} ({i + 1} of {len(todo)})", flush=True)
     records.append(train(key))
-    append(log, records[-1])
+    results_files.write_jsonl(str(log), records[-1:])
     write()

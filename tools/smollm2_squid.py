@@ -470,7 +470,7 @@ def main(argv=None):
       latencies.append(sm.latency(config, lambda m: flax.traverse_util.unflatten_dict(
           sm.initial_params(m, imported, 0)), r, args.latency_length, args.latency_query,
           args.latency_answer))
-      smollm2_runs.append(log, {"latency": latencies[-1]})
+      results_files.write_jsonl(str(log), [{"latency": latencies[-1]}])
   write(args, runs, latencies, config, data)
 
 

@@ -6,14 +6,13 @@ import argparse
 
 import pytest
 
-from tools import smollm2_runs
+from tools import results_files, smollm2_runs
 
 
 def test_records_read_back_in_the_order_written(tmp_path):
   log = smollm2_runs.log_path(str(tmp_path / "work"), "n64_steps2")
   assert log == tmp_path / "work" / "n64_steps2.jsonl" and smollm2_runs.read(log) == []
-  smollm2_runs.append(log, {"seed": 0, "nll": [1.5]})
-  smollm2_runs.append(log, {"latency": {"ratio": 4}})
+  results_files.write_jsonl(str(log), [{"seed": 0, "nll": [1.5]}, {"latency": {"ratio": 4}}])
   assert smollm2_runs.read(log) == [{"seed": 0, "nll": [1.5]}, {"latency": {"ratio": 4}}]
 
 
