@@ -33,7 +33,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import seqio
 
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 from decal_jax.data import autoencoding, corpus, local_files, public_text, vocabularies
 from decal_jax.tasks import downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource

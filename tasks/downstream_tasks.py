@@ -32,7 +32,7 @@ import seqio
 import tensorflow as tf
 
 from decal_jax import settings
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 from decal_jax.data import corpus, local_files, text_to_text, vocabularies
 from decal_jax.tasks.span_corruption_tasks import PreparedTfdsSource
 

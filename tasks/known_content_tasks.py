@@ -27,7 +27,7 @@ from typing import Dict, List, Sequence
 import seqio
 import tensorflow as tf
 
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 
 MAX_ALPHABET = 64
 KNOWN_ALPHABETS = (4, 16, 64)

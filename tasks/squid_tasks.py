@@ -51,7 +51,7 @@ from typing import Mapping, Optional
 import seqio
 import tensorflow as tf
 
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 from decal_jax.data import autoencoding, corpus, local_files, text_to_text, vocabularies
 from decal_jax.tasks import autoencoding_tasks, downstream_tasks
 from decal_jax.tasks.span_corruption_tasks import C4_TFDS_NAME, PreparedTfdsSource

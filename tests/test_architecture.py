@@ -9,7 +9,8 @@ from typing import Dict, Iterator, Optional, Set, Tuple
 import paths
 
 REPO = paths.REPO
-FOUNDATION = {"fileio", "partitioning", "settings", "losses", "metrics", "decoding"}
+FOUNDATION = {"fileio", "partitioning", "settings", "losses", "metrics", "text_metrics",
+              "decoding"}
 ENTRY_POINTS = {"train", "eval", "infer", "retrieve", "serve"}
 BELOW_MODELS = {"foundation", "layers", "compress", "networks", "retrieval", "data"}
 MAY_IMPORT: Dict[str, Set[str]] = {  # room -> the rooms its modules may import

@@ -168,7 +168,7 @@ def test_eval_writes_seqio_json_logger_files_whose_metrics_match_the_predictions
   example) and <task>-metrics.jsonl ({"step", metrics...} per evaluation); EM recomputed from
   the logged predictions."""
   import json
-  from decal_jax.tasks import text_metrics
+  from decal_jax import text_metrics
   model_dir, _ = finetuned
   proc = _run("eval", "--gin_file=models/decal_tiny.gin", "--gin_file=runs/eval.gin",
               f"--gin.MODEL_DIR='{model_dir}'", "--gin.MIXTURE_OR_TASK_NAME='decal_builtin_qa'",

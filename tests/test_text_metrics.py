@@ -6,7 +6,7 @@ import math
 import pytest
 from rouge_score import rouge_scorer
 
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 
 
 @pytest.mark.parametrize("reference,prediction,em,f1", [

@@ -26,13 +26,13 @@ sys.meta_path.insert(0, _Refuse())
 GOAL_MFU = 0.40  # T5.1.1-small DeCAL-4x on one H100
 # Dodo autoencoding on SmolLM2-135M at the GPU's size (issue 43, step 2): 256-token segments
 # (the paper's Fig. 4 spans about 100-500), the paper's ratios and both controls, 3 seeds,
-# 2,000 steps of 16 segments; the CPU run (docs/results/smollm2_autoencode_cpu.md) is 200
-# steps of 4 x 64 tokens
+# 2,000 steps of 16 segments, scored on 48 of the 55 held-out 256-token segments the shared
+# data holds; the CPU run (docs/results/smollm2_autoencode_cpu.md) is 200 steps of 4 x 64 tokens
 SMOLLM2_AUTOENCODE = ["--ratios", "2", "5", "10", "20", "--selections", "nuggets", "random",
                       "compressive", "--seeds", "0", "1", "2", "--length", "256", "--batch",
                       "16", "--steps", "2000", "--warmup", "100", "--lr", "1e-3",
-                      "--eval-every", "200", "--eval-segments", "256", "--bleu-segments",
-                      "128", "--eval-batch", "64"]
+                      "--eval-every", "200", "--eval-segments", "48", "--bleu-segments",
+                      "48", "--eval-batch", "48"]
 # Dodo as a language model on SmolLM2-135M at the GPU's size (issue 43, step 3): the paper's
 # ratios at τ = 32 (737-token sequences: the shared data holds 11 held-out ones), both
 # controls at equal cache and the full-context ceiling, 3 seeds, 1,000 steps of 8 sequences;
@@ -47,13 +47,14 @@ SMOLLM2_LM_TRAIN = ["--settings", "full", "window-64", "nuggets-5", "nuggets-10"
 # Squid on SmolLM2-135M at the GPU's size (issue 43, step 4): 256-token contexts (the paper's
 # test contexts are under 512 words), ρ = 4 / 8 / 16 against segment means, the full-context
 # ceiling and the prior, the three stages with the large decoder trained in stages 2-3 (the
-# library's recipe), 3 seeds, batches of 16, latency at 512 tokens; the CPU run
+# library's recipe), 3 seeds, batches of 16, scored on 30 held-out examples per stage (the
+# shared data holds 31 of 384 tokens for continuation), latency at 512 tokens; the CPU run
 # (docs/results/smollm2_squid_cpu.md) is ρ = 4, 80 + 40 steps of 4 x 64 tokens, no QA
 SMOLLM2_SQUID = ["--ratios", "4", "8", "16", "--seeds", "0", "1", "2", "--length", "256",
                  "--continue-length", "128", "--steps", "800", "--continue-steps", "400",
                  "--qa-steps", "1000", "--large", "trains", "--batch", "16", "--warmup", "100",
-                 "--lr", "1e-3", "--eval-every", "100", "--eval-segments", "256",
-                 "--bleu-segments", "128", "--eval-batch", "64", "--latency-length", "512"]
+                 "--lr", "1e-3", "--eval-every", "100", "--eval-segments", "30",
+                 "--bleu-segments", "30", "--eval-batch", "30", "--latency-length", "512"]
 RETENTION_STEPS = 1200  # per run; docs/results/retention_cpu.md: what separates the ratios
 RATIOS = (1, 2, 4, 8)
 PROFILED_RATIO = 4

@@ -27,7 +27,7 @@ hash of its text), tokenized with SmolLM2's tokenizer and cut into non-overlappi
 --length-token segments. Training draws segments from the train documents in an order set
 by the seed; every run is scored on the same held-out segments (of the validation
 documents, round robin: each one's first segment, then each one's second, ...): teacher-forced NLL and token accuracy every --eval-every steps (the
-learning curve), then greedy reconstruction: corpus BLEU (sacrebleu, `tasks.text_metrics`)
+learning curve), then greedy reconstruction: corpus BLEU (sacrebleu, `decal_jax.text_metrics`)
 and the share of positions whose greedy token equals the original. Each run's trained
 leaves are kept beside its --work file (<work>/<training setting>/r<r>_<selection>_seed<s>.npz):
 `smollm2_lm_train --scorer-from` starts a language model's scorer from them.
@@ -57,7 +57,7 @@ def segments(tokenizer, length: int, data_dir=None) -> Dict[str, List[np.ndarray
   """{'train': every non-overlapping `length`-token segment of the train documents,
   'validation': those of the validation documents, round robin (each document's first
   segment, then each one's second, ...)} (int32 arrays)."""
-  from decal_jax.data import real_text
+  from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
   folder = pathlib.Path(data_dir) if data_dir else real_text.data_dir()
   train, held_out = [], []
   for source in SOURCES:
@@ -100,10 +100,16 @@ def initial_params(model, imported, seed: int, length: int):
   """(trainable, frozen) flat dicts: the imported base is frozen; LoRA (B = 0, so the
   model starts as the base), the soft prompt and the scorer come from init with `seed`."""
   shapes = {"encoder_input_tokens": (1, length), "decoder_input_tokens": (1, length + 1)}
-  init = jax.jit(lambda: model.get_initial_variables(jax.random.PRNGKey(seed), shapes))()
+  # on the host CPU: a GPU compiles the 30 layers' initializers for minutes (an H200 lease,
+  # 2026-11-29, reached no training step in 8 minutes; bench_train --init_on_host likewise)
+  with jax.default_device(jax.devices("cpu")[0]):
+    init = jax.jit(lambda key: model.get_initial_variables(key, shapes))(
+        jax.random.PRNGKey(seed))
   flat = flax.traverse_util.flatten_dict(init["params"])
   base = flax.traverse_util.flatten_dict(imported)  # {'stack': ...}
-  trainable = {k: v for k, v in flat.items() if k[0] != "stack" or "lora" in k[-1]}
+  device = jax.devices()[0]
+  trainable = {k: jax.device_put(v, device) for k, v in flat.items()
+               if k[0] != "stack" or "lora" in k[-1]}
   missing = [k for k in flat if k not in trainable and k not in base]
   if missing:
     raise ValueError(f"the imported SmolLM2 lacks {len(missing)} parameters, e.g. {missing[0]}")
@@ -154,7 +160,7 @@ def reconstruct(model, params, held_out: np.ndarray, tokenizer, eos: int, batch:
                 make=None):
   """(corpus BLEU x 100, share of positions equal to the original) of greedy decoding;
   `make` (default `batch_of`) turns contexts `[b, n]` into the model's batch."""
-  from tasks import text_metrics
+  from decal_jax import text_metrics
   make = make or (lambda contexts: batch_of(contexts, eos))
   predict = jax.jit(lambda p, b: model.predict_batch(p, b, topk=1))
   predictions, references, equal, total = [], [], 0, 0
@@ -218,18 +224,23 @@ def kept_tokens(model, params, held_out: np.ndarray) -> np.ndarray:
 
 def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, selection: str,
               seed: int, delimiters=(), save_to=None) -> dict:
+  began = time.time()
   model = build(config, ratio, selection, args.lora_rank, eos)
   trainable, frozen = initial_params(model, imported, seed, args.length)
   opt = optimizer(args, trainable, train_scorer=selection == "nuggets")
   state = opt.init(trainable)
+  print(f"  r={ratio} {selection} seed {seed}: initialised ({time.time() - began:.0f} s; the "
+        "first evaluation's time includes its compile)", flush=True)
 
-  def params_of(tr):
-    return flax.traverse_util.unflatten_dict({**tr, **frozen})
+  def params_of(tr, fr=frozen):
+    return flax.traverse_util.unflatten_dict({**tr, **fr})
 
+  # the frozen base is an argument, not a closed-over constant: 134.5M constants in the
+  # program made XLA's compile slow and each compilation-cache entry as large as the model
   @jax.jit
-  def step(tr, st, batch):
+  def step(tr, fr, st, batch):
     (loss, _), grads = jax.value_and_grad(
-        lambda t: model.loss_fn(params_of(t), batch, None), has_aux=True)(tr)
+        lambda t: model.loss_fn(params_of(t, fr), batch, None), has_aux=True)(tr)
     updates, st = opt.update(grads, st, tr)
     return optax.apply_updates(tr, updates), st, loss
 
@@ -249,7 +260,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
     if t == args.steps:
       break
     rows = order[(t * args.batch + np.arange(args.batch)) % len(order)]
-    trainable, state, loss = step(trainable, state, batch_of(train[rows], eos))
+    trainable, state, loss = step(trainable, frozen, state, batch_of(train[rows], eos))
     losses.append(float(loss))
   bleu, exact, examples = reconstruct(model, params_of(trainable),
                                       held_out[:args.bleu_segments], tokenizer, eos,

@@ -194,9 +194,10 @@ def with_scorer(module: dodo_lm.DodoLM, decoder_params, seed: int, tokens) -> Di
     raise ValueError("The imported decoder's parameters do not match DodoLM's stack.")
   params = {"stack": stack_params}
   if "scorer" in want:
-    init = module.init(jax.random.PRNGKey(seed), tokens[:, :2],
-                       method=dodo_lm.DodoLM.scores)  # the first ι layers and the scorer
-    params["scorer"] = init["params"]["scorer"]
+    with jax.default_device(jax.devices("cpu")[0]):  # a GPU compiles initializers slowly
+      init = module.init(jax.random.PRNGKey(seed), tokens[:, :2],
+                         method=dodo_lm.DodoLM.scores)  # the first ι layers and the scorer
+    params["scorer"] = jax.device_put(init["params"]["scorer"], jax.devices()[0])
   return params
 
 
@@ -272,7 +273,7 @@ def paired(a: Sequence[float], b: Sequence[float]):
 # ----------------------------------------------------------------------------- data
 def documents(source: str, tokenizer, count: int, length: int) -> List[np.ndarray]:
   """The first `length` token ids of the first `count` documents that have that many."""
-  from decal_jax.data import real_text
+  from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
   path = real_text.data_dir() / real_text.FILES[source]
   if not path.exists():
     raise FileNotFoundError(f"{path} is absent (set DECAL_DATA_DIR to the shared data folder, "

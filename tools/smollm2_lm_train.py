@@ -134,13 +134,13 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
   opt = ae.optimizer(args, trainable, train_scorer=kind == "nuggets")
   state = opt.init(trainable)
 
-  def params_of(tr):
-    return flax.traverse_util.unflatten_dict({**tr, **frozen})
+  def params_of(tr, fr=frozen):
+    return flax.traverse_util.unflatten_dict({**tr, **fr})
 
-  @jax.jit
-  def step(tr, st, batch):
+  @jax.jit  # the frozen base an argument, not a constant (smollm2_autoencode.train_run)
+  def step(tr, fr, st, batch):
     (loss, _), grads = jax.value_and_grad(
-        lambda t: model.loss_fn(params_of(t), batch, None), has_aux=True)(tr)
+        lambda t: model.loss_fn(params_of(t, fr), batch, None), has_aux=True)(tr)
     updates, st = opt.update(grads, st, tr)
     return optax.apply_updates(tr, updates), st, loss
 
@@ -160,7 +160,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
     if t == args.steps:
       break
     rows = order[(t * args.batch + np.arange(args.batch)) % len(order)]
-    trainable, state, loss = step(trainable, state, lm_batch(train[rows]))
+    trainable, state, loss = step(trainable, frozen, state, lm_batch(train[rows]))
     losses.append(float(loss))
   kept = None
   if kind in ("nuggets", "random"):

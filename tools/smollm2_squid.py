@@ -90,7 +90,7 @@ def stage_data(args, tokenizer, eos: int, prompt) -> Dict[str, dict]:
     data["continue"] = {s: sm.continue_examples(np.stack(segs[s]), args.length)
                         for s in ("train", "validation")}
   if args.qa_steps:
-    from decal_jax.data import real_text
+    from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
     records = sm.squad_records(str(real_text.data_dir() / "squad" / "dev-v1.1.json"))
     lengths = (args.qa_length, args.qa_query_length, args.qa_answer_length)
     train, _ = sm.qa_examples(records["train"], tokenizer, eos, lengths)

@@ -27,7 +27,6 @@ import numpy as np
 from decal_jax.layers import attention as attn
 from decal_jax.networks import squid
 from decal_jax.networks.signatures import check_tokens
-from tasks.squid_tasks import RESTORE_PROMPT  # noqa: F401 (the library's stage-1 prompt)
 
 MEMORIES = ("tokens", "means", "full", "none")
 REFERENCES = ("full", "none")  # no small decoder: the same for every ρ
@@ -39,6 +38,10 @@ STAGE_PARTS = {"restore": ("small_decoder", "memory_tokens", "projector"),
                "continue": ("small_decoder", "memory_tokens", "projector"),
                "qa": ("small_decoder", "memory_tokens", "projector")}
 QA_PROMPT = "Question: {}\nAnswer:"  # ends in RESTORE_PROMPT's last token, the start token
+
+# the library's stage-1 prompt (tasks/squid_tasks.py; equal: tests/tools/test_smollm2_squid.py),
+# written out here: importing `tasks` registers the seqio tasks, and a GPU image has no seqio
+RESTORE_PROMPT = "Restore the compressed text:"
 
 
 # ----------------------------------------------------------------------------- network
@@ -175,7 +178,8 @@ def continue_examples(segments: np.ndarray, first: int) -> dict:
 def squad_records(path: str) -> Dict[str, List[dict]]:
   """SQuAD v1.1 questions {'train': [...], 'validation': [...]}, split by the hash of the
   paragraph (`real_text.split_of`: 5 % validation), so the splits share no context."""
-  from decal_jax.data import convert, real_text
+  from decal_jax.data import convert
+  from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
   out = {"train": [], "validation": []}
   for record in convert.squad(path):
     out[real_text.split_of(record["context"])].append(record)
@@ -215,7 +219,7 @@ def answers_of(tokens: np.ndarray, eos: int) -> List[List[int]]:
 def answer_questions(model, params, ex: dict, answers: Sequence, tokenizer, eos: int,
                      batch: int) -> Dict[str, object]:
   """Greedy answers to the held-out questions: SQuAD EM / F1 / contains-answer x 100."""
-  from tasks import text_metrics
+  from decal_jax import text_metrics
   predict = jax.jit(lambda p, b: model.predict_batch(p, b, topk=1))
   texts = []
   for i in range(0, len(answers), batch):

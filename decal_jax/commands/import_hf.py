@@ -140,9 +140,9 @@ def gin_zero_id_to(files: List[str], bindings: List[str]) -> Optional[int]:
 def resolve_zero_id_to(args) -> Optional[int]:
   """--zero_id_to, defaulting to (and for dodo / squid, required to equal) the gin
   VOCABULARY's zero_id_to: weights and vocabulary must move token 0 to the same id."""
-  from decal_jax.interop import hf_import
+  from decal_jax.data.hf_vocabularies import checked_zero_id_to
   if args.model == "decoder":
-    return hf_import.checked_zero_id_to(args.zero_id_to)
+    return checked_zero_id_to(args.zero_id_to)
   files = args.gin_file or [DEFAULT_GIN[args.model]]
   from_gin = gin_zero_id_to(files, args.gin_bindings)
   if args.zero_id_to is not None and args.zero_id_to != from_gin:
@@ -151,7 +151,7 @@ def resolve_zero_id_to(args) -> Optional[int]:
                      "at another id than the weights hold it. Drop --zero_id_to, or bind "
                      "VOCABULARY = @hf_vocabularies.HfTokenizerVocabulary() with "
                      f"hf_vocabularies.HfTokenizerVocabulary.zero_id_to = {args.zero_id_to}.")
-  return hf_import.checked_zero_id_to(from_gin)
+  return checked_zero_id_to(from_gin)
 
 
 # ------------------------------------------------------------------------------ writing

@@ -34,7 +34,6 @@ import numpy as np
 import tqdm
 from safetensors import safe_open
 
-from decal_jax.data.hf_vocabularies import checked_zero_id_to
 from decal_jax.networks.decoder import Decoder, DecoderConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
@@ -345,6 +344,9 @@ def _check_tree(params: Dict[str, Any], config: DecoderConfig) -> None:
 # ------------------------------------------------------------------------------ id 0
 def check_zero_id_in_table(zero_id_to: int, rows: int, what: str = "the embedding table") -> None:
   """Refuses an R outside a vocab table of `rows` rows (R must index both Squid tables)."""
+  # here, not at the top: hf_vocabularies imports seqio and TensorFlow, which the weights'
+  # import (gguf.py's too) does without (a GPU image without TensorFlow runs the SmolLM2 tools)
+  from decal_jax.data.hf_vocabularies import checked_zero_id_to
   if checked_zero_id_to(zero_id_to) >= rows:
     raise ValueError(f"zero_id_to={zero_id_to} is beyond {what} ({rows} rows, ids 0..{rows - 1})"
                      f": choose an id below {rows} that the tokenizer never produces (Qwen2: "

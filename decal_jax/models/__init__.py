@@ -4,7 +4,8 @@ module and answers the trainer through `base.BaseModel`'s methods.
   base.py             BaseModel (the protocol) and TokenModel (the shared token loss)
   encoder_decoder.py  EncoderDecoderModel (T5 / DeCAL, Dodo autoencoding)
   decoder_only.py     DecoderOnlyModel (causal LMs: Decoder, DodoLM, GPTHF)
-  squid.py            SquidModel, QueryModel (the base Dodo QA shares) and their feature converter
+  squid.py            SquidModel, QueryModel (the base Dodo QA shares)
+  squid_features.py   their seqio feature converters (seqio, TF)
   dodo.py             DodoQAModel (Dodo with the question on the decoder side)
   dual_encoder.py     DualEncoderModel (multi-vector retrieval)
   dual_encoder_features.py  its seqio feature converter (seqio, TF)
@@ -20,7 +21,7 @@ _WHERE = {"BaseModel": "base", "TokenModel": "base", "DecoderOnlyModel": "decode
           "DodoQAModel": "dodo",
           "DualEncoderFeatureConverter": "dual_encoder_features",
           "DualEncoderModel": "dual_encoder",
-          "EncoderDecoderModel": "encoder_decoder", "SquidFeatureConverter": "squid",
+          "EncoderDecoderModel": "encoder_decoder", "SquidFeatureConverter": "squid_features",
           "SquidModel": "squid"}
 __all__ = list(_WHERE)
 

@@ -10,7 +10,7 @@ import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import fileio
 from decal_jax.runtime import evaluation
 from decal_jax.data import convert, hf_vocabularies, local_files, seqio_vocabularies, vocabularies
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 
 
 from bad_input_helpers import _load_tool, _files_under, _write, _examples

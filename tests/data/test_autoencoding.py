@@ -132,7 +132,7 @@ def test_autoencoding_with_short_targets_is_refused():
 
 # --------------------------------------------------------------------------- metrics, own text
 def test_autoencoding_tasks_report_bleu_and_carry_their_text():
-  from decal_jax.tasks import text_metrics
+  from decal_jax import text_metrics
   for name in ("decal_builtin_autoencode", "decal_c4_autoencode", "decal_text_autoencode"):
     assert seqio.get_mixture_or_task(name).predict_metric_fns == [text_metrics.bleu], name
   assert not seqio.get_mixture_or_task("decal_builtin_continuation").predict_metric_fns

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 from decal_jax.data import local_files, text_to_text, vocabularies
 from decal_jax.tasks import downstream_tasks
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
 from decal_jax import models
-from decal_jax.tasks import text_metrics
+from decal_jax import text_metrics
 from decal_jax.data import corpus, seqio_vocabularies, vocabularies
 from decal_jax.tasks import downstream_tasks, squid_tasks
 

@@ -66,7 +66,7 @@ def test_t5x_squid_files_join_the_query_where_the_network_reads_it(t5x_modules, 
   those of models/squid_<size>.gin's Squid (name for name, shape for shape), so a decal_jax
   Squid checkpoint (or an imported Qwen2 pair) is one."""
   import flax
-  from decal_jax.models.squid import SquidT5XFeatureConverter
+  from decal_jax.models.squid_features import SquidT5XFeatureConverter
   monkeypatch.delenv("DECAL_HF_TOKENIZER", raising=False)
   _parse(f"t5x/squid_{size}.gin", bindings=["QUERY_LENGTH = 12"])
   model = _build_model()

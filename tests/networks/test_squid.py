@@ -275,7 +275,7 @@ def test_t5x_feature_converter_joins_context_and_query():
   """seqio task features -> T5X's encoder-decoder features, the query padded into the last
   QUERY_LENGTH encoder columns; a 'query' length other than QUERY_LENGTH is refused."""
   import tensorflow as tf
-  from decal_jax.models.squid import SquidT5XFeatureConverter
+  from decal_jax.models.squid_features import SquidT5XFeatureConverter
   ds = tf.data.Dataset.from_tensors({"inputs": tf.constant([5, 6, 7], tf.int32),
                                      "query": tf.constant([8, 9], tf.int32),
                                      "targets": tf.constant([10, 11, 1], tf.int32)})

@@ -248,13 +248,15 @@ def test_the_synthetic_million_part_measures_what_it_names(result):
 def test_the_device_image_parts_ran_with_tensorflow_and_seqio_refused(result):
   """The parts marked device_image ran (status ok above) under a sitecustomize that refuses
   every DEVICE_IMAGE_LACKS import: so they run on a GPU image without TensorFlow / seqio
-  (the train parts too: bench_train's step, the probe and the profile)."""
+  (the train parts too: bench_train's step, the probe and the profile; the SmolLM2 parts
+  ran so in the data dry run, checked by the data-parts test)."""
   import subprocess
   import sys
   summary, out = result
   assert {p.name for p in gpu_suite.PARTS if p.device_image} == {
       "xla_flags", "train_probe", "train", "inference", "nuggets", "squid", "gpthf",
-      "retrieval", "retrieval_scale", "retrieval_1m"}
+      "retrieval", "retrieval_scale", "retrieval_1m", "smollm2_autoencode", "smollm2_lm_train",
+      "smollm2_squid"}  # the SmolLM2 parts: in the data dry run (data_result)
   assert {"tensorflow", "tensorflow_text", "seqio", "clu", "t5"} <= set(
       gpu_suite.DEVICE_IMAGE_LACKS)
   for name in ("train_probe", "train"):  # every option set and C ran (the probe test above)
@@ -394,6 +396,33 @@ def test_the_gpu_smollm2_squid_arguments_parse():
   assert set(args.memories) == {"tokens", "means", "full", "none"}
   assert [s for s, _ in smollm2_squid.active_stages(args)] == ["restore", "continue", "qa"]
   assert (args.length, args.batch, args.large) == (256, 16, "trains")
+
+
+def test_the_gpu_smollm2_runs_score_no_more_held_out_examples_than_the_data_holds():
+  """Each SmolLM2 part asks for at most the held-out examples the shared data holds at its
+  lengths (SmolLM2's own tokens): the first H200 lease found the autoencoder asking for 256
+  held-out 256-token segments of the 55 there are, and exiting before any training."""
+  from tools import smollm2_autoencode, smollm2_squid
+  from tools import smollm2_squid_model as sm
+  pytest.importorskip("gguf", reason="reading SmolLM2's GGUF needs the gguf package")
+  if not (gpu_suite.data_dir() / "text").exists() or not (gpu_suite.data_dir() / "squad").exists():
+    pytest.skip(f"no text / squad under the shared data folder {gpu_suite.data_dir()}")
+  from decal_jax.interop import gguf
+  try:
+    metadata = gguf.read_gguf(gguf.smollm2_gguf_path()).metadata
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  tokenizer, _ = gguf.tokenizer_from_gguf(metadata)
+  scale = gpu_suite.gpu_scale(None).tools
+  ae = smollm2_autoencode.parse(scale["smollm2_autoencode"])
+  held_out = len(smollm2_autoencode.segments(tokenizer, ae.length)["validation"])
+  assert ae.bleu_segments <= ae.eval_segments <= held_out, (ae.eval_segments, held_out)
+  squid = smollm2_squid.parse(scale["smollm2_squid"])
+  eos = tokenizer.token_to_id("<|im_end|>")
+  data = smollm2_squid.stage_data(squid, tokenizer, eos, tokenizer.encode(sm.RESTORE_PROMPT).ids)
+  assert set(data) == {"restore", "continue", "qa"}  # none left out, none too short (exits)
+  assert all(len(d["validation"]["decoder_target_tokens"]) == squid.eval_segments
+             for d in data.values())
 
 
 def test_the_lease_times_decal_4x_first_and_fits_one_device_command():

@@ -169,7 +169,7 @@ def test_greedy_restoration_is_the_uncached_decoders(imported, memory):
 
 
 def test_greedy_answers_are_scored_as_squad(imported):
-  from tasks import text_metrics
+  from decal_jax import text_metrics
   model = sm.build(TINY, "tokens", 4, 8, EOS, start=PROMPT[-1])
   params = _tree(sm.initial_params(model, imported, seed=3))
   ex = sm.examples(_random(5, (3, 8)), _random(6, (3, 2)), np.full(3, PROMPT[-1]),
@@ -285,3 +285,9 @@ def test_a_resumed_sweep_runs_only_what_its_work_file_lacks(tmp_path, monkeypatc
   assert ran == [(4, "tokens", 1), (None, "none", 0)]
   assert [json.loads(x)["seed"] for x in log.read_text().splitlines()] == [0, 1, 0]
   assert "| 4 | tokens | 2 |" in (tmp_path / "r.md").read_text()
+
+
+def test_the_restoration_prompt_is_the_librarys():
+  """The tool writes out the library's stage-1 prompt (it must not import the seqio tasks)."""
+  from decal_jax.tasks import squid_tasks
+  assert sm.RESTORE_PROMPT == squid_tasks.RESTORE_PROMPT

@@ -1,4 +1,6 @@
-"""Metrics of generated text, as seqio `metric_fns(targets, predictions) -> {name: value}`.
+"""Metrics of generated text, as seqio `metric_fns(targets, predictions) -> {name: value}`: the
+seqio tasks' (`decal_jax.tasks`) and the lab's (the SmolLM2 tools). A foundation with no seqio
+or TensorFlow, so a GPU image without them scores generated text too.
 
 * `rouge`: ROUGE-1 / ROUGE-2 / ROUGE-L / ROUGE-Lsum F-measure (the `rouge-score` package,
   Porter stemming, as in the DeCAL summarization tables), averaged over examples, x 100.
@@ -22,7 +24,6 @@ from typing import Dict, List, Sequence, Union
 
 import numpy as np
 import sacrebleu
-from rouge_score import rouge_scorer
 
 Target = Union[str, Sequence[str]]
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -46,6 +47,7 @@ def _check_lengths(targets: Sequence[Target], predictions: Sequence[str]) -> Non
 def rouge(targets: Sequence[Target], predictions: Sequence[str]) -> Dict[str, float]:
   """Mean ROUGE F-measure x 100 (best reference per example when there are several)."""
   _check_lengths(targets, predictions)
+  from rouge_score import rouge_scorer  # here: only ROUGE needs it (sacrebleu: BLEU)
   scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True,
                                     split_summaries=False)
   totals = collections.defaultdict(float)
