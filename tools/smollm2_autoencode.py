@@ -100,8 +100,8 @@ def initial_params(model, imported, seed: int, length: int):
   """(trainable, frozen) flat dicts: the imported base is frozen; LoRA (B = 0, so the
   model starts as the base), the soft prompt and the scorer come from init with `seed`."""
   shapes = {"encoder_input_tokens": (1, length), "decoder_input_tokens": (1, length + 1)}
-  # on the host CPU: a GPU compiles the 30 layers' initializers for minutes (an H200 lease,
-  # 2026-11-29, reached no training step in 8 minutes; bench_train --init_on_host likewise)
+  # on the host CPU, as bench_train --init_on_host (a GPU compiled T5.1.1-small's initializers
+  # in 75 s): the likely reason an H200 lease (2026-11-29) reached no training step in 8 minutes
   with jax.default_device(jax.devices("cpu")[0]):
     init = jax.jit(lambda key: model.get_initial_variables(key, shapes))(
         jax.random.PRNGKey(seed))
