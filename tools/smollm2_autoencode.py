@@ -97,23 +97,36 @@ def build(config, ratio: int, selection: str, lora_rank: int, eos: int):
 
 
 def initial_params(model, imported, seed: int, length: int):
-  """(trainable, frozen) flat dicts: the imported base is frozen; LoRA (B = 0, so the
-  model starts as the base), the soft prompt and the scorer come from init with `seed`."""
+  """(trainable, frozen) flat dicts on the default device: the imported base is frozen; LoRA
+  (B = 0, so the model starts as the base), the soft prompt and the scorer come from init
+  with `seed`."""
   shapes = {"encoder_input_tokens": (1, length), "decoder_input_tokens": (1, length + 1)}
-  # on the host CPU, as bench_train --init_on_host (a GPU compiled T5.1.1-small's initializers
-  # in 75 s): the likely reason an H200 lease (2026-11-29) reached no training step in 8 minutes
+
+  def initialised(key):  # the trainable leaves only: XLA drops the base's 134.5M draws
+    flat = flax.traverse_util.flatten_dict(model.get_initial_variables(key, shapes)["params"])
+    return {k: v for k, v in flat.items() if k[0] != "stack" or "lora" in k[-1]}
+
+  key = jax.random.PRNGKey(seed)
+  names = flax.traverse_util.flatten_dict(
+      jax.eval_shape(lambda k: model.get_initial_variables(k, shapes), key)["params"])
+  # on the host CPU, as bench_train --init_on_host: an H200 lease (2026-11-29) compiled the
+  # initializers of the whole model for minutes and reached no training step in 8
   with jax.default_device(jax.devices("cpu")[0]):
-    init = jax.jit(lambda key: model.get_initial_variables(key, shapes))(
-        jax.random.PRNGKey(seed))
-  flat = flax.traverse_util.flatten_dict(init["params"])
-  base = flax.traverse_util.flatten_dict(imported)  # {'stack': ...}
+    trainable = jax.jit(initialised)(key)
   device = jax.devices()[0]
-  trainable = {k: jax.device_put(v, device) for k, v in flat.items()
-               if k[0] != "stack" or "lora" in k[-1]}
-  missing = [k for k in flat if k not in trainable and k not in base]
+  base = flax.traverse_util.flatten_dict(imported)  # {'stack': ...}
+  missing = [k for k in names if k not in trainable and k not in base]
   if missing:
     raise ValueError(f"the imported SmolLM2 lacks {len(missing)} parameters, e.g. {missing[0]}")
-  return trainable, {k: base[k] for k in flat if k not in trainable}
+  # on the device once: numpy leaves would travel host -> device (538 MB) at every step
+  return ({k: jax.device_put(v, device) for k, v in trainable.items()},
+          {k: jax.device_put(base[k], device) for k in names if k not in trainable})
+
+
+def optimizer_state(opt, trainable):
+  """opt.init(trainable), committed to the device like the step's outputs: an uncommitted
+  step counter made the step compile twice (once per sharding; seen in the compile log)."""
+  return jax.device_put(opt.init(trainable), jax.devices()[0])
 
 
 def optimizer(args, trainable, train_scorer: bool):
@@ -228,7 +241,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
   model = build(config, ratio, selection, args.lora_rank, eos)
   trainable, frozen = initial_params(model, imported, seed, args.length)
   opt = optimizer(args, trainable, train_scorer=selection == "nuggets")
-  state = opt.init(trainable)
+  state = optimizer_state(opt, trainable)
   print(f"  r={ratio} {selection} seed {seed}: initialised ({time.time() - began:.0f} s; the "
         "first evaluation's time includes its compile)", flush=True)
 

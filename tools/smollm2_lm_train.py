@@ -132,7 +132,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
   if start_from:
     trainable = scorer_from(start_from, trainable)
   opt = ae.optimizer(args, trainable, train_scorer=kind == "nuggets")
-  state = opt.init(trainable)
+  state = ae.optimizer_state(opt, trainable)
 
   def params_of(tr, fr=frozen):
     return flax.traverse_util.unflatten_dict({**tr, **fr})

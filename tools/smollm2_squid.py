@@ -164,7 +164,7 @@ def train_stage(args, model, params: dict, data: dict, stage: str, steps: int, s
       opt = optimizer(args, trainable, steps)
       return opt, train_step(model, opt)
     opt, step = compiled((model, tuple(sorted(trainable)), steps), make)
-    state = opt.init(trainable)
+    state = ae.optimizer_state(opt, trainable)
   order = np.random.default_rng(seed).permutation(size_of(train))
   curve, losses, times, start = [], [], [], time.time()
   for t in range(steps + 1):

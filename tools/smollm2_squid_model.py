@@ -102,9 +102,9 @@ def build(decoder, memory: str, ratio: int, max_context: int, eos: int, start: i
 
 
 def initial_params(model, imported, seed: int) -> Dict[tuple, jnp.ndarray]:
-  """Flat params: each decoder the network has is the imported one (the same arrays), the
-  memory tokens and the projector from init with `seed` (run on a one-layer copy: their
-  shapes do not depend on depth, and two 30-layer inits would cost a minute)."""
+  """Flat params on the device: each decoder the network has is the imported one (the same
+  arrays), the memory tokens and the projector from init with `seed` (run on a one-layer
+  copy: their shapes do not depend on depth, and two 30-layer inits would cost a minute)."""
   cfg = model.module.config
   shallow = model.module.clone(config=dataclasses.replace(
       cfg, small=dataclasses.replace(cfg.small, num_layers=1),
@@ -113,7 +113,9 @@ def initial_params(model, imported, seed: int) -> Dict[tuple, jnp.ndarray]:
   init = jax.jit(lambda: shallow.init(jax.random.PRNGKey(seed), tokens, tokens[:, :4],
                                       tokens[:, :4], query_tokens=tokens[:, :2],
                                       enable_dropout=False))()
-  base = flax.traverse_util.flatten_dict(imported)  # {('stack', ...): ...}
+  device = jax.devices()[0]  # the base on the device once, shared by both decoders: numpy
+  base = {k: jax.device_put(w, device)  # leaves would travel host -> device at every step
+          for k, w in flax.traverse_util.flatten_dict(imported).items()}  # {('stack', ...): ...}
   params = {}
   for k, v in flax.traverse_util.flatten_dict(init["params"]).items():
     if k[0] not in DECODERS:

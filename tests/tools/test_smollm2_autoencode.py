@@ -85,6 +85,30 @@ def test_the_adapted_model_starts_as_the_frozen_base(imported, selection):
   np.testing.assert_allclose(adapted, without, rtol=1e-5, atol=1e-5)  # LoRA's B starts at 0
 
 
+def test_the_trainable_leaves_are_those_of_the_whole_models_init(imported):
+  """initial_params draws only the trainable leaves: the values of the whole model's jitted
+  init (the earlier runs' draws; an eager init differs in the last bit)."""
+  model = ae.build(TINY, 4, "nuggets", lora_rank=4, eos=EOS)
+  trainable, _ = ae.initial_params(model, imported, seed=5, length=12)
+  shapes = {"encoder_input_tokens": (1, 12), "decoder_input_tokens": (1, 13)}
+  full = flax.traverse_util.flatten_dict(jax.jit(
+      lambda key: model.get_initial_variables(key, shapes))(jax.random.PRNGKey(5))["params"])
+  assert trainable and all(np.array_equal(trainable[k], full[k]) for k in trainable)
+
+
+def test_the_optimizer_state_lets_the_step_compile_once(imported):
+  """A fresh opt.init's counters are uncommitted, the step's outputs committed: without
+  optimizer_state the second call compiles the step again."""
+  model = ae.build(TINY, 4, "nuggets", lora_rank=4, eos=EOS)
+  trainable, _ = ae.initial_params(model, imported, seed=0, length=12)
+  args = types.SimpleNamespace(lr=1e-2, warmup=0, steps=10, scorer_lr_scale=0.25)
+  opt = ae.optimizer(args, trainable, train_scorer=True)
+  for state, compiles in ((opt.init(trainable), 2), (ae.optimizer_state(opt, trainable), 1)):
+    update = jax.jit(lambda t, st: opt.update(t, st, t)[1])
+    update(trainable, update(trainable, state))
+    assert update._cache_size() == compiles
+
+
 @pytest.mark.parametrize("selection,scale", [("nuggets", 0.25), ("random", 0.0)])
 def test_the_scorer_moves_at_its_scale_or_not_at_all(imported, selection, scale):
   model = ae.build(TINY, 4, selection, lora_rank=4, eos=EOS)
