@@ -178,11 +178,11 @@ def table(results: List[Dict]) -> List[str]:
 
 
 def mean_sentence_length() -> float:
-  from decal_jax.data import real_text, sentences
+  from decal_jax.data import real_text, real_text_files, sentences
   vocabulary = real_text.vocabulary()
   end = sentences.sentence_end_id(vocabulary)
   ids = np.concatenate([sentences.encode_sentences(d, vocabulary, end, 64)
-                        for d in real_text.documents()["validation"]])
+                        for d in real_text_files.documents()["validation"]])
   return len(ids) / max(int((ids == end).sum()), 1)
 
 

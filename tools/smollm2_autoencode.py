@@ -22,7 +22,7 @@ scorer train; the 134.5M base parameters stay frozen. Selections, all at ratio r
                baseline the paper compares with)
 
 Data: the shared folder's C4 and WikiText-2 documents ($DECAL_DATA_DIR, default
-../shared/data), split by `real_text.split_of` (a document is train or validation by the
+../shared/data), split by `real_text_files.split_of` (a document is train or validation by the
 hash of its text), tokenized with SmolLM2's tokenizer and cut into non-overlapping
 --length-token segments. Training draws segments from the train documents in an order set
 by the seed; every run is scored on the same held-out segments (of the validation
@@ -57,14 +57,14 @@ def segments(tokenizer, length: int, data_dir=None) -> Dict[str, List[np.ndarray
   """{'train': every non-overlapping `length`-token segment of the train documents,
   'validation': those of the validation documents, round robin (each document's first
   segment, then each one's second, ...)} (int32 arrays)."""
-  from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
-  folder = pathlib.Path(data_dir) if data_dir else real_text.data_dir()
+  from decal_jax.data import real_text_files  # seqio-free (GPU image)
+  folder = pathlib.Path(data_dir) if data_dir else real_text_files.data_dir()
   train, held_out = [], []
   for source in SOURCES:
-    for text in real_text.READERS[source](real_text.source_path(source, folder)):
+    for text in real_text_files.READERS[source](real_text_files.source_path(source, folder)):
       ids = np.asarray(tokenizer.encode(text).ids, np.int32)
       pieces = [ids[i:i + length] for i in range(0, len(ids) - length + 1, length)]
-      if real_text.split_of(text) == "train":
+      if real_text_files.split_of(text) == "train":
         train += pieces
       elif pieces:
         held_out.append(pieces)
@@ -127,6 +127,25 @@ def optimizer_state(opt, trainable):
   """opt.init(trainable), committed to the device like the step's outputs: an uncommitted
   step counter made the step compile twice (once per sharding; seen in the compile log)."""
   return jax.device_put(opt.init(trainable), jax.devices()[0])
+
+
+def params_of(trainable: dict, frozen: dict) -> dict:
+  """The model's params tree from the flat trainable and frozen leaves."""
+  return flax.traverse_util.unflatten_dict({**trainable, **frozen})
+
+
+def train_step(model, opt):
+  """The jitted step (trainable, optimizer state, frozen, batch) -> (trainable, state, loss)
+  of the SmolLM2 tools. The frozen leaves are an argument, not constants closed over: 134.5M
+  constants in the program made XLA's compile slow and each compilation-cache entry as large
+  as the model; they get no gradient."""
+  @jax.jit
+  def step(tr, st, frozen, batch):
+    (loss, _), grads = jax.value_and_grad(
+        lambda t: model.loss_fn(params_of(t, frozen), batch, None), has_aux=True)(tr)
+    updates, st = opt.update(grads, st, tr)
+    return optax.apply_updates(tr, updates), st, loss
+  return step
 
 
 def optimizer(args, trainable, train_scorer: bool):
@@ -245,18 +264,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
   print(f"  r={ratio} {selection} seed {seed}: initialised ({time.time() - began:.0f} s; the "
         "first evaluation's time includes its compile)", flush=True)
 
-  def params_of(tr, fr=frozen):
-    return flax.traverse_util.unflatten_dict({**tr, **fr})
-
-  # the frozen base is an argument, not a closed-over constant: 134.5M constants in the
-  # program made XLA's compile slow and each compilation-cache entry as large as the model
-  @jax.jit
-  def step(tr, fr, st, batch):
-    (loss, _), grads = jax.value_and_grad(
-        lambda t: model.loss_fn(params_of(t, fr), batch, None), has_aux=True)(tr)
-    updates, st = opt.update(grads, st, tr)
-    return optax.apply_updates(tr, updates), st, loss
-
+  step = train_step(model, opt)
   eval_fn = jax.jit(lambda p, b: model.loss_fn(p, b, None))
   held_out = np.stack(data["validation"][:args.eval_segments])  # [m, n]
   order = np.random.default_rng(seed).permutation(len(data["train"]))
@@ -264,7 +272,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
   curve, losses, start = [], [], time.time()
   for t in range(args.steps + 1):
     if t % args.eval_every == 0 or t == args.steps:
-      curve.append({"step": t, **evaluate(eval_fn, params_of(trainable), held_out, eos,
+      curve.append({"step": t, **evaluate(eval_fn, params_of(trainable, frozen), held_out, eos,
                                           args.eval_batch),
                     "train_loss": float(np.mean(losses[-args.eval_every:])) if losses else None})
       print(f"  r={ratio} {selection} seed {seed} step {t}: held-out NLL "
@@ -273,14 +281,14 @@ def train_run(args, config, imported, tokenizer, data, eos: int, ratio: int, sel
     if t == args.steps:
       break
     rows = order[(t * args.batch + np.arange(args.batch)) % len(order)]
-    trainable, state, loss = step(trainable, frozen, state, batch_of(train[rows], eos))
+    trainable, state, loss = step(trainable, state, frozen, batch_of(train[rows], eos))
     losses.append(float(loss))
-  bleu, exact, examples = reconstruct(model, params_of(trainable),
+  bleu, exact, examples = reconstruct(model, params_of(trainable, frozen),
                                       held_out[:args.bleu_segments], tokenizer, eos,
                                       args.eval_batch)
   kept = None
   if selection != "compressive":
-    kept = kept_summary(kept_tokens(model, params_of(trainable), held_out), held_out,
+    kept = kept_summary(kept_tokens(model, params_of(trainable, frozen), held_out), held_out,
                         delimiters, tokenizer.decode)
   return {"ratio": ratio, "selection": selection, "seed": seed, "steps": args.steps,
           "bleu": bleu, "greedy_accuracy": exact, "curve": curve, "examples": examples,
@@ -406,8 +414,8 @@ def parse(argv):
   p.add_argument("--scorer-lr-scale", type=float, default=1.0)
   p.add_argument("--eval-segments", type=int, default=64)
   p.add_argument("--bleu-segments", type=int, default=32)
-  smollm2_runs.add_arguments(p, work="runs/smollm2_autoencode", lr=2e-3, warmup=20,
-                             eval_every=25, eval_batch=16)
+  smollm2_runs.add_arguments(p, work="docs/results/runs/smollm2_autoencode", lr=2e-3,
+                             warmup=20, eval_every=25, eval_batch=16)
   args = p.parse_args(argv)
   smollm2_runs.check_arguments(p, args, argv, min_layers=3)
   if args.steps < 1 or args.batch < 1:

@@ -273,13 +273,13 @@ def paired(a: Sequence[float], b: Sequence[float]):
 # ----------------------------------------------------------------------------- data
 def documents(source: str, tokenizer, count: int, length: int) -> List[np.ndarray]:
   """The first `length` token ids of the first `count` documents that have that many."""
-  from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
-  path = real_text.data_dir() / real_text.FILES[source]
+  from decal_jax.data import real_text_files  # seqio-free (GPU image)
+  path = real_text_files.data_dir() / real_text_files.FILES[source]
   if not path.exists():
     raise FileNotFoundError(f"{path} is absent (set DECAL_DATA_DIR to the shared data folder, "
                             "default ../shared/data)")
   out = []
-  for text in real_text.READERS[source](path):
+  for text in real_text_files.READERS[source](path):
     ids = tokenizer.encode(text).ids
     if len(ids) >= length:
       out.append(np.asarray(ids[:length], np.int32))
@@ -433,7 +433,8 @@ def main(argv=None):
   parser.add_argument("--sink-ratio", type=int, default=10,
                       help="r of the attention-sink diagnostic rows (0: none)")
   parser.add_argument("--source", default="wikitext2", choices=["wikitext2", "c4"])
-  parser.add_argument("--work", default="runs/smollm2_lm", help="per-document JSON lines")
+  parser.add_argument("--work", default="docs/results/runs/smollm2_lm",
+                      help="per-document JSON lines")
   parser.add_argument("--minutes", type=float, default=0, help="stop after (0: never)")
   parser.add_argument("--table-only", action="store_true",
                       help="write the table from --work's finished documents")

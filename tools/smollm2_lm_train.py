@@ -48,11 +48,9 @@ import sys
 import time
 from typing import Dict, List
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from decal_jax.networks import dodo_lm
 from tools import benchmarking, results_files, smollm2_runs
@@ -134,15 +132,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
   opt = ae.optimizer(args, trainable, train_scorer=kind == "nuggets")
   state = ae.optimizer_state(opt, trainable)
 
-  def params_of(tr, fr=frozen):
-    return flax.traverse_util.unflatten_dict({**tr, **fr})
-
-  @jax.jit  # the frozen base an argument, not a constant (smollm2_autoencode.train_run)
-  def step(tr, fr, st, batch):
-    (loss, _), grads = jax.value_and_grad(
-        lambda t: model.loss_fn(params_of(t, fr), batch, None), has_aux=True)(tr)
-    updates, st = opt.update(grads, st, tr)
-    return optax.apply_updates(tr, updates), st, loss
+  step = ae.train_step(model, opt)
 
   first = args.length - args.continuation
   nll_fn = nll_function(model.module, first)
@@ -152,7 +142,7 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
   curve, losses, start = [], [], time.time()
   for t in range(args.steps + 1):
     if t % args.eval_every == 0 or t == args.steps:
-      docs = continuation_nll(nll_fn, params_of(trainable), held_out, args.eval_batch)
+      docs = continuation_nll(nll_fn, ae.params_of(trainable, frozen), held_out, args.eval_batch)
       curve.append({"step": t, "nll": float(np.mean(docs)), "doc_nll": docs,
                     "train_loss": float(np.mean(losses[-args.eval_every:])) if losses else None})
       print(f"  {name} seed {seed} step {t}: continuation NLL {curve[-1]['nll']:.3f} "
@@ -160,11 +150,11 @@ def train_run(args, config, imported, tokenizer, data, eos: int, name: str, seed
     if t == args.steps:
       break
     rows = order[(t * args.batch + np.arange(args.batch)) % len(order)]
-    trainable, state, loss = step(trainable, frozen, state, lm_batch(train[rows]))
+    trainable, state, loss = step(trainable, state, frozen, lm_batch(train[rows]))
     losses.append(float(loss))
   kept = None
   if kind in ("nuggets", "random"):
-    ids = kept_tokens(model.module, params_of(trainable), held_out, first)
+    ids = kept_tokens(model.module, ae.params_of(trainable, frozen), held_out, first)
     kept = ae.kept_summary(ids, held_out[:, :first - args.window], delimiters, tokenizer.decode)
   return {"setting": name, "seed": seed, "steps": args.steps, "curve": curve, "kept": kept,
           "seconds": round(time.time() - start, 1), "scorer_from": start_from}
@@ -318,8 +308,8 @@ def parse(argv):
                       "does: a .npz that smollm2_autoencode saved ('{r}' and '{seed}' in the "
                       "path: the row's ratio and seed); those rows are marked 'from AE'")
   p.add_argument("--eval-documents", type=int, default=17)
-  smollm2_runs.add_arguments(p, work="runs/smollm2_lm_train", lr=1e-3, warmup=12,
-                             eval_every=30, eval_batch=4)
+  smollm2_runs.add_arguments(p, work="docs/results/runs/smollm2_lm_train", lr=1e-3,
+                             warmup=12, eval_every=30, eval_batch=4)
   args = p.parse_args(argv)
   smollm2_runs.check_arguments(p, args, argv, min_layers=3)
   args.settings = list(dict.fromkeys(args.settings))  # a name given twice runs once

@@ -2,7 +2,10 @@
 share: their common flags, the model line of their results files, and the resumable sweep —
 one JSON line per finished run in a --work file named by the training setting (runs under
 other settings are never mixed), so that a stopped sweep continues where it stopped, a
-finished run never trains twice, and the results table is rewritten after every run."""
+finished run never trains twice, and the results table is rewritten after every run. The
+default --work folders are under docs/results/runs/ and committed with the tables (a
+results table is rewritten from them; the trained leaves, .npz, are ignored by git): until
+2026-11-30 they were under the ignored runs/, and a fresh checkout lost every record."""
 import argparse
 import json
 import pathlib

@@ -67,7 +67,6 @@ from typing import Dict, List
 import flax
 import jax
 import numpy as np
-import optax
 
 from tools import benchmarking, results_files, smollm2_runs
 from tools import smollm2_autoencode as ae
@@ -90,8 +89,8 @@ def stage_data(args, tokenizer, eos: int, prompt) -> Dict[str, dict]:
     data["continue"] = {s: sm.continue_examples(np.stack(segs[s]), args.length)
                         for s in ("train", "validation")}
   if args.qa_steps:
-    from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
-    records = sm.squad_records(str(real_text.data_dir() / "squad" / "dev-v1.1.json"))
+    from decal_jax.data import real_text_files  # seqio-free (GPU image)
+    records = sm.squad_records(str(real_text_files.data_dir() / "squad" / "dev-v1.1.json"))
     lengths = (args.qa_length, args.qa_query_length, args.qa_answer_length)
     train, _ = sm.qa_examples(records["train"], tokenizer, eos, lengths)
     held_out, answers = sm.qa_examples(records["validation"], tokenizer, eos, lengths)
@@ -109,19 +108,6 @@ def size_of(ex: dict) -> int:
 
 
 # ----------------------------------------------------------------------------- one run
-def train_step(model, opt):
-  """The jitted step (trainable, optimizer state, frozen, batch) -> (trainable, state, loss);
-  the frozen leaves are an argument (not constants in the program) and get no gradient."""
-  @jax.jit
-  def step(tr, st, frozen, batch):
-    (loss, _), grads = jax.value_and_grad(
-        lambda t: model.loss_fn(flax.traverse_util.unflatten_dict({**t, **frozen}), batch,
-                                None), has_aux=True)(tr)
-    updates, st = opt.update(grads, st, tr)
-    return optax.apply_updates(tr, updates), st, loss
-  return step
-
-
 def optimizer(args, trainable, steps: int):
   """smollm2_autoencode's Adam; the pretrained decoders' updates x --decoder-lr-scale."""
   return ae.scaled_adam(args.lr, args.warmup, steps, trainable,
@@ -154,7 +140,7 @@ def train_stage(args, model, params: dict, data: dict, stage: str, steps: int, s
   held_out, train = data["validation"], data["train"]
 
   def score():
-    params_now = flax.traverse_util.unflatten_dict({**trainable, **frozen})
+    params_now = ae.params_of(trainable, frozen)
     return ae.evaluate_batches(eval_fn, params_now, (
         sm.batch_of(held_out, np.arange(i, min(i + args.eval_batch, size_of(held_out))))
         for i in range(0, size_of(held_out), args.eval_batch)))
@@ -162,7 +148,7 @@ def train_stage(args, model, params: dict, data: dict, stage: str, steps: int, s
   if steps:
     def make():
       opt = optimizer(args, trainable, steps)
-      return opt, train_step(model, opt)
+      return opt, ae.train_step(model, opt)
     opt, step = compiled((model, tuple(sorted(trainable)), steps), make)
     state = ae.optimizer_state(opt, trainable)
   order = np.random.default_rng(seed).permutation(size_of(train))
@@ -417,8 +403,8 @@ def parse(argv):
                  help="context tokens of the latency rows (default --length; 0: none)")
   p.add_argument("--latency-query", type=int, default=16)
   p.add_argument("--latency-answer", type=int, default=16)
-  smollm2_runs.add_arguments(p, work="runs/smollm2_squid", lr=1e-3, warmup=20, eval_every=20,
-                             eval_batch=16)
+  smollm2_runs.add_arguments(p, work="docs/results/runs/smollm2_squid", lr=1e-3, warmup=20,
+                             eval_every=20, eval_batch=16)
   args = p.parse_args(argv)
   smollm2_runs.check_arguments(p, args, argv, min_layers=1)
   if args.latency_length is None:

@@ -179,12 +179,12 @@ def continue_examples(segments: np.ndarray, first: int) -> dict:
 
 def squad_records(path: str) -> Dict[str, List[dict]]:
   """SQuAD v1.1 questions {'train': [...], 'validation': [...]}, split by the hash of the
-  paragraph (`real_text.split_of`: 5 % validation), so the splits share no context."""
+  paragraph (`real_text_files.split_of`: 5 % validation), so the splits share no context."""
   from decal_jax.data import convert
-  from decal_jax.data import real_text_files as real_text  # seqio-free (GPU image)
+  from decal_jax.data import real_text_files  # seqio-free (GPU image)
   out = {"train": [], "validation": []}
   for record in convert.squad(path):
-    out[real_text.split_of(record["context"])].append(record)
+    out[real_text_files.split_of(record["context"])].append(record)
   return out
 
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import seqio
 import tensorflow as tf
 
-from decal_jax.data import corpus, real_text
+from decal_jax.data import corpus, real_text_files
 
 SPLITS = ("train", "validation")
 VALIDATION_PERCENT = 3
@@ -36,8 +36,8 @@ def _wikitext_paragraphs(path: pathlib.Path) -> List[str]:
   return [line for line in lines if line and not (line.startswith("=") and line.endswith("="))]
 
 
-READERS = {"c4": real_text.c4_documents, "wikitext": _wikitext_paragraphs,
-           "tinystories": real_text.tinystories_documents}
+READERS = {"c4": real_text_files.c4_documents, "wikitext": _wikitext_paragraphs,
+           "tinystories": real_text_files.tinystories_documents}
 
 
 def split_of(document: str) -> str:
@@ -55,7 +55,7 @@ def _interleave(lists: List[List[str]]) -> List[str]:
 @functools.lru_cache(maxsize=None)
 def documents(directory: Optional[str] = None) -> Dict[str, List[str]]:
   """{'train': [...], 'validation': [...]}: the three sources' documents, interleaved."""
-  folder = pathlib.Path(directory) if directory else real_text.data_dir()
+  folder = pathlib.Path(directory) if directory else real_text_files.data_dir()
   per_source = {split: [] for split in SPLITS}
   for name, file in FILES.items():
     path = folder / "text" / file

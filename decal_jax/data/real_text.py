@@ -1,18 +1,7 @@
-"""The real text of the shared data folder (about 1M words of C4, WikiText-2 and TinyStories,
-`<data dir>/text/`) as documents with a fixed train / validation split, a seqio source, and a
-SentencePiece vocabulary trained on its training split.
-
-The data dir is `$DECAL_DATA_DIR`, default `../shared/data` (from a checkout's root); the files
-are read, never copied. Documents:
-
-  C4          each JSON line's `text` (1,000 web pages)
-  WikiText-2  each article of the raw test split: a ` = Title = ` line and the lines up to the
-              next one (line ends normalised, blank lines dropped)
-  TinyStories each story between `<|endoftext|>` markers (the file's last one is cut short)
-
-Exact repeats are kept once. Each document goes to 'validation' when the SHA-256 of its text
-falls in the first VALIDATION_PERCENT buckets of 100 (`corpus.split_of`'s rule), else to
-'train': the splits never share a document, and the choice does not depend on file order.
+"""The real text of the shared data folder (about 1M words of C4, WikiText-2 and TinyStories)
+as a seqio source and a SentencePiece vocabulary trained on its training split. The documents
+and their train / validation split are `real_text_files`' (its docstring says how they are
+read and split).
 
 The vocabulary (`vocabulary()`: at most VOCAB_SIZE pieces with UTF-8 byte fallback, plus 100
 sentinels, T5's pad 0 / eos 1 / unk 2) is trained on the training documents only, on first
@@ -26,10 +15,8 @@ import seqio
 import tensorflow as tf
 
 from decal_jax.data import seqio_vocabularies, vocabularies
-# the documents and their split (seqio-free; re-exported here, their first home)
-from decal_jax.data.real_text_files import (  # noqa: F401  (re-exports: see above)
-    FILES, READERS, SPLITS, VALIDATION_PERCENT, c4_documents, data_dir, documents,
-    source_path, split_of, tinystories_documents, wikitext_documents)
+# the documents and their split live in real_text_files (seqio-free: the GPU image has no TF)
+from decal_jax.data.real_text_files import SPLITS, documents
 
 VOCAB_SIZE = 4000
 

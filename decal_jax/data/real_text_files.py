@@ -1,7 +1,19 @@
 """The real text of the shared data folder (C4, WikiText-2 and TinyStories, `<data dir>/text/`)
 read as documents with a fixed train / validation split: plain Python, no seqio or
 TensorFlow, so the SmolLM2 tools read it on a GPU image without them. `real_text` builds the
-seqio source and the vocabulary on it (its docstring describes the documents and the split).
+seqio source and the vocabulary on it.
+
+The data dir is `$DECAL_DATA_DIR`, default `../shared/data` (from a checkout's root); the files
+are read, never copied. Documents:
+
+  C4          each JSON line's `text` (1,000 web pages)
+  WikiText-2  each article of the raw test split: a ` = Title = ` line and the lines up to the
+              next one (line ends normalised, blank lines dropped)
+  TinyStories each story between `<|endoftext|>` markers (the file's last one is cut short)
+
+Exact repeats are kept once. Each document goes to 'validation' when the SHA-256 of its text
+falls in the first VALIDATION_PERCENT buckets of 100 (`corpus.split_of`'s rule), else to
+'train': the splits never share a document, and the choice does not depend on file order.
 """
 import functools
 import json

@@ -11,7 +11,7 @@ import pytest
 import seqio
 
 import decal_jax.tasks  # noqa: F401  (registers the tasks)
-from decal_jax.data import real_text
+from decal_jax.data import real_text_files
 
 import paths
 
@@ -21,10 +21,10 @@ TASK = "decal_real_text_sentence_lm"
 
 @pytest.fixture(autouse=True)
 def data(monkeypatch):
-  if not (DATA_DIR / real_text.FILES["tinystories"]).exists():
+  if not (DATA_DIR / real_text_files.FILES["tinystories"]).exists():
     pytest.skip(f"{DATA_DIR / 'text'} not found: set DECAL_DATA_DIR to the shared data folder")
   monkeypatch.setenv("DECAL_DATA_DIR", str(DATA_DIR))
-  return real_text.documents(DATA_DIR)
+  return real_text_files.documents(DATA_DIR)
 
 
 def _squeeze(text: str) -> str:
@@ -35,16 +35,16 @@ def _squeeze(text: str) -> str:
 def _raw_texts():
   """Each source's whole text as the files hold it, read here without the readers."""
   c4 = [json.loads(line)["text"] for line in
-        (DATA_DIR / real_text.FILES["c4"]).read_text(encoding="utf-8").splitlines()]
-  wiki = (DATA_DIR / real_text.FILES["wikitext2"]).read_text(encoding="utf-8")
-  stories = (DATA_DIR / real_text.FILES["tinystories"]).read_text(encoding="utf-8")
+        (DATA_DIR / real_text_files.FILES["c4"]).read_text(encoding="utf-8").splitlines()]
+  wiki = (DATA_DIR / real_text_files.FILES["wikitext2"]).read_text(encoding="utf-8")
+  stories = (DATA_DIR / real_text_files.FILES["tinystories"]).read_text(encoding="utf-8")
   return {"c4": "".join(c4), "wikitext2": wiki, "tinystories": stories.replace(
       "<|endoftext|>", "")}
 
 
 def test_documents_are_the_files_text_split_once(data):
   raw = {source: _squeeze(text) for source, text in _raw_texts().items()}
-  read = {s: real_text.READERS[s](DATA_DIR / real_text.FILES[s]) for s in raw}
+  read = {s: real_text_files.READERS[s](DATA_DIR / real_text_files.FILES[s]) for s in raw}
   for source, text in raw.items():
     # Each document is the file's own text, in file order, and together they cover every
     # non-space character of it (markers and JSON syntax aside).
@@ -59,8 +59,8 @@ def test_documents_are_the_files_text_split_once(data):
   assert not set(data["train"]) & set(data["validation"])
   # ~1M words; the validation share is near VALIDATION_PERCENT of the documents.
   assert 0.9e6 < sum(len(d.split()) for d in every) < 1.2e6
-  assert 0.5 * real_text.VALIDATION_PERCENT < 100 * len(data["validation"]) / len(every) < \
-      2 * real_text.VALIDATION_PERCENT
+  assert 0.5 * real_text_files.VALIDATION_PERCENT < 100 * len(data["validation"]) / len(every) < \
+      2 * real_text_files.VALIDATION_PERCENT
 
 
 def test_no_validation_document_occurs_in_the_training_text(data):
@@ -86,4 +86,4 @@ def test_validation_chunks_decode_to_the_validation_documents(builtin_vocabulary
 
 def test_missing_data_folder_names_the_fix(tmp_path):
   with pytest.raises(FileNotFoundError, match="DECAL_DATA_DIR"):
-    real_text.documents(tmp_path)
+    real_text_files.documents(tmp_path)

@@ -64,9 +64,9 @@ def test_gpthf_real_text_run_file_reads_each_token_once(monkeypatch):
   vocabulary; GPTHF and the 6-block GPT have the same parameters (2,262,656); the run reads
   fewer tokens than the training split holds, counted here by tokenizing it."""
   import os
-  from decal_jax.data import real_text, sentences
+  from decal_jax.data import real_text, real_text_files, sentences
   data = pathlib.Path(os.environ.get("DECAL_DATA_DIR", REPO.parent / "shared" / "data"))
-  if not (data / real_text.FILES["c4"]).exists():
+  if not (data / real_text_files.FILES["c4"]).exists():
     pytest.skip(f"{data / 'text'} not found: set DECAL_DATA_DIR to the shared data folder")
   monkeypatch.setenv("DECAL_DATA_DIR", str(data))
   _parse("models/gpthf_tiny.gin", "runs/gpthf_lm_real.gin",
@@ -82,7 +82,7 @@ def test_gpthf_real_text_run_file_reads_each_token_once(monkeypatch):
           gin.query_parameter("%TASK_FEATURE_LENGTHS")["targets"])
   end = vocab.vocab_size - 1
   held = sum(len(sentences.encode_sentences(d, vocab, end, cfg.max_sentence_length))
-             for d in real_text.documents()["train"])
+             for d in real_text_files.documents()["train"])
   assert read < held
   gin.clear_config()
   _parse("models/decoder_tiny.gin", "runs/gpthf_lm_real.gin",

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax.data import real_text
+from decal_jax.data import real_text_files
 from decal_jax.networks.decoder import Decoder
 from tools import smollm2_autoencode as ae
 
@@ -37,19 +37,19 @@ def _document(seed: int, n: int) -> str:
 def test_segments_come_whole_from_their_split_and_round_robin(tmp_path):
   docs = [_document(i, 8 + 5 * i) for i in range(40)]  # 8 .. 203 words
   (tmp_path / "text").mkdir()
-  (tmp_path / real_text.FILES["c4"]).write_text(
+  (tmp_path / real_text_files.FILES["c4"]).write_text(
       "\n".join(json.dumps({"text": d}) for d in docs[:20]) + "\n")
-  (tmp_path / real_text.FILES["wikitext2"]).write_text(
+  (tmp_path / real_text_files.FILES["wikitext2"]).write_text(
       "".join(f" = Title {i} = \n {d} \n" for i, d in enumerate(docs[20:])))
   data = ae.segments(WordTokenizer(), 16, tmp_path)
-  read = (real_text.c4_documents(tmp_path / real_text.FILES["c4"])
-          + real_text.wikitext_documents(tmp_path / real_text.FILES["wikitext2"]))
+  read = (real_text_files.c4_documents(tmp_path / real_text_files.FILES["c4"])
+          + real_text_files.wikitext_documents(tmp_path / real_text_files.FILES["wikitext2"]))
   want = {"train": [], "validation": []}
   per_doc = []
   for text in read:
     ids = WordTokenizer().encode(text).ids
     pieces = [ids[16 * i:16 * (i + 1)] for i in range(len(ids) // 16)]
-    if real_text.split_of(text) == "train":
+    if real_text_files.split_of(text) == "train":
       want["train"] += pieces
     elif pieces:
       per_doc.append(pieces)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decal_jax.data import real_text
+from decal_jax.data import real_text_files
 from decal_jax.networks.decoder import Decoder
 from tools import smollm2_squid as tool
 from tools import smollm2_squid_model as sm
@@ -96,7 +96,7 @@ def test_squad_records_split_by_paragraph(tmp_path):
   got = sm.squad_records(str(path))
   for split in ("train", "validation"):
     want = [(p["context"], qa["question"], [qa["answers"][0]["text"]]) for p in paragraphs
-            for qa in p["qas"] if real_text.split_of(p["context"]) == split]
+            for qa in p["qas"] if real_text_files.split_of(p["context"]) == split]
     assert [(r["context"], r["question"], r["answers"]) for r in got[split]] == want
   assert got["validation"], "60 paragraphs should put some in validation"
 
