@@ -3,12 +3,21 @@ import socket
 import subprocess
 
 
+_HANDED_OUT = set()  # the ports free_port gave this test process
+
+
 def free_port() -> int:
-  """A TCP port on localhost that nothing listens on now (for jax.distributed's
-  coordinator)."""
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+  """A TCP port on localhost that nothing listens on now (for jax.distributed's coordinator)
+  and that this test process was not given before: two jobs started in a row (a reference
+  beside a faulted job) must not share one, and the first has not bound its port yet when
+  the second asks."""
+  while True:
+    with socket.socket() as s:
+      s.bind(("localhost", 0))
+      port = s.getsockname()[1]
+    if port not in _HANDED_OUT:
+      _HANDED_OUT.add(port)
+      return port
 
 
 def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:

@@ -302,3 +302,26 @@ def test_when_jax_aborts_the_message_names_the_silent_process_or_else_process_0(
   _round(dogs, now, 1.0)
   assert "process 0 of 3" in dogs[1].explain_abort()  # nobody silent: the coordinator
   assert "JAX's distributed service stopped process 0" in dogs[0].explain_abort()
+
+
+def test_two_jobs_started_in_a_row_get_two_ports(monkeypatch):
+  """The kernel may hand a just-released port out again before the first job binds it."""
+  offered = iter([41001, 41001, 41002])
+
+  class OneSocket:
+    def __enter__(self):
+      self.port = next(offered)
+      return self
+
+    def __exit__(self, *exc):
+      return False
+
+    def bind(self, address):
+      pass
+
+    def getsockname(self):
+      return ("127.0.0.1", self.port)
+
+  monkeypatch.setattr(processes, "_HANDED_OUT", set())
+  monkeypatch.setattr(processes.socket, "socket", OneSocket)
+  assert [processes.free_port(), processes.free_port()] == [41001, 41002]

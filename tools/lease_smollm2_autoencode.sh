@@ -22,8 +22,10 @@
 # The image has no TensorFlow or seqio (gpu_suite.DEVICE_IMAGE_LACKS): the tool needs neither
 # (the gpu_suite dry run runs its part with them refused). XLA_FLAGS: the lease's cuBLAS set
 # (gpu_suite_scales.LEASE_XLA_FLAGS). The first lease with this model (2026-11-29) saw no step
-# in 8 minutes: the initializers compiled on the GPU, since moved to the host CPU; the logs now
-# name every compile and its time (JAX_LOG_COMPILES).
+# in 8 minutes: the initializers compiled on the GPU (since drawn on the host CPU, trainable
+# leaves only: 43 s of CPU compile at 30 layers), and the step would have compiled twice (an
+# uncommitted optimizer state: fixed 2026-11-30; the step's CPU compile is 94 s at 30 layers).
+# The logs name every compile and its time (JAX_LOG_COMPILES); `run` prints their ends.
 set -u
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
