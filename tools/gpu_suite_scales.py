@@ -28,11 +28,14 @@ GOAL_MFU = 0.40  # T5.1.1-small DeCAL-4x on one H100
 # (the paper's Fig. 4 spans about 100-500), the paper's ratios and both controls, 3 seeds,
 # 2,000 steps of 16 segments, scored on 48 of the 55 held-out 256-token segments the shared
 # data holds; the CPU run (docs/results/smollm2_autoencode_cpu.md) is 200 steps of 4 x 64 tokens
+# The training setting (segment length, batch, schedule, held-out sizes): the suite's part and
+# tools/lease_smollm2_autoencode.sh (one r, its own step count) both read it.
+SMOLLM2_AUTOENCODE_SETTING = ["--length", "256", "--batch", "16", "--warmup", "100", "--lr",
+                              "1e-3", "--eval-segments", "48", "--bleu-segments", "48",
+                              "--eval-batch", "48"]
 SMOLLM2_AUTOENCODE = ["--ratios", "2", "5", "10", "20", "--selections", "nuggets", "random",
-                      "compressive", "--seeds", "0", "1", "2", "--length", "256", "--batch",
-                      "16", "--steps", "2000", "--warmup", "100", "--lr", "1e-3",
-                      "--eval-every", "200", "--eval-segments", "48", "--bleu-segments",
-                      "48", "--eval-batch", "48"]
+                      "compressive", "--seeds", "0", "1", "2", "--steps", "2000",
+                      "--eval-every", "200"] + SMOLLM2_AUTOENCODE_SETTING
 # Dodo as a language model on SmolLM2-135M at the GPU's size (issue 43, step 3): the paper's
 # ratios at τ = 32 (737-token sequences: the shared data holds 11 held-out ones), both
 # controls at equal cache and the full-context ceiling, 3 seeds, 1,000 steps of 8 sequences;

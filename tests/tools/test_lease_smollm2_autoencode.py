@@ -35,4 +35,18 @@ def test_stash_leaves_the_first_part_byte_for_byte(tmp_path):
 
 def test_an_unknown_step_prints_the_usage(tmp_path):
   result = _run(["train"], tmp_path)
-  assert result.returncode == 2 and "prepare|stash|run" in result.stdout
+  assert result.returncode == 2 and "prepare|stash|run|setting" in result.stdout
+
+
+def test_the_lease_trains_in_the_gpu_suites_setting():
+  """The lease's flags parse to the suite part's segment length, batch, schedule and held-out
+  sizes (only the ratios, seeds, steps and evaluation period differ)."""
+  from tools import gpu_suite_scales, smollm2_autoencode
+  result = _run(["setting"], paths.REPO, PYTHONPATH=str(paths.REPO))
+  assert result.returncode == 0, result.stderr
+  lease = vars(smollm2_autoencode.parse(result.stdout.split()))
+  suite = vars(smollm2_autoencode.parse(gpu_suite_scales.SMOLLM2_AUTOENCODE))
+  own = {"ratios", "selections", "seeds", "steps", "eval_every", "argv"}
+  assert {k: v for k, v in lease.items() if k not in own} == \
+      {k: v for k, v in suite.items() if k not in own}
+  assert lease["length"] == 256 and lease["batch"] == 16
