@@ -17,8 +17,9 @@
 # so the results come back within the call's 600 s. It writes $OUT/ae.tar.gz (each process's
 # log, run record (JSON lines), table and plot), the trained r = 10 nuggets / random leaves
 # (.npz, for smollm2_lm_train --scorer-from) and prints the logs' last lines.
-# Merge here: tar xzf ae.tar.gz; cat ae/*/n256_*.jsonl > runs/smollm2_autoencode_gpu/n256_....jsonl
-# then python -m tools.smollm2_autoencode <the same flags> --work runs/smollm2_autoencode_gpu --table-only --out ...
+# Merge here: tar xzf ae.tar.gz; cat ae/*/n256_*.jsonl >> docs/results/runs/smollm2_autoencode/n256_<the same name>.jsonl
+# (the records are committed), then python -m tools.smollm2_autoencode <the run's flags, from
+# `setting`> --table-only --out docs/results/smollm2_autoencode_gpu.md
 # The image has no TensorFlow or seqio (gpu_suite.DEVICE_IMAGE_LACKS): the tool needs neither
 # (the gpu_suite dry run runs its part with them refused). XLA_FLAGS: the lease's cuBLAS set
 # (gpu_suite_scales.LEASE_XLA_FLAGS). The first lease with this model (2026-11-29) saw no step

@@ -443,13 +443,17 @@ def run_name(args) -> str:
 
 def write(args, runs, config, data, control) -> None:
   """The results file (and its plot) from the runs so far."""
-  results_files.report(markdown(args, runs, config, data, control), args.out)
+  smollm2_runs.report(markdown(args, runs, config, data, control), args.out,
+                      smollm2_runs.log_path(args.work, run_name(args)), len(runs))
   if args.out and runs:
     plot(runs, control, str(pathlib.Path(args.out).with_suffix(".png")))
 
 
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
+  log = smollm2_runs.log_path(args.work, run_name(args))
+  runs = smollm2_runs.read(log)
+  smollm2_runs.check_out(args.out, log, len(runs))
   config, imported, tokenizer = load_smollm2()
   config, imported = first_layers(config, imported, args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")
@@ -457,8 +461,6 @@ def main(argv=None):
   if len(data["validation"]) < args.eval_segments:
     sys.exit(f"only {len(data['validation'])} held-out segments of {args.length} tokens; "
              "lower --eval-segments or --length")
-  log = smollm2_runs.log_path(args.work, run_name(args))
-  runs = smollm2_runs.read(log)
   control = prior(config, imported, np.stack(data["validation"][:args.eval_segments]), eos,
                   args.eval_batch)
   done = {_key(x) for x in runs}

@@ -342,13 +342,17 @@ def run_name(args) -> str:
 
 
 def write(args, runs, config, data) -> None:
-  results_files.report(markdown(args, runs, config, data), args.out)
+  smollm2_runs.report(markdown(args, runs, config, data), args.out,
+                      smollm2_runs.log_path(args.work, run_name(args)), len(runs))
   if args.out and runs:
     plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
 
 
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
+  log = smollm2_runs.log_path(args.work, run_name(args))
+  runs = smollm2_runs.read(log)
+  smollm2_runs.check_out(args.out, log, len(runs))
   config, imported, tokenizer = load_smollm2()
   config, imported = ae.first_layers(config, imported, args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")
@@ -356,8 +360,6 @@ def main(argv=None):
   if len(data["validation"]) < args.eval_documents:
     sys.exit(f"only {len(data['validation'])} held-out sequences of {args.length} tokens; "
              "lower --eval-documents, --window or the ratios")
-  log = smollm2_runs.log_path(args.work, run_name(args))
-  runs = smollm2_runs.read(log)
   done = {_key(x) for x in runs}
   todo = [] if args.table_only else [
       (name, s) for s in args.seeds for name in args.settings

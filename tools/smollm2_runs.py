@@ -9,7 +9,8 @@ results table is rewritten from them; the trained leaves, .npz, are ignored by g
 import argparse
 import json
 import pathlib
-from typing import Callable, Hashable, List, Sequence
+import re
+from typing import Callable, Hashable, List, Optional, Sequence
 
 from tools import benchmarking, results_files
 
@@ -65,3 +66,33 @@ def sweep(todo: Sequence[Hashable], log: pathlib.Path, records: List[dict],
     records.append(train(key))
     results_files.write_jsonl(str(log), records[-1:])
     write()
+
+
+# The line under each table naming the records it was written from (check_out reads it).
+RECORDS = "<!-- records: {path}, {count} lines: the table above is written from them -->"
+_RECORDS = re.compile(r"<!-- records: (.+), (\d+) lines: ")
+
+
+def report(text: str, out: Optional[str], log: pathlib.Path, count: int) -> None:
+  """results_files.report, the table followed by the line naming its `count` records."""
+  results_files.report(
+      text.rstrip("\n") + "\n\n" + RECORDS.format(path=log, count=count) + "\n", out)
+
+
+def check_out(out: Optional[str], log: pathlib.Path, count: int) -> None:
+  """Refuses (SystemExit, before anything trains or is written) to rewrite an --out whose
+  table came from other records, or from more lines than `log` holds: its rows would be lost
+  (a fresh checkout without the records, other flags naming another --work file)."""
+  if not out or not pathlib.Path(out).exists():
+    return
+  table = pathlib.Path(out).read_text().split(results_files.READING, 1)[0]
+  found = _RECORDS.search(table)
+  if not found:
+    return
+  path = pathlib.Path(found.group(1))
+  if path.resolve() != pathlib.Path(log).resolve() or int(found.group(2)) > count:
+    raise SystemExit(
+        f"{out} holds a table written from {found.group(2)} records in {path}; this run would "
+        f"rewrite it from {count} in {log}, and its other rows would be lost. Point --work at "
+        f"the folder that holds {path.name} (with the flags that wrote it), or --out at a new "
+        "file.")

@@ -427,13 +427,18 @@ def run_name(args) -> str:
 
 
 def write(args, runs, latencies, config, data) -> None:
-  results_files.report(markdown(args, runs, latencies, config, data), args.out)
+  smollm2_runs.report(markdown(args, runs, latencies, config, data), args.out,
+                      smollm2_runs.log_path(args.work, run_name(args)),
+                      len(runs) + len(latencies))
   if args.out and runs:
     plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
 
 
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
+  log = smollm2_runs.log_path(args.work, run_name(args))
+  records = smollm2_runs.read(log)
+  smollm2_runs.check_out(args.out, log, len(records))
   config, imported, tokenizer = load_smollm2()
   config, imported = ae.first_layers(config, imported, args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")
@@ -441,8 +446,6 @@ def main(argv=None):
   if tokenizer.encode(sm.QA_PROMPT.format("?")).ids[-1] != prompt[-1]:
     sys.exit("the restoration and QA prompts must end in the same token: the start token")
   data = stage_data(args, tokenizer, eos, prompt)
-  log = smollm2_runs.log_path(args.work, run_name(args))
-  records = smollm2_runs.read(log)
   runs = [x for x in records if "memory" in x]
   latencies = [x["latency"] for x in records if "latency" in x]
   todo = [] if args.table_only else [k for k in grid(args)

@@ -42,3 +42,42 @@ def test_the_common_flags_refuse_what_cannot_run(capsys, argv, minimum, needle):
   with pytest.raises(SystemExit):
     smollm2_runs.check_arguments(p, args, argv, min_layers=minimum)
   assert needle in capsys.readouterr().err
+
+
+def _written_from(tmp_path, lines: int):
+  """A results file written by `report` from `lines` records in work/a.jsonl, and that log."""
+  log = tmp_path / "work" / "a.jsonl"
+  results_files.write_jsonl(str(log), [{"seed": s} for s in range(lines)])
+  out = tmp_path / "table.md"
+  smollm2_runs.report("| r | BLEU |\n|---|---|\n| 10 | 8.1 |", str(out), log, lines)
+  return out, log
+
+
+def test_a_table_is_not_rewritten_from_fewer_records_than_it_came_from(tmp_path):
+  out, log = _written_from(tmp_path, 3)
+  before = out.read_text()
+  log.write_text(log.read_text().splitlines()[0] + "\n")  # a checkout holding 1 of the 3
+  with pytest.raises(SystemExit) as refused:
+    smollm2_runs.check_out(str(out), log, len(smollm2_runs.read(log)))
+  message = str(refused.value)
+  assert "written from 3 records" in message and "from 1 in" in message
+  assert "--work" in message and "--out at a new file" in message
+  assert out.read_text() == before
+
+
+def test_a_table_is_not_rewritten_from_another_records_file(tmp_path):
+  out, _ = _written_from(tmp_path, 2)
+  other = tmp_path / "work" / "b.jsonl"  # other flags name another file
+  results_files.write_jsonl(str(other), [{"seed": s} for s in range(5)])
+  with pytest.raises(SystemExit, match="a.jsonl"):
+    smollm2_runs.check_out(str(out), other, 5)
+
+
+def test_a_table_is_rewritten_from_its_records_or_more_and_a_new_file_is_written(tmp_path):
+  out, log = _written_from(tmp_path, 2)
+  smollm2_runs.check_out(str(out), log, 2)
+  smollm2_runs.check_out(str(out), log, 3)  # a run added since
+  smollm2_runs.check_out(str(tmp_path / "new.md"), log, 0)
+  smollm2_runs.check_out(None, log, 0)
+  (tmp_path / "by_hand.md").write_text("a table with no records line\n")
+  smollm2_runs.check_out(str(tmp_path / "by_hand.md"), log, 0)
