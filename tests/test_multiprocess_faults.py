@@ -304,6 +304,35 @@ def test_when_jax_aborts_the_message_names_the_silent_process_or_else_process_0(
   assert "JAX's distributed service stopped process 0" in dogs[0].explain_abort()
 
 
+def test_at_exit_the_thread_watches_through_the_shutdown_then_has_ended():
+  """At exit the others learn this process leaves, JAX's shutdown runs with the thread still
+  watching, and the thread has ended before the interpreter finalizes (a daemon thread left
+  inside a service call then can abort a run that succeeded); also when the shutdown fails."""
+  for failing in (False, True):
+    service, said, seen = FakeService(), [], []
+    dog = peer_watch.PeerWatchdog(service, 0, 1, 5.0, report=said.append)  # a round: 0.5 s
+    thread = threading.Thread(target=dog.run, daemon=True)
+    thread.start()
+
+    def shutdown():
+      rounds = dog.count
+      time.sleep(1.6)  # JAX's shutdown barrier, waiting for the other processes
+      seen.append((service.store[f"{peer_watch.KEY_PREFIX}0"].split()[0], dog.count - rounds,
+                   thread.is_alive()))
+      service.down = True  # the service goes away
+      if failing:
+        raise RuntimeError("DEADLINE_EXCEEDED: barrier timed out")
+
+    if failing:
+      with pytest.raises(RuntimeError, match="barrier timed out"):
+        dog.leave(thread, shutdown)
+    else:
+      dog.leave(thread, shutdown)
+    [(state, rounds, alive)] = seen
+    assert state == peer_watch.EXITED and rounds >= 1 and alive
+    assert not thread.is_alive() and said == []
+
+
 def test_two_jobs_started_in_a_row_get_two_ports(monkeypatch):
   """The kernel may hand a just-released port out again before the first job binds it."""
   offered = iter([41001, 41001, 41002])

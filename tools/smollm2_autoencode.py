@@ -102,17 +102,17 @@ def initial_params(model, imported, seed: int, length: int):
   with `seed`."""
   shapes = {"encoder_input_tokens": (1, length), "decoder_input_tokens": (1, length + 1)}
 
+  names = []  # every parameter's name, noted while the initializer is traced (once)
+
   def initialised(key):  # the trainable leaves only: XLA drops the base's 134.5M draws
     flat = flax.traverse_util.flatten_dict(model.get_initial_variables(key, shapes)["params"])
+    names.extend(flat)
     return {k: v for k, v in flat.items() if k[0] != "stack" or "lora" in k[-1]}
 
-  key = jax.random.PRNGKey(seed)
-  names = flax.traverse_util.flatten_dict(
-      jax.eval_shape(lambda k: model.get_initial_variables(k, shapes), key)["params"])
   # on the host CPU, as bench_train --init_on_host: an H200 lease (2026-11-29) compiled the
   # initializers of the whole model for minutes and reached no training step in 8
   with jax.default_device(jax.devices("cpu")[0]):
-    trainable = jax.jit(initialised)(key)
+    trainable = jax.jit(initialised)(jax.random.PRNGKey(seed))
   device = jax.devices()[0]
   base = flax.traverse_util.flatten_dict(imported)  # {'stack': ...}
   missing = [k for k in names if k not in trainable and k not in base]
@@ -441,10 +441,10 @@ def run_name(args) -> str:
           f"{f'_layers{args.layers}' if args.layers else ''}")
 
 
-def write(args, runs, config, data, control) -> None:
+def write(args, log, runs, config, data, control) -> None:
   """The results file (and its plot) from the runs so far."""
   smollm2_runs.report(markdown(args, runs, config, data, control), args.out,
-                      smollm2_runs.log_path(args.work, run_name(args)), len(runs))
+                      log, len(runs))
   if args.out and runs:
     plot(runs, control, str(pathlib.Path(args.out).with_suffix(".png")))
 
@@ -472,9 +472,9 @@ def main(argv=None):
     r, sel, s = key
     return train_run(args, config, imported, tokenizer, data, eos, r, sel, s, delimiters,
                      save_to=log.with_suffix("") / f"r{r}_{sel}_seed{s}.npz")
-  smollm2_runs.sweep(todo, log, runs, train, lambda: write(args, runs, config, data, control))
+  smollm2_runs.sweep(todo, log, runs, train, lambda: write(args, log, runs, config, data, control))
   if not todo:
-    write(args, runs, config, data, control)
+    write(args, log, runs, config, data, control)
 
 
 if __name__ == "__main__":

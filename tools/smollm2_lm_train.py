@@ -341,9 +341,9 @@ def run_name(args) -> str:
           f"{f'_layers{args.layers}' if args.layers else ''}")
 
 
-def write(args, runs, config, data) -> None:
+def write(args, log, runs, config, data) -> None:
   smollm2_runs.report(markdown(args, runs, config, data), args.out,
-                      smollm2_runs.log_path(args.work, run_name(args)), len(runs))
+                      log, len(runs))
   if args.out and runs:
     plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
 
@@ -367,9 +367,9 @@ def main(argv=None):
   delimiters = delimiter_ids(tokenizer) if todo else ()
   smollm2_runs.sweep(todo, log, runs, lambda key: train_run(
       args, config, imported, tokenizer, data, eos, *key, delimiters),
-      lambda: write(args, runs, config, data))
+      lambda: write(args, log, runs, config, data))
   if not todo:
-    write(args, runs, config, data)
+    write(args, log, runs, config, data)
 
 
 if __name__ == "__main__":

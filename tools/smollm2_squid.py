@@ -426,10 +426,9 @@ def run_name(args) -> str:
           f"_w{args.warmup}_large-{args.large}{f'_layers{args.layers}' if args.layers else ''}")
 
 
-def write(args, runs, latencies, config, data) -> None:
+def write(args, log, runs, latencies, config, data) -> None:
   smollm2_runs.report(markdown(args, runs, latencies, config, data), args.out,
-                      smollm2_runs.log_path(args.work, run_name(args)),
-                      len(runs) + len(latencies))
+                      log, len(runs) + len(latencies))
   if args.out and runs:
     plot(runs, str(pathlib.Path(args.out).with_suffix(".png")))
 
@@ -452,7 +451,7 @@ def main(argv=None):
                                      if k not in {(x["ratio"], x["memory"], x["seed"]) for x in runs}]
   smollm2_runs.sweep(todo, log, runs, lambda key: run_one(
       args, config, imported, tokenizer, data, eos, prompt, key),
-      lambda: write(args, runs, latencies, config, data))
+      lambda: write(args, log, runs, latencies, config, data))
   timed = {x["ratio"] for x in latencies}
   for r in ([] if args.table_only or not args.latency_length else args.ratios):
     if r not in timed:
@@ -460,7 +459,7 @@ def main(argv=None):
           sm.initial_params(m, imported, 0)), r, args.latency_length, args.latency_query,
           args.latency_answer))
       results_files.write_jsonl(str(log), [{"latency": latencies[-1]}])
-  write(args, runs, latencies, config, data)
+  write(args, log, runs, latencies, config, data)
 
 
 if __name__ == "__main__":

@@ -178,13 +178,29 @@ class PeerWatchdog:
       self.tick()
 
   def mark_exiting(self) -> None:
-    """At exit: tells the others this process left on purpose; keeps watching them while
-    JAX's shutdown waits for every process."""
+    """Tells the others this process leaves on purpose (from here on, the service going
+    away is no fault)."""
     self.state, self.exiting = EXITED, True
     try:
       self.beat()
     except Exception:  # best effort: the service may already be gone
       pass
+
+  def leave(self, thread: threading.Thread, shutdown: Callable[[], None]) -> None:
+    """At exit: `mark_exiting`, then JAX's distributed `shutdown` (it waits for every
+    process) with `thread` still watching the others, then that thread ended and joined.
+
+    A daemon thread still inside a coordination-service call when the interpreter finalizes
+    is torn down in the middle of C++ code, which can abort the process ('terminate called
+    recursively', exit status 134) after a run that succeeded; JAX's own exit hook would shut
+    the service down only after this one, so the shutdown is done here (it is idempotent:
+    JAX's later call does nothing)."""
+    self.mark_exiting()
+    try:
+      shutdown()
+    finally:
+      self._stop.set()
+      thread.join(timeout=max(2 * self.period, 5.0))
 
 
 _FIX = ("Restart every process of the job with the same command: a training run resumes from "
@@ -220,8 +236,9 @@ def start(timeout: float) -> bool:
     return False
   _watchdog = PeerWatchdog(state.client, state.process_id, state.num_processes, timeout)
   _watchdog.beat()
-  threading.Thread(target=_watchdog.run, name="decal-peer-watchdog", daemon=True).start()
-  atexit.register(_watchdog.mark_exiting)  # runs before JAX's own shutdown (registered first)
+  thread = threading.Thread(target=_watchdog.run, name="decal-peer-watchdog", daemon=True)
+  thread.start()
+  atexit.register(_watchdog.leave, thread, distributed.shutdown)  # runs before JAX's exit hook
   _install_abort_hook(_watchdog.on_abort)
   return True
 

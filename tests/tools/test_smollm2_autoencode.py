@@ -96,6 +96,20 @@ def test_the_trainable_leaves_are_those_of_the_whole_models_init(imported):
   assert trainable and all(np.array_equal(trainable[k], full[k]) for k in trainable)
 
 
+def test_every_frozen_parameter_comes_from_the_import_or_the_run_is_refused(imported):
+  """The frozen leaves are the imported base's, every one of the model's (the names seen
+  while the initializer traced); a base without one is refused, naming how many lack."""
+  model = ae.build(TINY, 4, "nuggets", lora_rank=4, eos=EOS)
+  trainable, frozen = ae.initial_params(model, imported, seed=0, length=12)
+  base = flax.traverse_util.flatten_dict(imported)
+  assert frozen.keys() == base.keys() - trainable.keys()
+  assert all(np.array_equal(frozen[k], base[k]) for k in frozen)
+  gone = next(iter(sorted(frozen)))
+  short = flax.traverse_util.unflatten_dict({k: v for k, v in base.items() if k != gone})
+  with pytest.raises(ValueError, match=r"the imported SmolLM2 lacks 1 parameters, e\.g\. "):
+    ae.initial_params(model, short, seed=0, length=12)
+
+
 def test_the_optimizer_state_lets_the_step_compile_once(imported):
   """A fresh opt.init's counters are uncommitted, the step's outputs committed: without
   optimizer_state the second call compiles the step again."""
