@@ -192,7 +192,9 @@ class PeerWatchdog:
 
     A daemon thread still inside a coordination-service call when the interpreter finalizes
     is torn down in the middle of C++ code, which can abort the process ('terminate called
-    recursively', exit status 134) after a run that succeeded; JAX's own exit hook would shut
+    recursively', exit status 134) after a run that succeeded (CPython ends such a thread with
+    pthread_exit when it retakes the GIL, and the unwinding runs into the binding's noexcept
+    GIL guard: pytorch/pytorch#38228 shows the mechanism); JAX's own exit hook would shut
     the service down only after this one, so the shutdown is done here (it is idempotent:
     JAX's later call does nothing)."""
     self.mark_exiting()
