@@ -262,6 +262,9 @@ def part_ablation(suite: Suite) -> str:
                     suite.out / "ablation_gpu.md", "variants")
 
 
+STOPPED = "stopped at the time limit: the same command continues"
+
+
 def _smollm2_part(tool: str) -> Callable[["Suite"], str]:
   """tools/<tool>.py (a SmolLM2-135M experiment of issue 43) for the part's time left (minus
   the grace): it keeps each finished run in --work and rewrites its table after each, so a
@@ -273,19 +276,46 @@ def _smollm2_part(tool: str) -> Callable[["Suite"], str]:
                                 "--out", str(suite.out / f"{tool}_gpu.md")], check=False)
     if code and not stopped:
       raise PartFailed(f"tools.{tool} exited with {code}; see the log")
-    return "stopped at the time limit: the same command continues" if stopped else ""
+    return STOPPED if stopped else ""
   return run
 
 
 def part_smollm2_lm_train(suite: Suite) -> str:
   """smollm2_lm_train at the scale's settings, then its nuggets rows again with each scorer
   started from the compressor the smollm2_autoencode part trained at that r and seed (the
-  paper's order), for the rows whose compressor is there."""
+  paper's order), for the rows whose compressor is there; then the window, nuggets and
+  segment-mean rows again with token 0 read in full (`--sink 1`: SmolLM2 parks attention
+  there; on CPU keeping it lowered every row's NLL, docs/results/smollm2_lm_trained_sink_cpu.md)."""
   note = _smollm2_part("smollm2_lm_train")(suite)
   if note:
     return note
+  note = _lm_from_compressor(suite)
+  if note == STOPPED:
+    return note
+  lm = smollm2_lm_train_args(suite)
+  sink = [name for name in lm.settings if name.split("-")[0] in ("window", "nuggets",
+                                                                 "compressive")]
+  code, stopped = suite.call(["-m", "tools.smollm2_lm_train", *suite.scale.tools[
+                                  "smollm2_lm_train"], "--settings", *sink, "--sink", "1",
+                              "--work", str(suite.work / "smollm2_lm_train"),
+                              "--out", str(suite.out / "smollm2_lm_train_sink_gpu.md")],
+                             check=False)
+  if code and not stopped:
+    raise PartFailed(f"tools.smollm2_lm_train --sink 1 exited with {code}; see the log")
+  return STOPPED if stopped else note
+
+
+def smollm2_lm_train_args(suite: Suite):
+  """The scale's smollm2_lm_train arguments, parsed by the tool."""
+  from tools import smollm2_lm_train  # the tool's own parser, not run here
+  return smollm2_lm_train.parse(suite.scale.tools["smollm2_lm_train"])
+
+
+def _lm_from_compressor(suite: Suite) -> str:
+  """The nuggets rows again with the scorer from the smollm2_autoencode part's compressors
+  (those saved at every seed); '' when done, else a note (STOPPED at the time limit)."""
   from tools import smollm2_autoencode, smollm2_lm_train  # the tools' own names, not run here
-  lm = smollm2_lm_train.parse(suite.scale.tools["smollm2_lm_train"])
+  lm = smollm2_lm_train_args(suite)
   saved = (suite.work / "smollm2_autoencode" /
            smollm2_autoencode.run_name(smollm2_autoencode.parse(
                suite.scale.tools["smollm2_autoencode"])) / "r{r}_nuggets_seed{seed}.npz")
@@ -301,7 +331,7 @@ def part_smollm2_lm_train(suite: Suite) -> str:
                               "--out", str(suite.out / "smollm2_lm_train_gpu.md")], check=False)
   if code and not stopped:
     raise PartFailed(f"tools.smollm2_lm_train --scorer-from exited with {code}; see the log")
-  return "stopped at the time limit: the same command continues" if stopped else ""
+  return STOPPED if stopped else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,7 +384,8 @@ PARTS = [
          ("smollm2_autoencode_gpu.md", "smollm2_autoencode_gpu.png"), device_image=True,
          needs_data=("text",)),
     Part("smollm2_lm_train", part_smollm2_lm_train,
-         ("smollm2_lm_train_gpu.md", "smollm2_lm_train_gpu.png"), device_image=True,
+         ("smollm2_lm_train_gpu.md", "smollm2_lm_train_gpu.png", "smollm2_lm_train_sink_gpu.md",
+          "smollm2_lm_train_sink_gpu.png"), device_image=True,
          needs_data=("text",)),
     Part("smollm2_squid", _smollm2_part("smollm2_squid"),
          ("smollm2_squid_gpu.md", "smollm2_squid_gpu.png"), device_image=True,

@@ -23,11 +23,13 @@ MARKDOWN = {"inference_throughput_gpu.md": "bench_inference",
             "retention_gpu.md": "retention_table", "ablation_gpu.md": "ablate",
             "smollm2_autoencode_gpu.md": "smollm2_autoencode",
             "smollm2_lm_train_gpu.md": "smollm2_lm_train",
+            "smollm2_lm_train_sink_gpu.md": "smollm2_lm_train",
             "smollm2_squid_gpu.md": "smollm2_squid"}
 PLOTS = ("inference_throughput_gpu.png", "squid_latency_gpu.png", "gpthf_efficiency_gpu.png",
          "retrieval_bench_gpu.png",
          "retrieval_scale_gpu.png", "retention_gpu.png", "ablation_gpu.png",
-         "smollm2_autoencode_gpu.png", "smollm2_lm_train_gpu.png", "smollm2_squid_gpu.png")
+         "smollm2_autoencode_gpu.png", "smollm2_lm_train_gpu.png", "smollm2_lm_train_sink_gpu.png",
+         "smollm2_squid_gpu.png")
 
 
 # The parts that read ../shared/data run in a dry run of their own (`data_result`), which a
@@ -220,6 +222,14 @@ def test_the_lm_part_starts_a_scorer_from_the_autoencode_parts_compressor(data_r
   text = (out / "smollm2_lm_train_gpu.md").read_text()
   assert "| nuggets-3 from AE | 1 |" in text and "| nuggets-3 | 1 |" in text
   assert "smollm2_autoencode" in text and "r3_nuggets_seed0.npz" in text
+
+
+def test_the_lm_part_reruns_the_window_and_nuggets_reading_token_0(data_result):
+  """The part's last phase: the scale's window and nuggets rows again with --sink 1, in their
+  own file (no 'full' row: it reads token 0 anyway)."""
+  text = (data_result[1] / "smollm2_lm_train_sink_gpu.md").read_text()
+  assert "+ the first 1 tokens (sink)" in text and "--sink 1" in text
+  assert "| window-8 | 1 |" in text and "| nuggets-3 | 1 |" in text and "from AE" not in text
 
 
 def _jsonl_rows(path):
