@@ -271,13 +271,19 @@ def _smollm2_part(tool: str) -> Callable[["Suite"], str]:
   stopped part leaves the runs done and the same command continues."""
   def run(suite: Suite) -> str:
     suite.part_deadline -= suite.scale.grace_s
-    code, stopped = suite.call(["-m", f"tools.{tool}", *suite.scale.tools[tool],
-                                "--work", str(suite.work / tool),
-                                "--out", str(suite.out / f"{tool}_gpu.md")], check=False)
-    if code and not stopped:
-      raise PartFailed(f"tools.{tool} exited with {code}; see the log")
-    return STOPPED if stopped else ""
+    return STOPPED if _run_smollm2_tool(suite, tool, f"{tool}_gpu.md") else ""
   return run
+
+
+def _run_smollm2_tool(suite: Suite, tool: str, out: str, *extra: str) -> bool:
+  """tools/<tool>.py at the scale's flags + `extra`, its records in WORK/<tool>, its table in
+  OUT/`out`; True when stopped at the time limit (a failure raises PartFailed)."""
+  code, stopped = suite.call(["-m", f"tools.{tool}", *suite.scale.tools[tool], *extra,
+                              "--work", str(suite.work / tool),
+                              "--out", str(suite.out / out)], check=False)
+  if code and not stopped:
+    raise PartFailed(f"tools.{tool} {' '.join(extra[-2:])} exited with {code}; see the log")
+  return stopped
 
 
 def part_smollm2_lm_train(suite: Suite) -> str:
@@ -289,33 +295,23 @@ def part_smollm2_lm_train(suite: Suite) -> str:
   note = _smollm2_part("smollm2_lm_train")(suite)
   if note:
     return note
-  note = _lm_from_compressor(suite)
+  from tools import smollm2_lm_train  # the tool's own parser, not run here
+  lm = smollm2_lm_train.parse(suite.scale.tools["smollm2_lm_train"])
+  note = _lm_from_compressor(suite, lm)
   if note == STOPPED:
     return note
-  lm = smollm2_lm_train_args(suite)
-  sink = [name for name in lm.settings if name.split("-")[0] in ("window", "nuggets",
-                                                                 "compressive")]
-  code, stopped = suite.call(["-m", "tools.smollm2_lm_train", *suite.scale.tools[
-                                  "smollm2_lm_train"], "--settings", *sink, "--sink", "1",
-                              "--work", str(suite.work / "smollm2_lm_train"),
-                              "--out", str(suite.out / "smollm2_lm_train_sink_gpu.md")],
-                             check=False)
-  if code and not stopped:
-    raise PartFailed(f"tools.smollm2_lm_train --sink 1 exited with {code}; see the log")
+  sink = [name for name in lm.settings if smollm2_lm_train.parse_setting(name, lm.window)[0]
+          in ("window", "nuggets", "compressive")]
+  stopped = _run_smollm2_tool(suite, "smollm2_lm_train", "smollm2_lm_train_sink_gpu.md",
+                              "--settings", *sink, "--sink", "1")
   return STOPPED if stopped else note
 
 
-def smollm2_lm_train_args(suite: Suite):
-  """The scale's smollm2_lm_train arguments, parsed by the tool."""
-  from tools import smollm2_lm_train  # the tool's own parser, not run here
-  return smollm2_lm_train.parse(suite.scale.tools["smollm2_lm_train"])
-
-
-def _lm_from_compressor(suite: Suite) -> str:
-  """The nuggets rows again with the scorer from the smollm2_autoencode part's compressors
-  (those saved at every seed); '' when done, else a note (STOPPED at the time limit)."""
+def _lm_from_compressor(suite: Suite, lm) -> str:
+  """The nuggets rows of `lm` (the tool's parsed flags) again with the scorer from the
+  smollm2_autoencode part's compressors (those saved at every seed); '' when done, else a
+  note (STOPPED at the time limit)."""
   from tools import smollm2_autoencode, smollm2_lm_train  # the tools' own names, not run here
-  lm = smollm2_lm_train_args(suite)
   saved = (suite.work / "smollm2_autoencode" /
            smollm2_autoencode.run_name(smollm2_autoencode.parse(
                suite.scale.tools["smollm2_autoencode"])) / "r{r}_nuggets_seed{seed}.npz")
@@ -324,13 +320,8 @@ def _lm_from_compressor(suite: Suite) -> str:
       pathlib.Path(smollm2_lm_train.scorer_source(lm, name, s)).is_file() for s in lm.seeds)]
   if not ready:
     return "no compressor saved by the smollm2_autoencode part: no 'from AE' rows"
-  code, stopped = suite.call(["-m", "tools.smollm2_lm_train", *suite.scale.tools[
-                                  "smollm2_lm_train"], "--settings", *ready,  # the last wins
-                              "--scorer-from", str(saved),
-                              "--work", str(suite.work / "smollm2_lm_train"),
-                              "--out", str(suite.out / "smollm2_lm_train_gpu.md")], check=False)
-  if code and not stopped:
-    raise PartFailed(f"tools.smollm2_lm_train --scorer-from exited with {code}; see the log")
+  stopped = _run_smollm2_tool(suite, "smollm2_lm_train", "smollm2_lm_train_gpu.md",
+                              "--settings", *ready, "--scorer-from", str(saved))  # last wins
   return STOPPED if stopped else ""
 
 
