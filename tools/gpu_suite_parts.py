@@ -59,8 +59,10 @@ class Suite:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
                PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-               # one compilation cache for the run: `train` reuses the probe's programs
-               JAX_COMPILATION_CACHE_DIR=str(self.work / "jax_cache"),
+               # one compilation cache for the run (`train` reuses the probe's programs):
+               # the caller's if it names one, else the work folder's
+               JAX_COMPILATION_CACHE_DIR=(os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                                          or str(self.work / "jax_cache")),
                XLA_FLAGS=self.scale.all_xla_flags())
     t5_vocab = data_dir() / "vocab" / "t5_spiece.model"
     if t5_vocab.exists():  # offline, T5-vocabulary models read the data folder's copy
@@ -282,7 +284,7 @@ def _run_smollm2_tool(suite: Suite, tool: str, out: str, *extra: str) -> bool:
                               "--work", str(suite.work / tool),
                               "--out", str(suite.out / out)], check=False)
   if code and not stopped:
-    raise PartFailed(f"tools.{tool} {' '.join(extra[-2:])} exited with {code}; see the log")
+    raise PartFailed(" ".join([f"tools.{tool}", *extra[-2:], f"exited with {code}; see the log"]))
   return stopped
 
 

@@ -478,7 +478,9 @@ def test_the_documented_lease_recipe_names_only_parts_the_device_image_runs():
 
 def test_the_parts_get_the_xla_flags_and_one_compilation_cache(tmp_path, monkeypatch):
   """A part's subprocess sees the scale's XLA_FLAGS after the caller's own (here: two CPU
-  devices where jax would show one) and writes its compiled programs into WORK/jax_cache."""
+  devices where jax would show one) and writes its compiled programs into WORK/jax_cache,
+  or into the caller's cache where the caller names one."""
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
   scale = dataclasses.replace(gpu_suite.dry_run_scale(tmp_path),
@@ -493,6 +495,9 @@ def test_the_parts_get_the_xla_flags_and_one_compilation_cache(tmp_path, monkeyp
           "--xla_force_host_platform_device_count=2") in log
   assert "devices 2" in log and "3.0" in log
   assert any((tmp_path / "work" / "jax_cache").iterdir())
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "callers_cache"))
+  assert suite.call(["-c", code.replace("ones(3)", "ones(4)")]) == (0, False)
+  assert any((tmp_path / "callers_cache").iterdir())
   summary = {"command": "c", "date": "d", "device": "cpu", "machine": "m", "wall_s": 60,
              "minutes": 9, "xla_flags": scale.xla_flags, "parts": {}}
   assert f"- XLA_FLAGS: `{scale.xla_flags}`" in gpu_suite.render(summary)
