@@ -50,8 +50,8 @@ ablation budget), into a temporary folder unless --out_dir is given; minutes, fo
 parts marked `device_image` run there with TensorFlow, seqio, clu and t5 refused, as on the
 workplace's GPU image. --lease: the GPU shapes in 9 minutes (gpu_suite_scales.lease_scale:
 DeCAL-4x timed first, shorter part limits). --xla_flags fixes XLA_FLAGS for every part
-(the xla_flags part then only measures). The parts share one persistent compilation cache
-(WORK/jax_cache).
+(the xla_flags part then only measures). The parts share one persistent compilation cache:
+$JAX_COMPILATION_CACHE_DIR where the caller sets it, else WORK/jax_cache.
 """
 import argparse
 import dataclasses
