@@ -451,9 +451,7 @@ def write(args, log, runs, config, data, control) -> None:
 
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
-  log = smollm2_runs.log_path(args.work, run_name(args))
-  runs = smollm2_runs.read(log)
-  smollm2_runs.check_out(args.out, log, len(runs))
+  log, runs = smollm2_runs.open_records(args.work, run_name(args), args.out)
   config, imported, tokenizer = load_smollm2()
   config, imported = first_layers(config, imported, args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")

@@ -10,7 +10,7 @@ import argparse
 import json
 import pathlib
 import re
-from typing import Callable, Hashable, List, Optional, Sequence
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple
 
 from tools import benchmarking, results_files
 
@@ -47,8 +47,13 @@ def model_line(config, layers, role: str = "") -> str:
           + (f" (its first {layers} layers only: a smoke size)" if layers else ""))
 
 
-def log_path(work: str, setting: str) -> pathlib.Path:
-  return pathlib.Path(work) / f"{setting}.jsonl"
+def open_records(work: str, setting: str, out: Optional[str]) -> Tuple[pathlib.Path, List[dict]]:
+  """The --work file of a training setting and the runs finished in it, once `check_out` has
+  found that --out may be rewritten from them."""
+  log = pathlib.Path(work) / f"{setting}.jsonl"
+  records = read(log)
+  check_out(out, log, len(records))
+  return log, records
 
 
 def read(log: pathlib.Path) -> List[dict]:

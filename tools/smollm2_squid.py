@@ -435,9 +435,7 @@ def write(args, log, runs, latencies, config, data) -> None:
 
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
-  log = smollm2_runs.log_path(args.work, run_name(args))
-  records = smollm2_runs.read(log)
-  smollm2_runs.check_out(args.out, log, len(records))
+  log, records = smollm2_runs.open_records(args.work, run_name(args), args.out)
   config, imported, tokenizer = load_smollm2()
   config, imported = ae.first_layers(config, imported, args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")

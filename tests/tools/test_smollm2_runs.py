@@ -10,8 +10,8 @@ from tools import results_files, smollm2_runs
 
 
 def test_records_read_back_in_the_order_written(tmp_path):
-  log = smollm2_runs.log_path(str(tmp_path / "work"), "n64_steps2")
-  assert log == tmp_path / "work" / "n64_steps2.jsonl" and smollm2_runs.read(log) == []
+  log, records = smollm2_runs.open_records(str(tmp_path / "work"), "n64_steps2", None)
+  assert log == tmp_path / "work" / "n64_steps2.jsonl" and records == []
   results_files.write_jsonl(str(log), [{"seed": 0, "nll": [1.5]}, {"latency": {"ratio": 4}}])
   assert smollm2_runs.read(log) == [{"seed": 0, "nll": [1.5]}, {"latency": {"ratio": 4}}]
 
@@ -58,7 +58,7 @@ def test_a_table_is_not_rewritten_from_fewer_records_than_it_came_from(tmp_path)
   before = out.read_text()
   log.write_text(log.read_text().splitlines()[0] + "\n")  # a checkout holding 1 of the 3
   with pytest.raises(SystemExit) as refused:
-    smollm2_runs.check_out(str(out), log, len(smollm2_runs.read(log)))
+    smollm2_runs.open_records(str(log.parent), "a", str(out))
   message = str(refused.value)
   assert "written from 3 records" in message and "from 1 in" in message
   assert "--work" in message and "--out at a new file" in message
