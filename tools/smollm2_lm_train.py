@@ -274,16 +274,22 @@ def markdown(args, runs: List[dict], config, data) -> str:
 
 
 def plot(runs: List[dict], path: str) -> None:
+  """The held-out curves twice: every evaluation, and from the first after step 0 (untrained
+  segment means start nats above the rest and would flatten every difference that matters)."""
   plt = results_files.pyplot()
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for i, (name, group) in enumerate(by_setting(runs).items()):
-    for j, run in enumerate(group):
-      ax.plot([p["step"] for p in run["curve"]], [p["nll"] for p in run["curve"]],
-              color=f"C{i}", alpha=0.8, label=name if j == 0 else None)
-  ax.set_xlabel("training step")
-  ax.set_ylabel("held-out continuation NLL (nats / token)")
-  ax.set_title("SmolLM2-135M + LoRA reading compressed history (equal cache)")
-  ax.legend(fontsize=8)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+  for ax, first in zip(axes, (0, 1)):
+    for i, (name, group) in enumerate(by_setting(runs).items()):
+      for j, run in enumerate(group):
+        curve = run["curve"][first:]
+        ax.plot([p["step"] for p in curve], [p["nll"] for p in curve],
+                color=f"C{i}", alpha=0.8, label=name if j == 0 else None)
+    ax.set_xlabel("training step")
+  axes[0].set_ylabel("held-out continuation NLL (nats / token)")
+  axes[0].set_title("every evaluation", fontsize=10)
+  axes[1].set_title("after step 0 (zoomed)", fontsize=10)
+  axes[1].legend(fontsize=8)
+  fig.suptitle("SmolLM2-135M + LoRA reading compressed history (equal cache)")
   results_files.save_figure(fig, path)
 
 
