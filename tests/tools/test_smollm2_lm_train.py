@@ -206,7 +206,7 @@ def test_a_resumed_sweep_trains_nothing_twice(imported, tmp_path, monkeypatch):
   rng = np.random.default_rng(9)
   data = {"train": list(rng.integers(3, 40, (6, 27)).astype(np.int32)),
           "validation": list(rng.integers(3, 40, (3, 27)).astype(np.int32))}
-  monkeypatch.setattr(lt, "load_smollm2", lambda: (TINY, imported, tokenizer))
+  monkeypatch.setattr(lt, "load_smollm2", lambda layers=None: (TINY, imported, tokenizer))
   monkeypatch.setattr(lt.ae, "segments", lambda tok, length: data)
   monkeypatch.setattr(lt, "delimiter_ids", lambda tok: (5,))
   argv = ["--settings", "window-8", "nuggets-3", "--window", "4", "--continuation", "10",

@@ -276,7 +276,7 @@ def test_a_resumed_sweep_runs_only_what_its_work_file_lacks(tmp_path, monkeypatc
   ran = []
   monkeypatch.setattr(sm, "RESTORE_PROMPT", "w3 w4")  # words the tokenizer knows
   monkeypatch.setattr(sm, "QA_PROMPT", "{} w4")
-  monkeypatch.setattr(tool, "load_smollm2", lambda: (TINY, imported, WordTokenizer()))
+  monkeypatch.setattr(tool, "load_smollm2", lambda layers=None: (TINY, imported, WordTokenizer()))
   ex = sm.restore_examples(_random(9, (70, 8)), PROMPT, EOS)
   monkeypatch.setattr(tool, "stage_data", lambda *a: {"restore": {"train": ex,
                                                                   "validation": ex}})
